@@ -1,0 +1,1 @@
+//! Proto <-> domain conversion and validation: the trust-boundary gate.

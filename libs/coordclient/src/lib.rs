@@ -1,0 +1,1 @@
+//! The shard's coordinator reporting client; knows the shard only through the ShardView trait.

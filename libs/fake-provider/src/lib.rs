@@ -1,0 +1,1 @@
+//! An in-repo CapacityProvider: catalog seeding, latency and failure injection, fencing high-water marks.

@@ -1,0 +1,1 @@
+//! Shard epochs (epoch file), fencing tokens and sequence minting.

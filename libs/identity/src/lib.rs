@@ -1,0 +1,1 @@
+//! rustls configs from --tls-* flags, certificate reload, and PeerIdentity from bigfleet:// URI SANs.

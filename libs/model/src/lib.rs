@@ -1,0 +1,1 @@
+//! Domain types: machines, states and transitions, resources, penalty buckets, requirements, profiles, needs, actions.

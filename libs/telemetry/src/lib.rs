@@ -1,0 +1,1 @@
+//! Tracing subscriber, OpenTelemetry OTLP export, Prometheus registry and the /metrics /healthz /readyz router.

@@ -1,0 +1,1 @@
+//! Test helpers: throwaway CAs and role certificates, process and sandbox helpers.

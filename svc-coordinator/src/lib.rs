@@ -1,0 +1,1 @@
+//! bigfleet-coordinator: the openraft-replicated fleet coordinator.

@@ -1,0 +1,1 @@
+//! bigfleet-inspect: the read-only fleet view (gRPC, JSON API, dashboard).

@@ -1,0 +1,1 @@
+//! bigfleet-session-gateway: terminates operator Shard/Session streams.

@@ -1,0 +1,1 @@
+//! bigfleet-shard-decide: the shard's brain (inventory, reconcile, cycle, action ledger).

@@ -1,0 +1,1 @@
+//! bigfleet-shard-execute: the worker pool that runs actions against the provider.
