@@ -1,0 +1,555 @@
+//! `capacity.proto` ↔ model: requirements, spread, penalty buckets, needs and roll-ups.
+
+use crate::error::ConvError;
+use bigfleet_model::{
+    ClusterId, Need, Operator, PenaltyBucket, Profile, Requirement, ResourceVector, TopologySpread,
+    WhenUnsatisfiable, parse_quantity,
+};
+use bigfleet_proto::v1alpha1 as pb;
+use std::collections::HashMap;
+
+/// Characters that separate fields inside a profile fingerprint. Kubernetes
+/// label keys and values never contain them; rejecting them keeps "equal
+/// fingerprints ⇔ equal profiles" true for everything that gets in.
+const RESERVED: [char; 4] = ['|', ';', ':', ','];
+
+fn check_token(path: impl FnOnce() -> String, value: &str) -> Result<(), ConvError> {
+    if value.contains(RESERVED) {
+        return Err(ConvError::ReservedCharacter {
+            path: path(),
+            value: value.to_owned(),
+        });
+    }
+    Ok(())
+}
+
+/// One full-replacement demand roll-up, validated.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Rollup {
+    pub cluster: ClusterId,
+    /// The operator's wall clock when it built the roll-up.
+    pub timestamp_unix_nanos: i64,
+    /// In wire order, not re-aggregated. `arrival_unix_nanos` is 0 (unknown):
+    /// the shard stamps first-seen times when it applies the roll-up.
+    pub needs: Vec<Need>,
+}
+
+/// Validates and converts a roll-up. Any bad field rejects the WHOLE roll-up
+/// (the shard keeps the previous demand); the error names the need, the field
+/// and the value.
+pub fn rollup_from_proto(msg: &pb::ClusterCapacityNeeds) -> Result<Rollup, ConvError> {
+    if msg.cluster_id.is_empty() {
+        return Err(ConvError::EmptyClusterId);
+    }
+    let needs = msg
+        .needs
+        .iter()
+        .enumerate()
+        .map(|(i, n)| need_at(&format!("needs[{i}]"), &msg.cluster_id, n))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Rollup {
+        cluster: msg.cluster_id.clone(),
+        timestamp_unix_nanos: msg.timestamp_unix_nanos,
+        needs,
+    })
+}
+
+/// The wire form of a roll-up (canonical order of requirements and values).
+pub fn rollup_to_proto(rollup: &Rollup) -> pb::ClusterCapacityNeeds {
+    pb::ClusterCapacityNeeds {
+        cluster_id: rollup.cluster.clone(),
+        timestamp_unix_nanos: rollup.timestamp_unix_nanos,
+        needs: rollup.needs.iter().map(need_to_proto).collect(),
+    }
+}
+
+/// Validates one `CapacityNeed` of `cluster` (paths start with `need`).
+pub fn need_from_proto(cluster: &str, need: &pb::CapacityNeed) -> Result<Need, ConvError> {
+    need_at("need", cluster, need)
+}
+
+fn need_at(path: &str, cluster: &str, n: &pb::CapacityNeed) -> Result<Need, ConvError> {
+    let requirements = requirements_at(&format!("{path}.requirements"), &n.requirements)?;
+    let spread = n
+        .spread
+        .iter()
+        .enumerate()
+        .map(|(i, s)| spread_at(&format!("{path}.spread[{i}]"), s))
+        .collect::<Result<Vec<_>, _>>()?;
+    let ipb = bucket_at(
+        || format!("{path}.interruption_penalty_bucket"),
+        n.interruption_penalty_bucket,
+    )?;
+    let rpb = bucket_at(
+        || format!("{path}.reclamation_penalty_bucket"),
+        n.reclamation_penalty_bucket,
+    )?;
+    let aggregate_resources = resources_at(
+        &format!("{path}.aggregate_resources"),
+        &n.aggregate_resources,
+    )?;
+    let min_unit = resources_at(&format!("{path}.min_unit"), &n.min_unit)?;
+    Ok(Need {
+        aggregate_resources,
+        min_unit,
+        group: n.group.clone(),
+        ..Need::new(
+            cluster,
+            Profile::new(requirements, spread, n.priority, ipb, rpb),
+        )
+    })
+}
+
+/// The wire form of a need (cluster and arrival are not part of it).
+pub fn need_to_proto(need: &Need) -> pb::CapacityNeed {
+    let p = &need.profile;
+    pb::CapacityNeed {
+        requirements: requirements_to_proto(p.requirements()),
+        aggregate_resources: resources_to_map(&need.aggregate_resources),
+        priority: p.priority(),
+        spread: p.spread().iter().map(spread_to_proto).collect(),
+        interruption_penalty_bucket: i32::from(p.interruption_bucket().ordinal()),
+        reclamation_penalty_bucket: i32::from(p.reclamation_bucket().ordinal()),
+        min_unit: resources_to_map(&need.min_unit),
+        group: need.group.clone(),
+    }
+}
+
+/// Validates a requirement list (paths start with `requirements`), e.g. the
+/// one in a `BootstrapRequest`.
+pub fn requirements_from_proto(
+    reqs: &[pb::NodeSelectorRequirement],
+) -> Result<Vec<Requirement>, ConvError> {
+    requirements_at("requirements", reqs)
+}
+
+pub(crate) fn requirements_at(
+    path: &str,
+    reqs: &[pb::NodeSelectorRequirement],
+) -> Result<Vec<Requirement>, ConvError> {
+    reqs.iter()
+        .enumerate()
+        .map(|(i, r)| requirement_at(&format!("{path}[{i}]"), r))
+        .collect()
+}
+
+fn requirement_at(path: &str, r: &pb::NodeSelectorRequirement) -> Result<Requirement, ConvError> {
+    if r.key.is_empty() {
+        return Err(ConvError::EmptyField {
+            path: format!("{path}.key"),
+        });
+    }
+    check_token(|| format!("{path}.key"), &r.key)?;
+    let operator = Operator::from_ordinal(r.operator).ok_or_else(|| ConvError::EnumOutOfRange {
+        path: format!("{path}.operator"),
+        enum_name: "NodeSelectorRequirement.Operator",
+        value: r.operator,
+    })?;
+    // Kubernetes node-selector rules: In/NotIn need values (an empty In can
+    // never match, so the need could never be served), Exists/DoesNotExist take none.
+    let rule = match operator {
+        Operator::Unspecified => {
+            return Err(ConvError::UnspecifiedOperator {
+                path: format!("{path}.operator"),
+            });
+        }
+        Operator::In | Operator::NotIn if r.values.is_empty() => {
+            Some("requires at least one value")
+        }
+        Operator::Exists | Operator::DoesNotExist if !r.values.is_empty() => {
+            Some("takes no values")
+        }
+        _ => None,
+    };
+    if let Some(rule) = rule {
+        return Err(ConvError::OperatorValues {
+            path: format!("{path}.values"),
+            operator,
+            rule,
+        });
+    }
+    for (i, v) in r.values.iter().enumerate() {
+        check_token(|| format!("{path}.values[{i}]"), v)?;
+    }
+    Ok(Requirement::new(
+        r.key.clone(),
+        operator,
+        r.values.iter().cloned(),
+    ))
+}
+
+/// The wire form of requirements (already canonical in the model).
+pub fn requirements_to_proto(reqs: &[Requirement]) -> Vec<pb::NodeSelectorRequirement> {
+    reqs.iter()
+        .map(|r| pb::NodeSelectorRequirement {
+            key: r.key().to_owned(),
+            operator: i32::from(r.operator().ordinal()),
+            values: r.values().to_vec(),
+        })
+        .collect()
+}
+
+fn spread_at(path: &str, s: &pb::TopologySpread) -> Result<TopologySpread, ConvError> {
+    if s.topology_key.is_empty() {
+        return Err(ConvError::EmptyField {
+            path: format!("{path}.topology_key"),
+        });
+    }
+    check_token(|| format!("{path}.topology_key"), &s.topology_key)?;
+    let when = WhenUnsatisfiable::from_ordinal(s.when_unsatisfiable).ok_or_else(|| {
+        ConvError::EnumOutOfRange {
+            path: format!("{path}.when_unsatisfiable"),
+            enum_name: "TopologySpread.WhenUnsatisfiable",
+            value: s.when_unsatisfiable,
+        }
+    })?;
+    if s.max_skew < 1 {
+        return Err(ConvError::InvalidMaxSkew {
+            path: format!("{path}.max_skew"),
+            value: s.max_skew,
+        });
+    }
+    Ok(TopologySpread {
+        topology_key: s.topology_key.clone(),
+        max_skew: s.max_skew,
+        when_unsatisfiable: when,
+    })
+}
+
+fn spread_to_proto(s: &TopologySpread) -> pb::TopologySpread {
+    pb::TopologySpread {
+        topology_key: s.topology_key.clone(),
+        max_skew: s.max_skew,
+        when_unsatisfiable: i32::from(s.when_unsatisfiable.ordinal()),
+    }
+}
+
+/// A wire penalty bucket (`PenaltyBucket` ordinal); Unspecified is accepted and means $0.
+pub fn penalty_bucket_from_proto(value: i32) -> Result<PenaltyBucket, ConvError> {
+    bucket_at(|| "penalty_bucket".to_owned(), value)
+}
+
+fn bucket_at(path: impl FnOnce() -> String, value: i32) -> Result<PenaltyBucket, ConvError> {
+    PenaltyBucket::from_ordinal(value).ok_or_else(|| ConvError::EnumOutOfRange {
+        path: path(),
+        enum_name: "PenaltyBucket",
+        value,
+    })
+}
+
+/// Parses a wire quantity map at `path` (`{"cpu": "500m"}`). Unparseable or negative
+/// quantities are errors; the reported dimension is the first bad one by name,
+/// so the error does not depend on hash-map order.
+pub(crate) fn resources_at(
+    path: &str,
+    map: &HashMap<String, String>,
+) -> Result<ResourceVector, ConvError> {
+    let mut names: Vec<&String> = map.keys().collect();
+    names.sort_unstable();
+    let mut dims = Vec::with_capacity(names.len());
+    for name in names {
+        let value = &map[name];
+        let dim_path = || format!("{path}[{name:?}]");
+        if name.is_empty() {
+            return Err(ConvError::EmptyField { path: dim_path() });
+        }
+        let milli = parse_quantity(value).map_err(|source| ConvError::Quantity {
+            path: dim_path(),
+            source,
+        })?;
+        if milli < 0 {
+            return Err(ConvError::NegativeQuantity {
+                path: dim_path(),
+                value: value.clone(),
+            });
+        }
+        dims.push((name.clone(), milli));
+    }
+    Ok(ResourceVector::from_milli(dims))
+}
+
+/// Canonical quantity strings for the wire.
+pub fn resources_to_map(v: &ResourceVector) -> HashMap<String, String> {
+    v.to_quantity_map().into_iter().collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bigfleet_model::QuantityError;
+
+    fn good_need() -> pb::CapacityNeed {
+        pb::CapacityNeed {
+            requirements: vec![
+                pb::NodeSelectorRequirement {
+                    key: "node.kubernetes.io/instance-type".into(),
+                    operator: 1,
+                    values: vec!["p5".into(), "a100".into()],
+                },
+                pb::NodeSelectorRequirement {
+                    key: "rack".into(),
+                    operator: 5,
+                    values: vec![],
+                },
+            ],
+            aggregate_resources: HashMap::from([
+                ("nvidia.com/gpu".into(), "64".into()),
+                ("memory".into(), "512Gi".into()),
+            ]),
+            priority: 1_000_000,
+            spread: vec![pb::TopologySpread {
+                topology_key: "topology.kubernetes.io/zone".into(),
+                max_skew: 1,
+                when_unsatisfiable: 1,
+            }],
+            interruption_penalty_bucket: 16,
+            reclamation_penalty_bucket: 0,
+            min_unit: HashMap::from([("nvidia.com/gpu".into(), "8".into())]),
+            group: "rack\0gang-7".into(),
+        }
+    }
+
+    fn rollup(needs: Vec<pb::CapacityNeed>) -> pb::ClusterCapacityNeeds {
+        pb::ClusterCapacityNeeds {
+            cluster_id: "cluster-a".into(),
+            timestamp_unix_nanos: 42,
+            needs,
+        }
+    }
+
+    /// Applies `edit` to the second need of a two-need roll-up and returns the rejection.
+    fn reject(edit: impl FnOnce(&mut pb::CapacityNeed)) -> ConvError {
+        let mut bad = good_need();
+        edit(&mut bad);
+        let err = rollup_from_proto(&rollup(vec![good_need(), bad])).unwrap_err();
+        assert_eq!(err.need_index(), Some(1), "{err}");
+        err
+    }
+
+    #[test]
+    fn accepts_a_good_rollup() {
+        let r = rollup_from_proto(&rollup(vec![good_need(), good_need()])).unwrap();
+        assert_eq!(r.cluster, "cluster-a");
+        assert_eq!(r.timestamp_unix_nanos, 42);
+        assert_eq!(r.needs.len(), 2);
+        let n = &r.needs[0];
+        assert_eq!(n.cluster, "cluster-a");
+        assert_eq!(n.aggregate_resources.get("nvidia.com/gpu"), 64_000);
+        assert_eq!(n.aggregate_resources.get("memory"), 512 * 1_073_741_824_000);
+        assert_eq!(n.min_unit.get("nvidia.com/gpu"), 8_000);
+        assert_eq!(n.group, "rack\0gang-7");
+        assert_eq!(n.arrival_unix_nanos, 0);
+        assert!(!n.acquisition_parked);
+        assert_eq!(
+            n.fingerprint(),
+            "p=1000000|ipb=16|rpb=0|reqs=node.kubernetes.io/instance-type:1:a100,p5;rack:5:;\
+             |spr=topology.kubernetes.io/zone:1:1;"
+        );
+        assert_eq!(n.profile.same_requirement_key(), Some("rack"));
+    }
+
+    #[test]
+    fn empty_rollup_is_a_withdrawal_not_an_error() {
+        let r = rollup_from_proto(&rollup(vec![])).unwrap();
+        assert!(r.needs.is_empty());
+    }
+
+    #[test]
+    fn empty_cluster_id() {
+        let mut msg = rollup(vec![good_need()]);
+        msg.cluster_id.clear();
+        let err = rollup_from_proto(&msg).unwrap_err();
+        assert_eq!(err, ConvError::EmptyClusterId);
+        assert_eq!(err.reason(), "empty_cluster_id");
+    }
+
+    #[test]
+    fn operator_out_of_range_and_unspecified() {
+        for value in [6, -1, i32::MAX] {
+            let err = reject(|n| n.requirements[1].operator = value);
+            assert_eq!(
+                err,
+                ConvError::EnumOutOfRange {
+                    path: "needs[1].requirements[1].operator".into(),
+                    enum_name: "NodeSelectorRequirement.Operator",
+                    value
+                }
+            );
+            assert_eq!(err.reason(), "enum_out_of_range");
+            assert!(err.to_string().contains(&value.to_string()));
+        }
+        let err = reject(|n| n.requirements[0].operator = 0);
+        assert_eq!(
+            err,
+            ConvError::UnspecifiedOperator {
+                path: "needs[1].requirements[0].operator".into()
+            }
+        );
+        assert_eq!(err.reason(), "unspecified_operator");
+    }
+
+    #[test]
+    fn operator_value_rules() {
+        for (op, values, rule) in [
+            (1, vec![], "requires at least one value"),
+            (2, vec![], "requires at least one value"),
+            (3, vec!["x".to_owned()], "takes no values"),
+            (4, vec!["x".to_owned()], "takes no values"),
+        ] {
+            let err = reject(|n| {
+                n.requirements[1].operator = op;
+                n.requirements[1].values = values;
+            });
+            assert!(
+                matches!(&err, ConvError::OperatorValues { path, rule: r, .. }
+                    if path == "needs[1].requirements[1].values" && *r == rule),
+                "{err:?}"
+            );
+            assert_eq!(err.reason(), "operator_values");
+        }
+    }
+
+    #[test]
+    fn empty_and_reserved_tokens() {
+        let err = reject(|n| n.requirements[0].key.clear());
+        assert_eq!(
+            err,
+            ConvError::EmptyField {
+                path: "needs[1].requirements[0].key".into()
+            }
+        );
+        for bad in ["a|b", "a;b", "a:b", "a,b"] {
+            let err = reject(|n| n.requirements[1].key = bad.into());
+            assert_eq!(err.path(), Some("needs[1].requirements[1].key"));
+            assert_eq!(err.reason(), "reserved_character");
+            let err = reject(|n| n.requirements[0].values[1] = bad.into());
+            assert_eq!(err.path(), Some("needs[1].requirements[0].values[1]"));
+            let err = reject(|n| n.spread[0].topology_key = bad.into());
+            assert_eq!(err.path(), Some("needs[1].spread[0].topology_key"));
+        }
+        let err = reject(|n| n.spread[0].topology_key.clear());
+        assert_eq!(err.path(), Some("needs[1].spread[0].topology_key"));
+        assert_eq!(err.reason(), "empty_field");
+    }
+
+    #[test]
+    fn spread_rules() {
+        let err = reject(|n| n.spread[0].when_unsatisfiable = 3);
+        assert_eq!(err.path(), Some("needs[1].spread[0].when_unsatisfiable"));
+        assert_eq!(err.reason(), "enum_out_of_range");
+        for skew in [0, -1] {
+            let err = reject(|n| n.spread[0].max_skew = skew);
+            assert_eq!(
+                err,
+                ConvError::InvalidMaxSkew {
+                    path: "needs[1].spread[0].max_skew".into(),
+                    value: skew
+                }
+            );
+            assert_eq!(err.reason(), "spread");
+        }
+    }
+
+    #[test]
+    fn bucket_out_of_range() {
+        for value in [28, -1] {
+            let err = reject(|n| n.interruption_penalty_bucket = value);
+            assert_eq!(
+                err,
+                ConvError::EnumOutOfRange {
+                    path: "needs[1].interruption_penalty_bucket".into(),
+                    enum_name: "PenaltyBucket",
+                    value
+                }
+            );
+            let err = reject(|n| n.reclamation_penalty_bucket = value);
+            assert_eq!(err.path(), Some("needs[1].reclamation_penalty_bucket"));
+        }
+        assert_eq!(penalty_bucket_from_proto(27), Ok(PenaltyBucket::Pinned));
+        assert_eq!(penalty_bucket_from_proto(0), Ok(PenaltyBucket::Unspecified));
+        assert!(penalty_bucket_from_proto(99).is_err());
+    }
+
+    #[test]
+    fn bad_quantities() {
+        let err = reject(|n| {
+            n.aggregate_resources.insert("cpu".into(), "lots".into());
+            n.aggregate_resources.insert("zzz".into(), "1x".into());
+        });
+        assert_eq!(
+            err,
+            ConvError::Quantity {
+                path: "needs[1].aggregate_resources[\"cpu\"]".into(),
+                source: QuantityError::NoDigits {
+                    input: "lots".into()
+                }
+            }
+        );
+        assert_eq!(err.reason(), "quantity");
+        assert!(err.to_string().contains("lots"));
+        let err = reject(|n| {
+            n.min_unit.insert("memory".into(), "1Qi".into());
+        });
+        assert_eq!(err.path(), Some("needs[1].min_unit[\"memory\"]"));
+        let err = reject(|n| {
+            n.min_unit.insert("cpu".into(), "-1".into());
+        });
+        assert_eq!(
+            err,
+            ConvError::NegativeQuantity {
+                path: "needs[1].min_unit[\"cpu\"]".into(),
+                value: "-1".into()
+            }
+        );
+        let err = reject(|n| {
+            n.aggregate_resources.insert(String::new(), "1".into());
+        });
+        assert_eq!(err.reason(), "empty_field");
+    }
+
+    #[test]
+    fn first_bad_need_is_reported() {
+        let mut a = good_need();
+        a.priority = 1;
+        let mut b = good_need();
+        b.interruption_penalty_bucket = 99;
+        let mut c = good_need();
+        c.requirements[0].operator = 0;
+        let err = rollup_from_proto(&rollup(vec![a, b, c])).unwrap_err();
+        assert_eq!(err.need_index(), Some(1));
+    }
+
+    #[test]
+    fn need_from_proto_uses_a_relative_path() {
+        let mut n = good_need();
+        n.requirements[0].operator = 0;
+        let err = need_from_proto("c", &n).unwrap_err();
+        assert_eq!(err.path(), Some("need.requirements[0].operator"));
+        assert_eq!(err.need_index(), None);
+        assert!(need_from_proto("c", &good_need()).is_ok());
+    }
+
+    #[test]
+    fn requirements_from_proto_validates() {
+        let reqs = good_need().requirements;
+        let parsed = requirements_from_proto(&reqs).unwrap();
+        assert_eq!(parsed[0].values(), ["a100", "p5"]);
+        let mut bad = reqs.clone();
+        bad[1].operator = 42;
+        assert_eq!(
+            requirements_from_proto(&bad).unwrap_err().path(),
+            Some("requirements[1].operator")
+        );
+    }
+
+    #[test]
+    fn to_proto_is_canonical() {
+        let r = rollup_from_proto(&rollup(vec![good_need()])).unwrap();
+        let back = rollup_to_proto(&r);
+        let n = &back.needs[0];
+        assert_eq!(n.requirements[0].values, ["a100", "p5"]);
+        assert_eq!(n.aggregate_resources["memory"], "549755813888");
+        assert_eq!(n.interruption_penalty_bucket, 16);
+        assert_eq!(rollup_from_proto(&back).unwrap(), r);
+    }
+}
