@@ -1,0 +1,222 @@
+{{/*
+Names, labels, addresses and the argument fragments shared by every workload.
+Ports are fixed by the binaries' contract (docs/flags.md), so they are constants here, not values.
+*/}}
+
+{{- define "bigfleet.port.gateway" -}}7780{{- end -}}
+{{- define "bigfleet.port.gatewayMetrics" -}}8781{{- end -}}
+{{- define "bigfleet.port.decideMetrics" -}}8780{{- end -}}
+{{- define "bigfleet.port.work" -}}7782{{- end -}}
+{{- define "bigfleet.port.executeMetrics" -}}8782{{- end -}}
+{{- define "bigfleet.port.coordinator" -}}7790{{- end -}}
+{{- define "bigfleet.port.raft" -}}7791{{- end -}}
+{{- define "bigfleet.port.coordinatorMetrics" -}}8790{{- end -}}
+{{- define "bigfleet.port.inspect" -}}7795{{- end -}}
+{{- define "bigfleet.port.inspectHttp" -}}8795{{- end -}}
+{{- define "bigfleet.port.inspectMetrics" -}}8796{{- end -}}
+{{- define "bigfleet.port.provider" -}}7800{{- end -}}
+{{- define "bigfleet.port.providerMetrics" -}}8800{{- end -}}
+
+{{- define "bigfleet.socketDir" -}}/run/bigfleet{{- end -}}
+{{- define "bigfleet.tlsDir" -}}/etc/bigfleet/tls{{- end -}}
+{{- define "bigfleet.shardDataDir" -}}/var/lib/bigfleet-shard{{- end -}}
+{{- define "bigfleet.coordinatorDataDir" -}}/var/lib/bigfleet{{- end -}}
+{{- define "bigfleet.logDir" -}}/var/log/bigfleet{{- end -}}
+
+{{- define "bigfleet.name" -}}
+{{- default .Chart.Name .Values.nameOverride | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Short enough that "<fullname>-shard-headless" and "<fullname>-coordinator-NN" stay valid names. */}}
+{{- define "bigfleet.fullname" -}}
+{{- if .Values.fullnameOverride -}}
+{{- .Values.fullnameOverride | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- $name := default .Chart.Name .Values.nameOverride -}}
+{{- if contains $name .Release.Name -}}
+{{- .Release.Name | trunc 40 | trimSuffix "-" -}}
+{{- else -}}
+{{- printf "%s-%s" .Release.Name $name | trunc 40 | trimSuffix "-" -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "bigfleet.coordinatorName" -}}{{ include "bigfleet.fullname" . }}-coordinator{{- end -}}
+{{- define "bigfleet.shardName" -}}{{ include "bigfleet.fullname" . }}-shard{{- end -}}
+{{- define "bigfleet.shardHeadlessName" -}}{{ include "bigfleet.fullname" . }}-shard-headless{{- end -}}
+{{- define "bigfleet.executeName" -}}{{ include "bigfleet.fullname" . }}-execute{{- end -}}
+{{- define "bigfleet.inspectName" -}}{{ include "bigfleet.fullname" . }}-inspect{{- end -}}
+{{- define "bigfleet.fakeProviderName" -}}{{ include "bigfleet.fullname" . }}-fake-provider{{- end -}}
+
+{{- define "bigfleet.chart" -}}
+{{- printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | trunc 63 | trimSuffix "-" -}}
+{{- end -}}
+
+{{/* Selector labels; call with (dict "ctx" $ "component" "shard"). */}}
+{{- define "bigfleet.selectorLabels" -}}
+app.kubernetes.io/name: {{ include "bigfleet.name" .ctx }}
+app.kubernetes.io/instance: {{ .ctx.Release.Name }}
+app.kubernetes.io/component: {{ .component }}
+{{- end -}}
+
+{{- define "bigfleet.labels" -}}
+helm.sh/chart: {{ include "bigfleet.chart" .ctx }}
+{{ include "bigfleet.selectorLabels" . }}
+app.kubernetes.io/version: {{ .ctx.Chart.AppVersion | quote }}
+app.kubernetes.io/managed-by: {{ .ctx.Release.Service }}
+app.kubernetes.io/part-of: bigfleet
+{{- end -}}
+
+{{- define "bigfleet.serviceAccountName" -}}
+{{- if .Values.serviceAccount.create -}}
+{{- default (include "bigfleet.fullname" .) .Values.serviceAccount.name -}}
+{{- else -}}
+{{- default "default" .Values.serviceAccount.name -}}
+{{- end -}}
+{{- end -}}
+
+{{/* Image of one binary; call with (dict "ctx" $ "binary" "bigfleet-coordinator"). */}}
+{{- define "bigfleet.image" -}}
+{{- printf "%s/%s:%s" (trimSuffix "/" .ctx.Values.image.repository) .binary (default .ctx.Chart.AppVersion .ctx.Values.image.tag) -}}
+{{- end -}}
+
+{{/* Client URI scheme: https means mTLS with the process's --tls-* (docs/flags.md). */}}
+{{- define "bigfleet.scheme" -}}{{ if .Values.tls.enabled }}https{{ else }}http{{ end }}{{- end -}}
+
+{{- define "bigfleet.coordinatorHost" -}}
+{{- printf "%s.%s.svc" (include "bigfleet.coordinatorName" .) .Release.Namespace -}}
+{{- end -}}
+
+{{- define "bigfleet.coordinatorAddr" -}}
+{{- printf "%s://%s:%s" (include "bigfleet.scheme" .) (include "bigfleet.coordinatorHost" .) (include "bigfleet.port.coordinator" .) -}}
+{{- end -}}
+
+{{/* DNS name of shard pod <podName> through the headless Service. */}}
+{{- define "bigfleet.shardPodHost" -}}
+{{- printf "%s.%s.%s.svc" .pod (include "bigfleet.shardHeadlessName" .ctx) .ctx.Release.Namespace -}}
+{{- end -}}
+
+{{- define "bigfleet.fakeProviderEnabled" -}}
+{{- if and .Values.shard.enabled (not .Values.provider.addr) -}}true{{- end -}}
+{{- end -}}
+
+{{/* The fake provider is always dialled in plaintext: it is a development stand-in. */}}
+{{- define "bigfleet.providerAddr" -}}
+{{- if .Values.provider.addr -}}
+{{- .Values.provider.addr -}}
+{{- else -}}
+{{- printf "http://%s.%s.svc:%s" (include "bigfleet.fakeProviderName" .) .Release.Namespace (include "bigfleet.port.provider" .) -}}
+{{- end -}}
+{{- end -}}
+
+{{- define "bigfleet.etcdEndpoints" -}}{{ join "," .Values.etcd.endpoints }}{{- end -}}
+
+{{- define "bigfleet.tlsSecret.coordinator" -}}{{ default (printf "%s-coordinator-tls" (include "bigfleet.fullname" .)) .Values.tls.coordinator.secretName }}{{- end -}}
+{{- define "bigfleet.tlsSecret.shardPrefix" -}}{{ default (printf "%s-shard-tls" (include "bigfleet.fullname" .)) .Values.tls.shard.secretName }}{{- end -}}
+{{- define "bigfleet.tlsSecret.executePrefix" -}}{{ default (printf "%s-execute-tls" (include "bigfleet.fullname" .)) .Values.tls.execute.secretName }}{{- end -}}
+{{- define "bigfleet.tlsSecret.inspect" -}}{{ default (printf "%s-inspect-tls" (include "bigfleet.fullname" .)) .Values.tls.inspect.secretName }}{{- end -}}
+
+{{/*
+Flags every service takes (docs/flags.md "Common to every service"), in --flag=value form only:
+a bare or space-separated flag is never emitted (scripts/check-helm rejects both).
+Call with (dict "ctx" $ "metrics" "8780" "tlsDir" "/etc/bigfleet/tls").
+*/}}
+{{- define "bigfleet.commonArgs" -}}
+- --metrics-addr=:{{ .metrics }}
+- --log-format={{ .ctx.Values.logFormat }}
+- --drain-timeout={{ .ctx.Values.drainTimeout }}
+{{- if .ctx.Values.tls.enabled }}
+- --tls-cert={{ .tlsDir }}/tls.crt
+- --tls-key={{ .tlsDir }}/tls.key
+- --tls-ca={{ .tlsDir }}/ca.crt
+{{- end }}
+{{- end -}}
+
+{{/* Environment of every container: downward-API identity and OpenTelemetry. */}}
+{{- define "bigfleet.commonEnv" -}}
+- name: POD_NAME
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.name
+- name: POD_NAMESPACE
+  valueFrom:
+    fieldRef:
+      fieldPath: metadata.namespace
+{{- if .Values.otlp.endpoint }}
+- name: OTEL_EXPORTER_OTLP_ENDPOINT
+  value: {{ .Values.otlp.endpoint | quote }}
+- name: OTEL_RESOURCE_ATTRIBUTES
+  value: "k8s.pod.name=$(POD_NAME),k8s.namespace.name=$(POD_NAMESPACE)"
+{{- end }}
+{{- end -}}
+
+{{/* HTTP liveness + readiness on a metrics port; call with (dict "port" "metrics"). */}}
+{{- define "bigfleet.httpProbes" -}}
+livenessProbe:
+  httpGet:
+    path: /healthz
+    port: {{ .port }}
+  initialDelaySeconds: 5
+  periodSeconds: 10
+  failureThreshold: 3
+readinessProbe:
+  httpGet:
+    path: /readyz
+    port: {{ .port }}
+  periodSeconds: 5
+  failureThreshold: 3
+{{- end -}}
+
+{{- define "bigfleet.containerSecurityContext" -}}
+securityContext:
+  {{- toYaml .Values.securityContext | nindent 2 }}
+{{- end -}}
+
+{{- define "bigfleet.podCommon" -}}
+serviceAccountName: {{ include "bigfleet.serviceAccountName" . }}
+automountServiceAccountToken: false
+enableServiceLinks: false
+{{- with .Values.image.pullSecrets }}
+imagePullSecrets:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+securityContext:
+  {{- toYaml .Values.podSecurityContext | nindent 2 }}
+{{- end -}}
+
+{{/* Scheduling knobs of one role; call with the role's values. */}}
+{{- define "bigfleet.scheduling" -}}
+{{- with .nodeSelector }}
+nodeSelector:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .tolerations }}
+tolerations:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- with .affinity }}
+affinity:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{/* Cross-value rules the schema cannot express; rendering stops with a clear message. */}}
+{{- define "bigfleet.validate" -}}
+{{- if and .Values.inspect.enabled (not .Values.coordinator.enabled) -}}
+{{- fail "inspect.enabled needs coordinator.enabled: inspect discovers shards through the coordinator" -}}
+{{- end -}}
+{{- if and .Values.execute.enabled (not .Values.shard.enabled) -}}
+{{- fail "execute.enabled needs shard.enabled: remote execute workers serve this release's shards" -}}
+{{- end -}}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
+{{- fail "tls.certManager.enabled needs tls.enabled" -}}
+{{- end -}}
+{{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
+{{- fail "tls.certManager.issuerRef.name is required when tls.certManager.enabled" -}}
+{{- end -}}
+{{- with .Values.shard.auditLog -}}
+{{- if not (or (hasPrefix (printf "%s/" (include "bigfleet.logDir" $)) .) (hasPrefix (printf "%s/" (include "bigfleet.shardDataDir" $)) .)) -}}
+{{- fail (printf "shard.auditLog %q must be under %s/ or %s/ (the root filesystem is read-only)" . (include "bigfleet.logDir" $) (include "bigfleet.shardDataDir" $)) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
