@@ -1,1 +1,34 @@
 //! Tracing subscriber, OpenTelemetry OTLP export, Prometheus registry and the /metrics /healthz /readyz router.
+//!
+//! * [`init`] installs the process-wide `tracing` subscriber (text or JSON to stderr,
+//!   `RUST_LOG`-style filter), the W3C trace-context propagator and — only when
+//!   `OTEL_EXPORTER_OTLP_ENDPOINT` is set — an OpenTelemetry tracer exporting over OTLP/gRPC.
+//! * [`propagation`] moves trace context in and out of HTTP headers / tonic metadata; the
+//!   mesh's trace layer and clients use it so one trace spans every hop.
+//! * [`MetricsRegistry`] wraps a Prometheus registry with typed registration helpers.
+//! * [`ops_router`] / [`serve_ops`] serve `/metrics`, `/healthz` and `/readyz` (driven by a
+//!   [`Readiness`] handle) on a plain HTTP port.
+
+mod logging;
+mod metrics;
+mod ops;
+pub mod propagation;
+
+pub use logging::{
+    LogArgs, LogFormat, OTEL_ENDPOINT_ENV, OTEL_FILTER_ENV, TelemetryConfig, TelemetryGuard, init,
+};
+pub use metrics::{LATENCY_BUCKETS, MetricsRegistry};
+pub use ops::{Readiness, ops_router, serve_ops, spawn_ops_server};
+
+/// Errors setting up telemetry or registering metrics.
+#[derive(Debug, thiserror::Error)]
+pub enum TelemetryError {
+    #[error("invalid log filter {filter:?}: {reason}")]
+    Filter { filter: String, reason: String },
+    #[error("a global tracing subscriber is already installed")]
+    AlreadyInitialised,
+    #[error("otlp exporter: {0}")]
+    Otlp(String),
+    #[error("metric registration: {0}")]
+    Metrics(#[from] prometheus::Error),
+}

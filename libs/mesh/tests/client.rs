@@ -1,0 +1,272 @@
+//! The client stack against a real server: what is retried, how often, per-attempt timeouts,
+//! attempt hooks and client metrics.
+
+mod common;
+
+use std::time::Duration;
+
+use bigfleet_mesh::{
+    ChannelConfig, ClientStackConfig, GrpcMetrics, MeshServer, RateLimit, RetryPolicy,
+    RunningServer, ServerStackConfig, dial, dial_lazy,
+};
+use bigfleet_telemetry::MetricsRegistry;
+use common::{Echo, code, say};
+use tonic::Code;
+
+fn fast_retry(max_attempts: u32) -> RetryPolicy {
+    RetryPolicy {
+        max_attempts,
+        initial_backoff: Duration::from_millis(5),
+        max_backoff: Duration::from_millis(20),
+        ..RetryPolicy::default()
+    }
+}
+
+async fn serve(cfg: ServerStackConfig, echo: Echo) -> RunningServer {
+    MeshServer::new("echo", cfg)
+        .tcp("127.0.0.1:0".parse().unwrap())
+        .add_service(echo)
+        .start()
+        .await
+        .unwrap()
+}
+
+fn target(s: &RunningServer) -> String {
+    format!("http://{}", s.tcp_addr().unwrap())
+}
+
+#[tokio::test]
+async fn unavailable_is_retried_until_success_and_counted() {
+    let echo = Echo {
+        fail_first: 2,
+        ..Echo::default()
+    };
+    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let registry = MetricsRegistry::new();
+    let stack = ClientStackConfig {
+        metrics: Some(GrpcMetrics::client(&registry).unwrap()),
+        retry: fast_retry(4),
+        attempt_timeout: None,
+    };
+    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+        .await
+        .unwrap();
+    assert_eq!(say(&ch, "flaky").await.unwrap().text, "flaky");
+    assert_eq!(echo.calls(), 3);
+    let text = registry.encode_text().unwrap();
+    assert!(
+        text.contains("grpc_client_retries_total{grpc_code=\"Unavailable\",grpc_method=\"Say\",grpc_service=\"test.v1.Echo\"} 2"),
+        "{text}"
+    );
+    // One logical call, observed once with its final code.
+    assert!(
+        text.contains("grpc_client_handled_total{grpc_code=\"OK\",grpc_method=\"Say\",grpc_service=\"test.v1.Echo\"} 1"),
+        "{text}"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn failed_precondition_is_never_retried() {
+    let echo = Echo::default();
+    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let stack = ClientStackConfig {
+        retry: fast_retry(5),
+        ..ClientStackConfig::default()
+    };
+    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+        .await
+        .unwrap();
+    assert_eq!(code(&say(&ch, "fenced").await), Code::FailedPrecondition);
+    assert_eq!(echo.calls(), 1);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn attempts_are_bounded() {
+    let echo = Echo {
+        fail_first: 100,
+        ..Echo::default()
+    };
+    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let stack = ClientStackConfig {
+        retry: fast_retry(3),
+        ..ClientStackConfig::default()
+    };
+    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+        .await
+        .unwrap();
+    assert_eq!(code(&say(&ch, "flaky").await), Code::Unavailable);
+    assert_eq!(echo.calls(), 3);
+    let none = ClientStackConfig {
+        retry: RetryPolicy::none(),
+        ..ClientStackConfig::default()
+    };
+    let ch = dial(&target(&server), &ChannelConfig::default(), &none)
+        .await
+        .unwrap();
+    assert_eq!(code(&say(&ch, "flaky").await), Code::Unavailable);
+    assert_eq!(echo.calls(), 4);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn a_hung_attempt_times_out_and_the_retry_is_stamped() {
+    let echo = Echo {
+        sleep_once: true,
+        ..Echo::default()
+    };
+    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let stack = ClientStackConfig {
+        retry: fast_retry(3).with_attempt_hook(|attempt, parts| {
+            parts
+                .headers
+                .insert("x-attempt", attempt.to_string().parse().unwrap());
+        }),
+        attempt_timeout: Some(Duration::from_millis(150)),
+        ..ClientStackConfig::default()
+    };
+    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+        .await
+        .unwrap();
+    let started = std::time::Instant::now();
+    let reply = say(&ch, "sleep:5000").await.unwrap();
+    assert!(started.elapsed() < Duration::from_secs(2));
+    assert_eq!(echo.calls(), 2);
+    assert_eq!(
+        reply.attempt, "1",
+        "the second attempt carries its own stamp"
+    );
+
+    server.shutdown().await.unwrap();
+
+    // Without retries the attempt timeout surfaces as DEADLINE_EXCEEDED.
+    let always_slow = serve(ServerStackConfig::default(), Echo::default()).await;
+    let once = ClientStackConfig {
+        retry: RetryPolicy::none(),
+        attempt_timeout: Some(Duration::from_millis(100)),
+        ..ClientStackConfig::default()
+    };
+    let ch = dial(&target(&always_slow), &ChannelConfig::default(), &once)
+        .await
+        .unwrap();
+    assert_eq!(code(&say(&ch, "sleep:1000").await), Code::DeadlineExceeded);
+    always_slow.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn resource_exhausted_is_retried_only_when_asked() {
+    let cfg = ServerStackConfig {
+        rate_limit: Some(RateLimit {
+            per_second: 10.0,
+            burst: 1,
+        }),
+        ..ServerStackConfig::default()
+    };
+    let echo = Echo::default();
+    let server = serve(cfg, echo.clone()).await;
+    let plain = dial(
+        &target(&server),
+        &ChannelConfig::default(),
+        &ClientStackConfig {
+            retry: fast_retry(4),
+            ..ClientStackConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(code(&say(&plain, "ok").await), Code::Ok);
+    assert_eq!(code(&say(&plain, "ok").await), Code::ResourceExhausted);
+
+    let patient = dial(
+        &target(&server),
+        &ChannelConfig::default(),
+        &ClientStackConfig {
+            retry: RetryPolicy {
+                max_attempts: 5,
+                initial_backoff: Duration::from_millis(100),
+                max_backoff: Duration::from_millis(200),
+                ..RetryPolicy::default()
+            }
+            .retry_resource_exhausted(),
+            ..ClientStackConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(150)).await;
+    assert_eq!(code(&say(&patient, "ok").await), Code::Ok);
+    assert_eq!(
+        code(&say(&patient, "ok").await),
+        Code::Ok,
+        "waited for a token"
+    );
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn an_unreachable_server_is_unavailable_after_bounded_retries() {
+    let port = bigfleet_testkit::free_tcp_port().unwrap();
+    let registry = MetricsRegistry::new();
+    let ch = dial_lazy(
+        &format!("http://127.0.0.1:{port}"),
+        &ChannelConfig::default(),
+        &ClientStackConfig {
+            metrics: Some(GrpcMetrics::client(&registry).unwrap()),
+            retry: fast_retry(3),
+            ..ClientStackConfig::default()
+        },
+    )
+    .unwrap();
+    assert_eq!(code(&say(&ch, "ok").await), Code::Unavailable);
+    let text = registry.encode_text().unwrap();
+    assert!(text.contains("grpc_client_retries_total{grpc_code=\"Unavailable\",grpc_method=\"Say\",grpc_service=\"test.v1.Echo\"} 2"), "{text}");
+    // Eager dialing reports the failure up front.
+    assert!(
+        dial(
+            &format!("http://127.0.0.1:{port}"),
+            &ChannelConfig::default(),
+            &ClientStackConfig::default()
+        )
+        .await
+        .is_err()
+    );
+}
+
+#[tokio::test]
+async fn the_typed_retry_helper_restamps_each_attempt() {
+    let echo = Echo {
+        fail_first: 2,
+        ..Echo::default()
+    };
+    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let ch = dial(
+        &target(&server),
+        &ChannelConfig::default(),
+        &ClientStackConfig {
+            retry: RetryPolicy::none(),
+            ..ClientStackConfig::default()
+        },
+    )
+    .await
+    .unwrap();
+    // What a provider call does: the request body differs per attempt (base + attempt).
+    let base = 65_536u64;
+    let mut sent = Vec::new();
+    let reply = fast_retry(4)
+        .run(|attempt| {
+            let seq = base + u64::from(attempt);
+            sent.push(seq);
+            let ch = ch.clone();
+            async move {
+                let r = say(&ch, "flaky").await?;
+                Ok((seq, r))
+            }
+        })
+        .await
+        .unwrap();
+    assert_eq!(sent, vec![65_536, 65_537, 65_538]);
+    assert_eq!(reply.0, 65_538);
+    assert_eq!(echo.calls(), 3);
+    server.shutdown().await.unwrap();
+}

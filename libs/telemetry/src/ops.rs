@@ -1,0 +1,198 @@
+//! The plain-HTTP operations endpoints every process serves: `/metrics`, `/healthz`, `/readyz`.
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::get;
+use tokio::net::TcpListener;
+use tokio::task::JoinHandle;
+
+use crate::MetricsRegistry;
+
+/// Content type of the Prometheus text exposition format.
+const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
+
+/// Whether the process should receive traffic. Starts not ready with a reason; the service
+/// flips it (either way — a coordinator loses readiness when it stops seeing a leader).
+/// Clones share state.
+#[derive(Debug, Clone)]
+pub struct Readiness {
+    // `None` = ready; `Some(reason)` = not ready, and why (shown in the 503 body).
+    state: Arc<RwLock<Option<String>>>,
+}
+
+impl Readiness {
+    /// Not ready yet, with the reason probes will see.
+    pub fn not_ready(reason: impl Into<String>) -> Self {
+        Self {
+            state: Arc::new(RwLock::new(Some(reason.into()))),
+        }
+    }
+
+    /// Ready from the start (processes with nothing to wait for).
+    pub fn ready() -> Self {
+        Self {
+            state: Arc::new(RwLock::new(None)),
+        }
+    }
+
+    pub fn set_ready(&self) {
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = None;
+    }
+
+    pub fn set_not_ready(&self, reason: impl Into<String>) {
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = Some(reason.into());
+    }
+
+    pub fn is_ready(&self) -> bool {
+        self.status().is_ok()
+    }
+
+    /// `Ok` when ready, else the reason.
+    pub fn status(&self) -> Result<(), String> {
+        match &*self.state.read().unwrap_or_else(|e| e.into_inner()) {
+            None => Ok(()),
+            Some(reason) => Err(reason.clone()),
+        }
+    }
+}
+
+#[derive(Clone)]
+struct OpsState {
+    registry: MetricsRegistry,
+    readiness: Readiness,
+}
+
+/// `/metrics` (Prometheus text), `/healthz` (200 while the process serves HTTP at all) and
+/// `/readyz` (200 when `readiness` says so, else 503 with the reason). Merge more routes into
+/// the returned router if a service needs them.
+pub fn ops_router(registry: MetricsRegistry, readiness: Readiness) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/healthz", get(healthz))
+        .route("/readyz", get(readyz))
+        .with_state(OpsState {
+            registry,
+            readiness,
+        })
+}
+
+async fn metrics(State(s): State<OpsState>) -> Response {
+    match s.registry.encode_text() {
+        Ok(text) => ([(header::CONTENT_TYPE, PROMETHEUS_TEXT)], text).into_response(),
+        Err(e) => {
+            tracing::error!(error = %e, "encoding metrics failed");
+            (StatusCode::INTERNAL_SERVER_ERROR, e.to_string()).into_response()
+        }
+    }
+}
+
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+async fn readyz(State(s): State<OpsState>) -> Response {
+    match s.readiness.status() {
+        Ok(()) => (StatusCode::OK, "ready\n").into_response(),
+        Err(reason) => (StatusCode::SERVICE_UNAVAILABLE, format!("{reason}\n")).into_response(),
+    }
+}
+
+/// Serves `router` on `listener` until `shutdown` resolves, then finishes in-flight requests.
+pub async fn serve_ops(
+    listener: TcpListener,
+    router: Router,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<()> {
+    axum::serve(listener, router)
+        .with_graceful_shutdown(shutdown)
+        .await
+}
+
+/// Binds `addr` (port 0 picks one) and serves the ops router in a task; returns the bound
+/// address and the task.
+pub async fn spawn_ops_server(
+    addr: SocketAddr,
+    registry: MetricsRegistry,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    tracing::info!(addr = %local, "serving /metrics /healthz /readyz");
+    let task = tokio::spawn(serve_ops(
+        listener,
+        ops_router(registry, readiness),
+        shutdown,
+    ));
+    Ok((local, task))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use axum::body::Body;
+    use axum::http::Request;
+    use tower::ServiceExt;
+
+    async fn get_path(router: &Router, path: &str) -> (StatusCode, String, Option<String>) {
+        let resp = router
+            .clone()
+            .oneshot(Request::get(path).body(Body::empty()).unwrap())
+            .await
+            .unwrap();
+        let status = resp.status();
+        let ct = resp
+            .headers()
+            .get(header::CONTENT_TYPE)
+            .map(|v| v.to_str().unwrap().to_owned());
+        let body = axum::body::to_bytes(resp.into_body(), 1 << 20)
+            .await
+            .unwrap();
+        (status, String::from_utf8(body.to_vec()).unwrap(), ct)
+    }
+
+    #[tokio::test]
+    async fn readiness_flips_both_ways_and_health_stays_up() {
+        let readiness = Readiness::not_ready("first provider reconcile not yet complete");
+        let router = ops_router(MetricsRegistry::new(), readiness.clone());
+
+        let (status, body, _) = get_path(&router, "/readyz").await;
+        assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(body, "first provider reconcile not yet complete\n");
+        assert_eq!(get_path(&router, "/healthz").await.0, StatusCode::OK);
+
+        readiness.set_ready();
+        assert!(readiness.is_ready());
+        let (status, body, _) = get_path(&router, "/readyz").await;
+        assert_eq!((status, body.as_str()), (StatusCode::OK, "ready\n"));
+
+        readiness.set_not_ready("no leader");
+        let (status, body, _) = get_path(&router, "/readyz").await;
+        assert_eq!(
+            (status, body.as_str()),
+            (StatusCode::SERVICE_UNAVAILABLE, "no leader\n")
+        );
+        assert_eq!(get_path(&router, "/healthz").await.0, StatusCode::OK);
+    }
+
+    #[tokio::test]
+    async fn metrics_are_exposed_as_prometheus_text() {
+        let registry = MetricsRegistry::new();
+        let c = registry.int_counter("cycles_total", "cycles run").unwrap();
+        let router = ops_router(registry, Readiness::ready());
+        c.inc();
+        c.inc();
+        let (status, body, ct) = get_path(&router, "/metrics").await;
+        assert_eq!(status, StatusCode::OK);
+        assert_eq!(ct.as_deref(), Some(PROMETHEUS_TEXT));
+        assert!(body.contains("# TYPE cycles_total counter"), "{body}");
+        assert!(body.contains("cycles_total 2"), "{body}");
+        assert_eq!(get_path(&router, "/nope").await.0, StatusCode::NOT_FOUND);
+    }
+}
