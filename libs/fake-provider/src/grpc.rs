@@ -1,0 +1,226 @@
+//! The gRPC face of [`FakeProvider`]: the generated `CapacityProvider` server for the five
+//! small calls, and a List path that encodes the answer straight into tonic's send buffer.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Instant;
+
+use bigfleet_proto::service_names::CAPACITY_PROVIDER;
+use bigfleet_proto::v1alpha1::capacity_provider_server::{
+    CapacityProvider, CapacityProviderServer,
+};
+use bigfleet_proto::v1alpha1::{
+    ConfigureRequest, CreateRequest, DeleteRequest, DrainRequest, ListFilter, Machine, MachineList,
+    MachineRef, TransitionAck,
+};
+use futures::future::BoxFuture;
+use prost::Message;
+use tonic::body::Body;
+use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
+use tonic::server::{NamedService, UnaryService};
+use tonic::{Request, Response, Status};
+
+use crate::metrics::ProviderMetrics;
+use crate::{FakeProvider, MAX_MESSAGE_BYTES, ProviderError};
+
+const LIST_PATH: &str = "/bigfleet.v1alpha1.CapacityProvider/List";
+
+/// Implements the generated trait over a shared [`FakeProvider`].
+#[derive(Clone)]
+pub struct ProviderGrpc {
+    provider: Arc<FakeProvider>,
+    metrics: Option<ProviderMetrics>,
+}
+
+impl ProviderGrpc {
+    pub fn new(provider: Arc<FakeProvider>, metrics: Option<ProviderMetrics>) -> Self {
+        Self { provider, metrics }
+    }
+
+    fn observe<T>(
+        &self,
+        rpc: &'static str,
+        r: Result<T, ProviderError>,
+    ) -> Result<Response<T>, Status> {
+        if let Some(m) = &self.metrics {
+            let code = match &r {
+                Ok(_) => tonic::Code::Ok,
+                Err(e) => e.code(),
+            };
+            m.observe(rpc, code);
+        }
+        r.map(Response::new).map_err(Status::from)
+    }
+}
+
+#[tonic::async_trait]
+impl CapacityProvider for ProviderGrpc {
+    async fn create(
+        &self,
+        request: Request<CreateRequest>,
+    ) -> Result<Response<TransitionAck>, Status> {
+        self.observe("Create", self.provider.create(request.get_ref()))
+    }
+
+    async fn configure(
+        &self,
+        request: Request<ConfigureRequest>,
+    ) -> Result<Response<TransitionAck>, Status> {
+        self.observe("Configure", self.provider.configure(request.get_ref()))
+    }
+
+    async fn drain(
+        &self,
+        request: Request<DrainRequest>,
+    ) -> Result<Response<TransitionAck>, Status> {
+        self.observe("Drain", self.provider.drain(request.get_ref()))
+    }
+
+    async fn delete(
+        &self,
+        request: Request<DeleteRequest>,
+    ) -> Result<Response<TransitionAck>, Status> {
+        self.observe("Delete", self.provider.delete(request.get_ref()))
+    }
+
+    async fn get(&self, request: Request<MachineRef>) -> Result<Response<Machine>, Status> {
+        self.observe("Get", self.provider.get(&request.get_ref().id))
+    }
+
+    /// The slow path, used only when this trait impl is served without
+    /// [`FakeProviderService`]; the answer is the same.
+    async fn list(&self, request: Request<ListFilter>) -> Result<Response<MachineList>, Status> {
+        self.observe("List", Ok(self.provider.list(request.get_ref())))
+    }
+}
+
+/// The tonic service to add to a server: `bigfleet.v1alpha1.CapacityProvider` with the
+/// fast List path and 256 MiB message limits.
+#[derive(Clone)]
+pub struct FakeProviderService {
+    inner: CapacityProviderServer<ProviderGrpc>,
+    list: ListHandler,
+}
+
+impl FakeProviderService {
+    pub fn new(provider: Arc<FakeProvider>) -> Self {
+        Self::with_metrics(provider, None)
+    }
+
+    pub fn with_metrics(provider: Arc<FakeProvider>, metrics: Option<ProviderMetrics>) -> Self {
+        let inner =
+            CapacityProviderServer::new(ProviderGrpc::new(provider.clone(), metrics.clone()))
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Self {
+            inner,
+            list: ListHandler { provider, metrics },
+        }
+    }
+}
+
+impl NamedService for FakeProviderService {
+    const NAME: &'static str = CAPACITY_PROVIDER;
+}
+
+impl tower::Service<http::Request<Body>> for FakeProviderService {
+    type Response = http::Response<Body>;
+    type Error = Infallible;
+    type Future = BoxFuture<'static, Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _cx: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        if req.uri().path() == LIST_PATH {
+            let handler = self.list.clone();
+            Box::pin(async move {
+                let mut grpc = tonic::server::Grpc::new(ListCodec).apply_max_message_size_config(
+                    Some(MAX_MESSAGE_BYTES),
+                    Some(MAX_MESSAGE_BYTES),
+                );
+                Ok(grpc.unary(handler, req).await)
+            })
+        } else {
+            tower::Service::call(&mut self.inner, req)
+        }
+    }
+}
+
+/// A List answer not encoded yet: the encoder writes it under the store's read lock
+/// directly into the outgoing buffer, so no `MachineList` value and no second copy of a
+/// 100 MB answer ever exists.
+pub struct PendingList {
+    provider: Arc<FakeProvider>,
+    filter: ListFilter,
+    metrics: Option<ProviderMetrics>,
+}
+
+#[derive(Clone)]
+struct ListHandler {
+    provider: Arc<FakeProvider>,
+    metrics: Option<ProviderMetrics>,
+}
+
+impl UnaryService<ListFilter> for ListHandler {
+    type Response = PendingList;
+    type Future = std::future::Ready<Result<Response<PendingList>, Status>>;
+
+    fn call(&mut self, request: Request<ListFilter>) -> Self::Future {
+        std::future::ready(Ok(Response::new(PendingList {
+            provider: self.provider.clone(),
+            filter: request.into_inner(),
+            metrics: self.metrics.clone(),
+        })))
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct ListCodec;
+
+impl Codec for ListCodec {
+    type Encode = PendingList;
+    type Decode = ListFilter;
+    type Encoder = ListEncoder;
+    type Decoder = FilterDecoder;
+
+    fn encoder(&mut self) -> Self::Encoder {
+        ListEncoder
+    }
+
+    fn decoder(&mut self) -> Self::Decoder {
+        FilterDecoder
+    }
+}
+
+struct ListEncoder;
+
+impl Encoder for ListEncoder {
+    type Item = PendingList;
+    type Error = Status;
+
+    fn encode(&mut self, item: PendingList, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
+        let started = Instant::now();
+        let n = item.provider.encode_list(&item.filter, dst);
+        if let Some(m) = &item.metrics {
+            m.observe("List", tonic::Code::Ok);
+            m.observe_list(n, started.elapsed());
+        }
+        Ok(())
+    }
+}
+
+struct FilterDecoder;
+
+impl Decoder for FilterDecoder {
+    type Item = ListFilter;
+    type Error = Status;
+
+    fn decode(&mut self, src: &mut DecodeBuf<'_>) -> Result<Option<ListFilter>, Status> {
+        ListFilter::decode(src)
+            .map(Some)
+            .map_err(|e| Status::internal(format!("decoding ListFilter: {e}")))
+    }
+}

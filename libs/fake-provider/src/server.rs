@@ -1,0 +1,300 @@
+//! Serving the fake over TCP or a Unix socket (with gRPC health and reflection), and
+//! dialling any provider by URI.
+//!
+//! Plain tonic plus tonic-health / tonic-reflection (v1 and v1alpha, so grpcurl 1.8 can
+//! list and describe): the shared mesh builders were not available when this was written.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use bigfleet_proto::service_names::CAPACITY_PROVIDER;
+use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::TcpIncoming;
+use tonic::transport::{Channel, Endpoint, Server, Uri};
+
+use crate::metrics::ProviderMetrics;
+use crate::{FakeProvider, FakeProviderService, MAX_MESSAGE_BYTES};
+
+/// HTTP/2 windows big enough that a 100 MB List is not throttled by flow control.
+const STREAM_WINDOW: u32 = 16 << 20;
+const CONNECTION_WINDOW: u32 = 32 << 20;
+/// Largest DATA frame a peer may send us: big Lists travel in fewer frames, while other
+/// calls on the same connection wait at most one 1 MiB frame.
+const MAX_FRAME: u32 = 1 << 20;
+
+/// Where a spawned server listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Bound {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+/// A running server. Dropping it (or [`ServerHandle::shutdown`]) stops it.
+#[derive(Debug)]
+pub struct ServerHandle {
+    bound: Bound,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl ServerHandle {
+    pub fn bound(&self) -> &Bound {
+        &self.bound
+    }
+
+    /// The address clients pass to [`connect`]: `http://ip:port` or `unix:///path`.
+    pub fn target(&self) -> String {
+        match &self.bound {
+            Bound::Tcp(a) => format!("http://{a}"),
+            Bound::Unix(p) => format!("unix://{}", p.display()),
+        }
+    }
+
+    /// Stops accepting, lets in-flight calls finish and waits for the server task.
+    pub async fn shutdown(mut self) {
+        self.stop.take();
+        if let Some(task) = self.task.take() {
+            match task.await {
+                Ok(Ok(())) => {}
+                Ok(Err(e)) => tracing::warn!(error = %e, "provider server ended with an error"),
+                Err(e) => tracing::warn!(error = %e, "provider server task failed"),
+            }
+        }
+    }
+
+    /// Waits until the server stops on its own (an error) — for `run`.
+    pub async fn wait(mut self) -> Result<(), tonic::transport::Error> {
+        match self.task.take() {
+            Some(task) => task.await.unwrap_or(Ok(())),
+            None => Ok(()),
+        }
+    }
+}
+
+impl Drop for ServerHandle {
+    fn drop(&mut self) {
+        // Dropping the sender resolves the shutdown future.
+        self.stop.take();
+    }
+}
+
+/// Options for a spawned server.
+#[derive(Clone, Default)]
+pub struct ServeOptions {
+    pub metrics: Option<ProviderMetrics>,
+}
+
+fn builder() -> Server {
+    Server::builder()
+        .initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+}
+
+fn reflection_builder() -> tonic_reflection::server::Builder<'static> {
+    tonic_reflection::server::Builder::configure()
+        .register_encoded_file_descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
+        .register_encoded_file_descriptor_set(tonic_health::pb::FILE_DESCRIPTOR_SET)
+        .with_service_name(CAPACITY_PROVIDER)
+        .with_service_name("grpc.health.v1.Health")
+}
+
+async fn router(
+    provider: Arc<FakeProvider>,
+    opts: ServeOptions,
+) -> std::io::Result<tonic::transport::server::Router> {
+    let (reporter, health) = tonic_health::server::health_reporter();
+    reporter.set_serving::<FakeProviderService>().await;
+    let reflection =
+        |e: tonic_reflection::server::Error| std::io::Error::other(format!("reflection: {e}"));
+    let v1 = reflection_builder().build_v1().map_err(reflection)?;
+    let v1alpha = reflection_builder().build_v1alpha().map_err(reflection)?;
+    Ok(builder()
+        .add_service(health)
+        .add_service(v1)
+        .add_service(v1alpha)
+        .add_service(FakeProviderService::with_metrics(provider, opts.metrics)))
+}
+
+/// Serves `provider` on `addr` (port 0 picks a free one).
+pub async fn spawn_tcp(
+    addr: SocketAddr,
+    provider: Arc<FakeProvider>,
+) -> std::io::Result<ServerHandle> {
+    spawn_tcp_with(addr, provider, ServeOptions::default()).await
+}
+
+pub async fn spawn_tcp_with(
+    addr: SocketAddr,
+    provider: Arc<FakeProvider>,
+    opts: ServeOptions,
+) -> std::io::Result<ServerHandle> {
+    let listener = TcpListener::bind(addr).await?;
+    let local = listener.local_addr()?;
+    let router = router(provider, opts).await?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    // Small answers must not wait for a delayed ACK (Nagle adds ~40 ms per call).
+    let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
+    let task = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    tracing::info!(addr = %local, "fake provider serving over tcp");
+    Ok(ServerHandle {
+        bound: Bound::Tcp(local),
+        stop: Some(stop),
+        task: Some(task),
+    })
+}
+
+/// Serves `provider` on a Unix socket at `path` (a stale socket file there is replaced).
+pub async fn spawn_uds(path: &Path, provider: Arc<FakeProvider>) -> std::io::Result<ServerHandle> {
+    spawn_uds_with(path, provider, ServeOptions::default()).await
+}
+
+pub async fn spawn_uds_with(
+    path: &Path,
+    provider: Arc<FakeProvider>,
+    opts: ServeOptions,
+) -> std::io::Result<ServerHandle> {
+    remove_stale_socket(path)?;
+    let listener = UnixListener::bind(path)?;
+    let router = router(provider, opts).await?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let incoming = UnixListenerStream::new(listener);
+    let task = tokio::spawn(async move {
+        router
+            .serve_with_incoming_shutdown(incoming, async {
+                let _ = stopped.await;
+            })
+            .await
+    });
+    tracing::info!(socket = %path.display(), "fake provider serving over a unix socket");
+    Ok(ServerHandle {
+        bound: Bound::Unix(path.to_owned()),
+        stop: Some(stop),
+        task: Some(task),
+    })
+}
+
+fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::FileTypeExt;
+    match std::fs::symlink_metadata(path) {
+        Ok(meta) if meta.file_type().is_socket() => std::fs::remove_file(path),
+        Ok(_) => Err(std::io::Error::new(
+            std::io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        )),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(()),
+        Err(e) => Err(e),
+    }
+}
+
+/// Failure to dial a provider.
+#[derive(Debug, thiserror::Error)]
+pub enum ConnectError {
+    #[error("invalid provider address {target:?}: {reason}")]
+    InvalidTarget { target: String, reason: String },
+    #[error("connecting to {target}: {source}")]
+    Transport {
+        target: String,
+        #[source]
+        source: tonic::transport::Error,
+    },
+}
+
+/// A Unix socket path if `target` names one (`unix:///p`, `unix:/p`, `unix:p`).
+pub fn unix_path(target: &str) -> Option<PathBuf> {
+    let rest = target.strip_prefix("unix:")?;
+    let path = rest.strip_prefix("//").unwrap_or(rest);
+    Some(PathBuf::from(path))
+}
+
+/// Dials a provider: `unix:///path/x.sock`, `http://host:port` or bare `host:port`.
+/// Message limits are 256 MiB both ways.
+pub async fn connect(target: &str) -> Result<CapacityProviderClient<Channel>, ConnectError> {
+    let channel = channel(target).await?;
+    Ok(CapacityProviderClient::new(channel)
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+}
+
+/// The raw channel behind [`connect`].
+pub async fn channel(target: &str) -> Result<Channel, ConnectError> {
+    let transport = |source| ConnectError::Transport {
+        target: target.to_owned(),
+        source,
+    };
+    let invalid = |reason: String| ConnectError::InvalidTarget {
+        target: target.to_owned(),
+        reason,
+    };
+    if let Some(path) = unix_path(target) {
+        if path.as_os_str().is_empty() {
+            return Err(invalid("empty socket path".into()));
+        }
+        // The URI is never dialled; the connector below ignores it.
+        let endpoint = tune(Endpoint::from_static("http://localhost"));
+        return endpoint
+            .connect_with_connector(tower::service_fn(move |_: Uri| {
+                let path = path.clone();
+                async move { UnixStream::connect(path).await.map(TokioIo::new) }
+            }))
+            .await
+            .map_err(transport);
+    }
+    let uri = if target.contains("://") {
+        target.to_owned()
+    } else {
+        format!("http://{target}")
+    };
+    let endpoint = Endpoint::from_shared(uri).map_err(|e| invalid(e.to_string()))?;
+    tune(endpoint).connect().await.map_err(transport)
+}
+
+fn tune(e: Endpoint) -> Endpoint {
+    e.initial_stream_window_size(STREAM_WINDOW)
+        .initial_connection_window_size(CONNECTION_WINDOW)
+        .max_frame_size(MAX_FRAME)
+        .tcp_nodelay(true)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn unix_targets() {
+        assert_eq!(
+            unix_path("unix:///run/p.sock"),
+            Some(PathBuf::from("/run/p.sock"))
+        );
+        assert_eq!(
+            unix_path("unix:/run/p.sock"),
+            Some(PathBuf::from("/run/p.sock"))
+        );
+        assert_eq!(unix_path("unix:rel.sock"), Some(PathBuf::from("rel.sock")));
+        assert_eq!(unix_path("http://127.0.0.1:1"), None);
+    }
+
+    #[tokio::test]
+    async fn refuses_to_replace_a_regular_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("not-a-socket");
+        std::fs::write(&path, b"keep me").unwrap();
+        let err = spawn_uds(&path, Arc::new(FakeProvider::new(Default::default())))
+            .await
+            .unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&path).unwrap(), b"keep me");
+    }
+}

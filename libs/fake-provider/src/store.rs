@@ -1,0 +1,1416 @@
+//! The provider itself: an in-memory machine store that answers the six provider calls
+//! with the contract's semantics, plus the hooks tests use to steer it.
+//!
+//! One `RwLock` guards everything, so the fence check, the idempotency check and the state
+//! change of one call are a single step (a passing token must never let an older call be
+//! applied after a newer one). Reads share the lock. Timed transitions are not driven by a
+//! background task: due completions sit in a heap and are applied by whichever call comes
+//! next, which makes the store usable without a runtime and deterministic in tests (a
+//! machine nobody looks at cannot be observed to lag).
+
+use std::cmp::Reverse;
+use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bigfleet_proto::v1alpha1::{
+    self as pb, ConfigureRequest, CreateRequest, DeleteRequest, DrainRequest, ListFilter, Machine,
+    MachineList, MachineState, TransitionAck,
+};
+use bytes::BufMut;
+use parking_lot::RwLock;
+use prost::Message;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use rustc_hash::FxHashMap;
+use serde::{Deserialize, Serialize};
+
+use crate::catalog::{self, Catalog, DEFAULT_CLUSTER, RACK_LABEL, ZONE_LABEL};
+use crate::fence::{FenceMarks, Mark};
+use crate::wire;
+use crate::{CatalogError, FenceFileError, ProviderError};
+
+/// The four mutations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, clap::ValueEnum)]
+#[serde(rename_all = "snake_case")]
+pub enum OpKind {
+    Create,
+    Configure,
+    Drain,
+    Delete,
+}
+
+impl OpKind {
+    pub const ALL: [OpKind; 4] = [
+        OpKind::Create,
+        OpKind::Configure,
+        OpKind::Drain,
+        OpKind::Delete,
+    ];
+
+    /// The only state the operation may start from.
+    pub fn from_state(self) -> MachineState {
+        match self {
+            OpKind::Create => MachineState::Speculative,
+            OpKind::Configure => MachineState::Idle,
+            OpKind::Drain => MachineState::Configured,
+            OpKind::Delete => MachineState::Idle,
+        }
+    }
+
+    /// The in-flight state.
+    pub fn via_state(self) -> MachineState {
+        match self {
+            OpKind::Create => MachineState::Creating,
+            OpKind::Configure => MachineState::Configuring,
+            OpKind::Drain => MachineState::Draining,
+            OpKind::Delete => MachineState::Deleting,
+        }
+    }
+
+    /// The stable state the operation ends in.
+    pub fn target_state(self) -> MachineState {
+        match self {
+            OpKind::Create => MachineState::Idle,
+            OpKind::Configure => MachineState::Configured,
+            OpKind::Drain => MachineState::Idle,
+            OpKind::Delete => MachineState::Speculative,
+        }
+    }
+
+    /// The operation whose in-flight state `state` is.
+    pub fn of_transitional(state: MachineState) -> Option<OpKind> {
+        OpKind::ALL.into_iter().find(|k| k.via_state() == state)
+    }
+
+    pub fn as_str(self) -> &'static str {
+        match self {
+            OpKind::Create => "create",
+            OpKind::Configure => "configure",
+            OpKind::Drain => "drain",
+            OpKind::Delete => "delete",
+        }
+    }
+}
+
+impl std::fmt::Display for OpKind {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// When an accepted transition reaches its stable target.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Completion {
+    /// Before the call returns: the ack already shows the target (a synchronous provider).
+    #[default]
+    Instant,
+    /// Only when a test calls [`FakeProvider::complete_staged`].
+    Staged,
+    /// After this much wall-clock time.
+    After(Duration),
+}
+
+/// Completion per operation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct TransitionModel {
+    pub create: Completion,
+    pub configure: Completion,
+    pub drain: Completion,
+    pub delete: Completion,
+}
+
+impl TransitionModel {
+    pub fn instant() -> Self {
+        Self::default()
+    }
+
+    pub fn all(c: Completion) -> Self {
+        Self {
+            create: c,
+            configure: c,
+            drain: c,
+            delete: c,
+        }
+    }
+
+    pub fn get(&self, kind: OpKind) -> Completion {
+        match kind {
+            OpKind::Create => self.create,
+            OpKind::Configure => self.configure,
+            OpKind::Drain => self.drain,
+            OpKind::Delete => self.delete,
+        }
+    }
+
+    pub fn set(&mut self, kind: OpKind, c: Completion) {
+        match kind {
+            OpKind::Create => self.create = c,
+            OpKind::Configure => self.configure = c,
+            OpKind::Drain => self.drain = c,
+            OpKind::Delete => self.delete = c,
+        }
+    }
+}
+
+/// How an injected failure shows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Injection {
+    /// The call is refused with this code (FAILED_PRECONDITION is turned into INTERNAL:
+    /// it is reserved for fencing) and nothing changes.
+    Reject { code: tonic::Code, message: String },
+    /// The call is accepted and the transition ends in FAILED with `message` as
+    /// `last_error` instead of its target.
+    Fail { message: String },
+}
+
+/// What the per-kind failure rates inject.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
+pub enum FailureStyle {
+    /// Refuse the call with INTERNAL.
+    #[default]
+    Reject,
+    /// Accept the call; the machine lands in FAILED.
+    Fail,
+}
+
+/// Probability in [0, 1] that a call of each kind fails.
+#[derive(Debug, Clone, Copy, PartialEq, Default)]
+pub struct FailureRates {
+    pub create: f64,
+    pub configure: f64,
+    pub drain: f64,
+    pub delete: f64,
+}
+
+impl FailureRates {
+    pub fn get(&self, kind: OpKind) -> f64 {
+        match kind {
+            OpKind::Create => self.create,
+            OpKind::Configure => self.configure,
+            OpKind::Drain => self.drain,
+            OpKind::Delete => self.delete,
+        }
+    }
+}
+
+/// Behaviour knobs; change them at run time with [`FakeProvider::update_config`].
+#[derive(Debug, Clone, PartialEq)]
+pub struct ProviderConfig {
+    /// `HostRef.provider` of hosts created by this provider.
+    pub provider_name: String,
+    pub transitions: TransitionModel,
+    /// ADR-0056: every Configure holds CONFIGURING until [`FakeProvider::mark_ready`].
+    /// (Single machines can be held with [`FakeProvider::require_readiness`].)
+    pub hold_configuring_until_ready: bool,
+    /// A machine still in a transition this long after it started lands in FAILED.
+    pub transition_timeout: Option<Duration>,
+    pub failure_rates: FailureRates,
+    pub failure_style: FailureStyle,
+    /// `false` ⇒ Delete answers UNIMPLEMENTED, like a bare-metal provider.
+    pub delete_supported: bool,
+    /// Seed of the failure-rate and shedding dice.
+    pub seed: u64,
+}
+
+impl Default for ProviderConfig {
+    fn default() -> Self {
+        Self {
+            provider_name: catalog::DEFAULT_PROVIDER_NAME.to_owned(),
+            transitions: TransitionModel::instant(),
+            hold_configuring_until_ready: false,
+            transition_timeout: None,
+            failure_rates: FailureRates::default(),
+            failure_style: FailureStyle::Reject,
+            delete_supported: true,
+            seed: 0,
+        }
+    }
+}
+
+/// The fencing token of a mutation as it arrived.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Token<'a> {
+    pub shard_id: &'a str,
+    pub epoch: i64,
+    pub sequence: i64,
+}
+
+impl Token<'_> {
+    /// The all-zero token: an in-process caller that opts out of fencing.
+    pub fn is_zero(&self) -> bool {
+        self.shard_id.is_empty() && self.epoch == 0 && self.sequence == 0
+    }
+}
+
+/// Counts and cursor, for the admin endpoint, metrics and tests.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct Stats {
+    pub machines: usize,
+    pub by_state: BTreeMap<String, usize>,
+    pub revision: u64,
+    pub fence_marks: usize,
+    pub operations: u64,
+}
+
+/// Static part of machines: everything but the per-machine fields, encoded once.
+#[derive(Debug)]
+struct Template {
+    statics: Machine,
+    encoded: Vec<u8>,
+}
+
+impl Template {
+    fn new(statics: Machine) -> Arc<Self> {
+        debug_assert!(statics.id.is_empty() && statics.state == 0 && statics.host.is_none());
+        let encoded = statics.encode_to_vec();
+        Arc::new(Self { statics, encoded })
+    }
+}
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Host {
+    None,
+    /// `{provider: <provider name>, ref: <machine id>}` without storing either string.
+    Own,
+    Custom {
+        provider: Box<str>,
+        reference: Box<str>,
+    },
+}
+
+#[derive(Debug)]
+struct Record {
+    id: Box<str>,
+    state: MachineState,
+    tpl: Arc<Template>,
+    host: Host,
+    cluster: Option<Box<str>>,
+    // Boxed: an unbound machine (most of a 500K fleet) then pays 8 bytes, not 48.
+    #[allow(clippy::box_collection)]
+    metadata: Option<Box<HashMap<String, String>>>,
+    last_error: Option<Box<str>>,
+    /// The latest accepted operation: the idempotency key is (machine, kind) and only the
+    /// latest kind can still be in its in-flight or target state.
+    last_op: Option<(OpKind, u64)>,
+    /// Bumped on every state change so queued timers of an older transition are ignored.
+    generation: u32,
+    needs_ready: bool,
+    ready: bool,
+    awaiting_ready: bool,
+    doom: Option<Box<str>>,
+    /// This machine as a `MachineList.machines` entry (field key, length, `Machine`),
+    /// refreshed on every change so a List is one copy per machine.
+    framed: Box<[u8]>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+enum DueKind {
+    Complete,
+    Timeout,
+}
+
+type Due = Reverse<(u64, u32, u32, DueKind)>;
+
+const STATE_SLOTS: usize = 9;
+
+struct Inner {
+    config: ProviderConfig,
+    provider_name: Box<str>,
+    slots: Vec<Option<Record>>,
+    index: FxHashMap<Box<str>, u32>,
+    counts: [usize; STATE_SLOTS],
+    /// Mutation counter; the List cursor is its decimal form.
+    rev: u64,
+    /// First revision of this incarnation: older cursors come from another process.
+    base_rev: u64,
+    /// (revision, slot) of every change since `base_rev`, ascending.
+    log: Vec<(u64, u32)>,
+    next_op: u64,
+    fences: FenceMarks,
+    due: BinaryHeap<Due>,
+    fail_next: FxHashMap<(Box<str>, OpKind), Injection>,
+    rng: StdRng,
+}
+
+/// The fake capacity provider. Share it as `Arc<FakeProvider>` between tests and the gRPC
+/// adapter ([`crate::grpc`]).
+pub struct FakeProvider {
+    inner: RwLock<Inner>,
+    origin: Instant,
+    /// Nanoseconds since `origin` of the earliest queued timer (`u64::MAX`: none), so reads
+    /// only take the write lock when a timer is actually due.
+    next_due: AtomicU64,
+}
+
+impl std::fmt::Debug for FakeProvider {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let g = self.inner.read();
+        f.debug_struct("FakeProvider")
+            .field("machines", &g.index.len())
+            .field("revision", &g.rev)
+            .finish()
+    }
+}
+
+fn state_name(s: MachineState) -> &'static str {
+    match s {
+        MachineState::Unspecified => "unspecified",
+        MachineState::Speculative => "speculative",
+        MachineState::Creating => "creating",
+        MachineState::Idle => "idle",
+        MachineState::Configuring => "configuring",
+        MachineState::Configured => "configured",
+        MachineState::Draining => "draining",
+        MachineState::Deleting => "deleting",
+        MachineState::Failed => "failed",
+    }
+}
+
+fn is_transitional(s: MachineState) -> bool {
+    OpKind::of_transitional(s).is_some()
+}
+
+fn has_host_in(s: MachineState) -> bool {
+    !matches!(s, MachineState::Speculative | MachineState::Creating)
+}
+
+#[cfg(test)]
+fn is_bound(s: MachineState) -> bool {
+    matches!(
+        s,
+        MachineState::Configuring | MachineState::Configured | MachineState::Draining
+    )
+}
+
+impl FakeProvider {
+    /// An empty provider.
+    pub fn new(config: ProviderConfig) -> Self {
+        // Starting the counter at the wall clock makes cursors of an earlier process
+        // (restart = new counter) fall below `base_rev` and get a full List instead of a
+        // wrong delta.
+        let start = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .map(|d| d.as_nanos() as u64)
+            .unwrap_or(1);
+        let rng = StdRng::seed_from_u64(config.seed);
+        Self {
+            inner: RwLock::new(Inner {
+                provider_name: config.provider_name.clone().into(),
+                config,
+                slots: Vec::new(),
+                index: FxHashMap::default(),
+                counts: [0; STATE_SLOTS],
+                rev: start,
+                base_rev: start,
+                log: Vec::new(),
+                next_op: 1,
+                fences: FenceMarks::in_memory(),
+                due: BinaryHeap::new(),
+                fail_next: FxHashMap::default(),
+                rng,
+            }),
+            origin: Instant::now(),
+            next_due: AtomicU64::new(u64::MAX),
+        }
+    }
+
+    /// A provider seeded from `catalog`; its `provider` name replaces the config's.
+    pub fn from_catalog(
+        catalog: &Catalog,
+        mut config: ProviderConfig,
+    ) -> Result<Self, CatalogError> {
+        catalog.validate()?;
+        config.provider_name = catalog.provider.clone();
+        let me = Self::new(config);
+        me.seed(catalog)?;
+        Ok(me)
+    }
+
+    /// The built-in catalog ([`Catalog::builtin`]) with the default (instant) config.
+    pub fn builtin() -> Self {
+        Self::from_catalog(&Catalog::builtin(), ProviderConfig::default())
+            .unwrap_or_else(|e| unreachable!("the built-in catalog is valid: {e}"))
+    }
+
+    /// `n` generated machines ([`Catalog::generated`]), deterministic by `seed`.
+    pub fn generate(n: u64, seed: u64) -> Self {
+        let config = ProviderConfig {
+            seed,
+            ..ProviderConfig::default()
+        };
+        Self::from_catalog(&Catalog::generated(n, seed), config)
+            .unwrap_or_else(|e| unreachable!("generated catalogs are valid: {e}"))
+    }
+
+    /// Seeds every machine of `catalog` at the current revision (not in the change log:
+    /// a seed is the starting state, not a change). Returns how many were added.
+    fn seed(&self, catalog: &Catalog) -> Result<usize, CatalogError> {
+        let mut g = self.inner.write();
+        let total = usize::try_from(catalog.machine_count()).unwrap_or(usize::MAX);
+        g.slots.reserve(total);
+        g.index.reserve(total);
+        let mut templates: FxHashMap<(usize, usize, Option<u64>), Arc<Template>> =
+            FxHashMap::default();
+        for seed in catalog::expand(catalog) {
+            let tpl = templates
+                .entry((seed.pool, seed.zone, seed.rack))
+                .or_insert_with(|| Template::new(pool_statics(catalog, &seed)))
+                .clone();
+            let pool = &catalog.pools[seed.pool];
+            let cluster = seed.cluster.map(|c| {
+                if pool.clusters.is_empty() {
+                    DEFAULT_CLUSTER.into()
+                } else {
+                    pool.clusters[c % pool.clusters.len()].as_str().into()
+                }
+            });
+            let record = Record {
+                host: if has_host_in(seed.state) {
+                    Host::Own
+                } else {
+                    Host::None
+                },
+                last_error: (seed.state == MachineState::Failed).then(|| "seeded as failed".into()),
+                id: seed.id.into(),
+                state: seed.state,
+                tpl,
+                cluster,
+                metadata: None,
+                last_op: None,
+                generation: 0,
+                needs_ready: false,
+                ready: false,
+                awaiting_ready: false,
+                doom: None,
+                framed: Box::default(),
+            };
+            if g.index.contains_key(&record.id) {
+                return Err(CatalogError::DuplicateMachine {
+                    id: record.id.into(),
+                });
+            }
+            g.insert(record);
+        }
+        g.base_rev = g.rev;
+        Ok(total)
+    }
+
+    /// Loads (and from now on appends to) a persisted fence file, replacing the in-memory
+    /// marks. Call before serving.
+    pub fn open_fence_file(&self, path: &Path) -> Result<usize, FenceFileError> {
+        let marks = FenceMarks::open(path)?;
+        let n = marks.len();
+        self.inner.write().fences = marks;
+        Ok(n)
+    }
+
+    pub fn config(&self) -> ProviderConfig {
+        self.inner.read().config.clone()
+    }
+
+    /// Changes behaviour for subsequent calls (transition model, failure rates, ...).
+    pub fn update_config(&self, f: impl FnOnce(&mut ProviderConfig)) {
+        let mut g = self.inner.write();
+        f(&mut g.config);
+        if *g.provider_name != *g.config.provider_name {
+            g.provider_name = g.config.provider_name.clone().into();
+            // Every own host shows the new name: that is a change of those machines.
+            let own: Vec<u32> = (0..g.slots.len() as u32)
+                .filter(|&s| {
+                    g.slots[s as usize]
+                        .as_ref()
+                        .is_some_and(|r| r.host == Host::Own)
+                })
+                .collect();
+            for slot in own {
+                g.touch(slot);
+            }
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.origin.elapsed().as_nanos() as u64
+    }
+
+    /// Applies due timers. Cheap when none is due.
+    fn tick(&self) {
+        let now = self.now();
+        if now >= self.next_due.load(Ordering::Acquire) {
+            let mut g = self.inner.write();
+            g.process_due(now);
+            self.next_due.store(g.peek_due(), Ordering::Release);
+        }
+    }
+
+    fn mutate(
+        &self,
+        kind: OpKind,
+        machine_id: &str,
+        token: Token<'_>,
+        apply: impl FnOnce(&mut Record),
+        validate: impl FnOnce() -> Result<(), ProviderError>,
+    ) -> Result<TransitionAck, ProviderError> {
+        let now = self.now();
+        let mut g = self.inner.write();
+        g.process_due(now);
+        let result = g.mutate(kind, machine_id, token, now, apply, validate);
+        self.next_due.store(g.peek_due(), Ordering::Release);
+        result
+    }
+
+    /// SPECULATIVE → CREATING → IDLE.
+    pub fn create(&self, req: &CreateRequest) -> Result<TransitionAck, ProviderError> {
+        let token = Token {
+            shard_id: &req.shard_id,
+            epoch: req.shard_epoch,
+            sequence: req.sequence_number,
+        };
+        self.mutate(OpKind::Create, &req.machine_id, token, |_| {}, || Ok(()))
+    }
+
+    /// IDLE → CONFIGURING → CONFIGURED; stores `cluster_id` and `shard_metadata` verbatim.
+    pub fn configure(&self, req: &ConfigureRequest) -> Result<TransitionAck, ProviderError> {
+        let token = Token {
+            shard_id: &req.shard_id,
+            epoch: req.shard_epoch,
+            sequence: req.sequence_number,
+        };
+        self.mutate(
+            OpKind::Configure,
+            &req.machine_id,
+            token,
+            |rec| {
+                rec.cluster = Some(req.cluster_id.as_str().into());
+                rec.metadata =
+                    (!req.shard_metadata.is_empty()).then(|| Box::new(req.shard_metadata.clone()));
+                rec.ready = false;
+                rec.awaiting_ready = false;
+            },
+            || {
+                if req.cluster_id.is_empty() {
+                    Err(ProviderError::InvalidArgument("cluster_id is empty".into()))
+                } else {
+                    Ok(())
+                }
+            },
+        )
+    }
+
+    /// CONFIGURED → DRAINING → IDLE; the binding and metadata clear on arrival in IDLE.
+    pub fn drain(&self, req: &DrainRequest) -> Result<TransitionAck, ProviderError> {
+        let token = Token {
+            shard_id: &req.shard_id,
+            epoch: req.shard_epoch,
+            sequence: req.sequence_number,
+        };
+        self.mutate(OpKind::Drain, &req.machine_id, token, |_| {}, || Ok(()))
+    }
+
+    /// IDLE → DELETING → SPECULATIVE (UNIMPLEMENTED when deletes are switched off).
+    pub fn delete(&self, req: &DeleteRequest) -> Result<TransitionAck, ProviderError> {
+        let token = Token {
+            shard_id: &req.shard_id,
+            epoch: req.shard_epoch,
+            sequence: req.sequence_number,
+        };
+        self.mutate(OpKind::Delete, &req.machine_id, token, |_| {}, || Ok(()))
+    }
+
+    /// One machine; NOT_FOUND when unknown.
+    pub fn get(&self, id: &str) -> Result<Machine, ProviderError> {
+        self.tick();
+        let g = self.inner.read();
+        let slot = g.slot_of(id)?;
+        Ok(g.to_proto(slot))
+    }
+
+    /// The inventory as proto values (in-process callers; the gRPC List writes the same
+    /// content straight to the wire, see [`FakeProvider::encode_list`]).
+    pub fn list(&self, filter: &ListFilter) -> MachineList {
+        self.tick();
+        let g = self.inner.read();
+        let (slots, revision) = g.select(filter);
+        MachineList {
+            machines: slots.iter().map(|&s| g.to_proto(s)).collect(),
+            revision,
+        }
+    }
+
+    /// Writes the encoded `MachineList` for `filter` into `buf` (reserving the exact size
+    /// first) and returns how many machines it holds.
+    pub fn encode_list<B: ReserveBufMut>(&self, filter: &ListFilter, buf: &mut B) -> usize {
+        self.tick();
+        let g = self.inner.read();
+        let (slots, revision) = g.select(filter);
+        let total: usize = slots.iter().map(|&s| g.rec(s).framed.len()).sum::<usize>()
+            + wire::str_len(2, &revision);
+        buf.reserve_bytes(total);
+        for &slot in &slots {
+            buf.put_slice(&g.rec(slot).framed);
+        }
+        wire::put_str(buf, 2, &revision);
+        slots.len()
+    }
+
+    // ---- test hooks -------------------------------------------------------------------
+
+    /// Ends a staged (or not yet due) transition now: CREATING → IDLE, CONFIGURING →
+    /// CONFIGURED (still subject to a readiness hold), DRAINING → IDLE, DELETING →
+    /// SPECULATIVE.
+    pub fn complete_staged(&self, id: &str) -> Result<Machine, ProviderError> {
+        self.with_record(id, |g, slot| {
+            let state = g.rec(slot).state;
+            if !is_transitional(state) {
+                return Err(ProviderError::NotTransitional {
+                    id: id.to_owned(),
+                    state: state_name(state),
+                });
+            }
+            g.complete(slot);
+            Ok(g.to_proto(slot))
+        })
+    }
+
+    /// Completes every pending transition (staged or timed); returns how many moved.
+    pub fn complete_all(&self) -> usize {
+        let now = self.now();
+        let mut g = self.inner.write();
+        g.process_due(now);
+        let pending: Vec<u32> = g
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                r.as_ref()
+                    .filter(|r| is_transitional(r.state) && !r.awaiting_ready)
+                    .map(|_| i as u32)
+            })
+            .collect();
+        for &slot in &pending {
+            g.complete(slot);
+        }
+        self.next_due.store(g.peek_due(), Ordering::Release);
+        pending.len()
+    }
+
+    /// ADR-0056: hold this machine's next Configure in CONFIGURING until
+    /// [`FakeProvider::mark_ready`], whatever the global setting.
+    pub fn require_readiness(&self, id: &str) -> Result<(), ProviderError> {
+        self.with_record(id, |g, slot| {
+            let rec = g.rec_mut(slot);
+            rec.needs_ready = true;
+            rec.ready = false;
+            Ok(())
+        })
+    }
+
+    /// The node joined and reported Ready: a held CONFIGURING machine becomes CONFIGURED;
+    /// one whose Configure is still in flight completes as soon as it lands. Only valid
+    /// while CONFIGURING.
+    pub fn mark_ready(&self, id: &str) -> Result<Machine, ProviderError> {
+        self.with_record(id, |g, slot| {
+            let rec = g.rec_mut(slot);
+            if rec.state != MachineState::Configuring {
+                return Err(ProviderError::NotTransitional {
+                    id: id.to_owned(),
+                    state: state_name(rec.state),
+                });
+            }
+            rec.ready = true;
+            if rec.awaiting_ready && rec.state == MachineState::Configuring {
+                g.complete(slot);
+            }
+            Ok(g.to_proto(slot))
+        })
+    }
+
+    /// The machine breaks: FAILED now, with `reason` as `last_error`.
+    pub fn fail_machine(&self, id: &str, reason: &str) -> Result<Machine, ProviderError> {
+        self.with_record(id, |g, slot| {
+            g.fail(slot, reason);
+            Ok(g.to_proto(slot))
+        })
+    }
+
+    /// The next `kind` call for `id` (that passes the fence) fails as `injection` says.
+    /// Keyed by operation rather than target state because Create and Drain share IDLE.
+    pub fn fail_next(&self, id: &str, kind: OpKind, injection: Injection) {
+        self.inner
+            .write()
+            .fail_next
+            .insert((id.into(), kind), injection);
+    }
+
+    /// The machine vanishes (a delta List cannot tell; a full List no longer shows it).
+    pub fn remove_machine(&self, id: &str) -> Result<(), ProviderError> {
+        self.with_record(id, |g, slot| {
+            g.remove(slot);
+            Ok(())
+        })
+    }
+
+    /// Removes `fraction` (rounded) of the SPECULATIVE machines, chosen by the seeded dice
+    /// — quota shrinking under the shard. Returns the removed ids.
+    pub fn shed_speculative(&self, fraction: f64) -> Vec<String> {
+        let mut g = self.inner.write();
+        let spec: Vec<u32> = g
+            .slots
+            .iter()
+            .enumerate()
+            .filter_map(|(i, r)| {
+                r.as_ref()
+                    .filter(|r| r.state == MachineState::Speculative)
+                    .map(|_| i as u32)
+            })
+            .collect();
+        let k = ((spec.len() as f64) * fraction.clamp(0.0, 1.0)).round() as usize;
+        let picked = rand::seq::index::sample(&mut g.rng, spec.len(), k);
+        let mut removed = Vec::with_capacity(k);
+        for i in picked {
+            let slot = spec[i];
+            removed.push(g.rec(slot).id.to_string());
+            g.remove(slot);
+        }
+        removed
+    }
+
+    /// Adds a machine in whatever state `machine` says (host, cluster, metadata,
+    /// last_error as given; an empty host in a state that has one gets the default host).
+    pub fn add_machine(&self, machine: Machine) -> Result<(), ProviderError> {
+        let state = MachineState::try_from(machine.state)
+            .ok()
+            .filter(|s| *s != MachineState::Unspecified)
+            .ok_or_else(|| {
+                ProviderError::InvalidArgument(format!("machine {} has no valid state", machine.id))
+            })?;
+        if machine.id.is_empty() || machine.instance_type.is_empty() {
+            return Err(ProviderError::InvalidArgument(
+                "machine id and instance_type are required".into(),
+            ));
+        }
+        let mut statics = machine;
+        let id = std::mem::take(&mut statics.id);
+        statics.state = 0;
+        let host = match statics.host.take() {
+            Some(h) if !h.r#ref.is_empty() || !h.provider.is_empty() => Host::Custom {
+                provider: h.provider.into(),
+                reference: h.r#ref.into(),
+            },
+            _ if has_host_in(state) => Host::Own,
+            _ => Host::None,
+        };
+        let cluster = Some(std::mem::take(&mut statics.cluster))
+            .filter(|c| !c.is_empty())
+            .map(Into::into);
+        let metadata = Some(std::mem::take(&mut statics.shard_metadata))
+            .filter(|m| !m.is_empty())
+            .map(Box::new);
+        let last_error = Some(std::mem::take(&mut statics.last_error))
+            .filter(|e| !e.is_empty())
+            .map(Into::into);
+        let mut g = self.inner.write();
+        if g.index.contains_key(id.as_str()) {
+            return Err(ProviderError::AlreadyExists { id });
+        }
+        let record = Record {
+            id: id.into(),
+            state,
+            tpl: Template::new(statics),
+            host,
+            cluster,
+            metadata,
+            last_error,
+            last_op: None,
+            generation: 0,
+            needs_ready: false,
+            ready: false,
+            awaiting_ready: false,
+            doom: None,
+            framed: Box::default(),
+        };
+        let slot = g.insert(record);
+        g.touch(slot);
+        Ok(())
+    }
+
+    /// Adds every machine of `catalog` (ids must not collide with existing ones).
+    pub fn add_catalog(&self, catalog: &Catalog) -> Result<usize, CatalogError> {
+        catalog.validate()?;
+        {
+            let g = self.inner.read();
+            if let Some(dup) =
+                catalog::expand(catalog).find(|m| g.index.contains_key(m.id.as_str()))
+            {
+                return Err(CatalogError::DuplicateMachine { id: dup.id });
+            }
+        }
+        let before = self.inner.read().slots.len();
+        let base = self.inner.read().base_rev;
+        let n = self.seed(catalog)?;
+        // Unlike the initial seed these are changes: log them and keep the old base.
+        let mut g = self.inner.write();
+        g.base_rev = base;
+        for slot in before..g.slots.len() {
+            g.touch(slot as u32);
+        }
+        Ok(n)
+    }
+
+    /// Replaces the machine's `allocatable` (e.g. a GPU fell off the bus).
+    pub fn set_allocatable(
+        &self,
+        id: &str,
+        allocatable: HashMap<String, String>,
+    ) -> Result<Machine, ProviderError> {
+        self.with_record(id, |g, slot| {
+            let mut statics = g.rec(slot).tpl.statics.clone();
+            statics.allocatable = Some(pb::Resources {
+                resources: allocatable,
+            });
+            g.rec_mut(slot).tpl = Template::new(statics);
+            g.touch(slot);
+            Ok(g.to_proto(slot))
+        })
+    }
+
+    /// The fencing high-water mark recorded for (shard, machine).
+    pub fn fence_mark(&self, shard_id: &str, machine_id: &str) -> Option<Mark> {
+        self.inner.read().fences.get(shard_id, machine_id)
+    }
+
+    /// The current List cursor value.
+    pub fn revision(&self) -> u64 {
+        self.tick();
+        self.inner.read().rev
+    }
+
+    pub fn len(&self) -> usize {
+        self.inner.read().index.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Ids of machines currently in `state`, in seed order.
+    pub fn ids_in_state(&self, state: MachineState) -> Vec<String> {
+        self.tick();
+        let g = self.inner.read();
+        g.slots
+            .iter()
+            .flatten()
+            .filter(|r| r.state == state)
+            .map(|r| r.id.to_string())
+            .collect()
+    }
+
+    pub fn stats(&self) -> Stats {
+        self.tick();
+        let g = self.inner.read();
+        let by_state = (1..STATE_SLOTS)
+            .filter_map(|i| {
+                let s = MachineState::try_from(i as i32).ok()?;
+                Some((state_name(s).to_owned(), g.counts[i]))
+            })
+            .collect();
+        Stats {
+            machines: g.index.len(),
+            by_state,
+            revision: g.rev,
+            fence_marks: g.fences.len(),
+            operations: g.next_op - 1,
+        }
+    }
+
+    fn with_record<T>(
+        &self,
+        id: &str,
+        f: impl FnOnce(&mut Inner, u32) -> Result<T, ProviderError>,
+    ) -> Result<T, ProviderError> {
+        let now = self.now();
+        let mut g = self.inner.write();
+        g.process_due(now);
+        let result = match g.slot_of(id) {
+            Ok(slot) => f(&mut g, slot),
+            Err(e) => Err(e),
+        };
+        self.next_due.store(g.peek_due(), Ordering::Release);
+        result
+    }
+}
+
+/// A `BufMut` that can reserve room up front (so a 100 MB List grows its buffer once).
+pub trait ReserveBufMut: BufMut {
+    fn reserve_bytes(&mut self, additional: usize);
+}
+
+impl ReserveBufMut for Vec<u8> {
+    fn reserve_bytes(&mut self, additional: usize) {
+        self.reserve(additional);
+    }
+}
+
+impl ReserveBufMut for bytes::BytesMut {
+    fn reserve_bytes(&mut self, additional: usize) {
+        self.reserve(additional);
+    }
+}
+
+impl ReserveBufMut for tonic::codec::EncodeBuf<'_> {
+    fn reserve_bytes(&mut self, additional: usize) {
+        self.reserve(additional);
+    }
+}
+
+fn pool_statics(catalog: &Catalog, seed: &catalog::SeedMachine) -> Machine {
+    let pool = &catalog.pools[seed.pool];
+    let it = &catalog.instance_types[&pool.instance_type];
+    let zone = &pool.zones[seed.zone];
+    let mut labels: HashMap<String, String> = it
+        .labels
+        .iter()
+        .chain(&pool.labels)
+        .map(|(k, v)| (k.clone(), v.clone()))
+        .collect();
+    labels.insert(ZONE_LABEL.to_owned(), zone.clone());
+    if let Some(rack) = seed.rack {
+        labels.insert(
+            RACK_LABEL.to_owned(),
+            format!("{zone}-{}-rack-{rack}", pool.name),
+        );
+    }
+    let res = |m: &BTreeMap<String, String>| pb::Resources {
+        resources: m.iter().map(|(k, v)| (k.clone(), v.clone())).collect(),
+    };
+    Machine {
+        instance_type: pool.instance_type.clone(),
+        zone: zone.clone(),
+        capacity_type: pool.capacity_type.to_proto() as i32,
+        price_per_hour: pool.price_per_hour,
+        interruption_probability: pool.interruption_probability,
+        resources: Some(res(&it.resources)),
+        labels,
+        allocatable: it.allocatable.as_ref().map(res),
+        ..Machine::default()
+    }
+}
+
+impl Inner {
+    fn rec(&self, slot: u32) -> &Record {
+        self.slots[slot as usize]
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("slot {slot} is live"))
+    }
+
+    fn rec_mut(&mut self, slot: u32) -> &mut Record {
+        self.slots[slot as usize]
+            .as_mut()
+            .unwrap_or_else(|| unreachable!("slot {slot} is live"))
+    }
+
+    fn slot_of(&self, id: &str) -> Result<u32, ProviderError> {
+        self.index
+            .get(id)
+            .copied()
+            .ok_or_else(|| ProviderError::NotFound { id: id.to_owned() })
+    }
+
+    fn insert(&mut self, record: Record) -> u32 {
+        let slot = self.slots.len() as u32;
+        self.counts[record.state as usize] += 1;
+        self.index.insert(record.id.clone(), slot);
+        self.slots.push(Some(record));
+        self.reencode(slot);
+        slot
+    }
+
+    /// Refreshes the cached wire form of `slot` after a visible change.
+    fn reencode(&mut self, slot: u32) {
+        let len = self.encoded_len(slot);
+        let mut framed = Vec::with_capacity(wire::len_field_len(1, len));
+        wire::put_len_header(&mut framed, 1, len);
+        self.encode_machine(slot, &mut framed);
+        debug_assert_eq!(framed.len(), wire::len_field_len(1, len));
+        self.rec_mut(slot).framed = framed.into_boxed_slice();
+    }
+
+    fn remove(&mut self, slot: u32) {
+        if let Some(rec) = self.slots[slot as usize].take() {
+            self.counts[rec.state as usize] -= 1;
+            self.index.remove(&rec.id);
+            // No log entry (a delta cannot express removal), but the revision moves so a
+            // full-List client sees that something changed.
+            self.rev += 1;
+        }
+    }
+
+    /// Records a change of `slot` at a new revision.
+    fn touch(&mut self, slot: u32) {
+        self.reencode(slot);
+        self.rev += 1;
+        self.log.push((self.rev, slot));
+        if self.log.len() > 4 * self.index.len() + 4096 {
+            self.compact_log();
+        }
+    }
+
+    /// Keeps only the newest entry per live slot; a delta only needs "changed after X".
+    fn compact_log(&mut self) {
+        let mut seen = vec![false; self.slots.len()];
+        let mut kept: Vec<(u64, u32)> = Vec::with_capacity(self.index.len());
+        for &(rev, slot) in self.log.iter().rev() {
+            let s = slot as usize;
+            if !seen[s] && self.slots[s].is_some() {
+                seen[s] = true;
+                kept.push((rev, slot));
+            }
+        }
+        kept.reverse();
+        self.log = kept;
+    }
+
+    fn set_state(&mut self, slot: u32, state: MachineState) {
+        let old = self.rec(slot).state;
+        self.counts[old as usize] -= 1;
+        self.counts[state as usize] += 1;
+        let rec = self.rec_mut(slot);
+        rec.state = state;
+        rec.generation = rec.generation.wrapping_add(1);
+        rec.awaiting_ready = false;
+    }
+
+    fn fail(&mut self, slot: u32, reason: &str) {
+        self.set_state(slot, MachineState::Failed);
+        let rec = self.rec_mut(slot);
+        rec.last_error = Some(reason.into());
+        rec.doom = None;
+        self.touch(slot);
+    }
+
+    fn peek_due(&self) -> u64 {
+        self.due.peek().map_or(u64::MAX, |Reverse((at, ..))| *at)
+    }
+
+    fn schedule(&mut self, at: u64, slot: u32, kind: DueKind) {
+        let generation = self.rec(slot).generation;
+        self.due.push(Reverse((at, slot, generation, kind)));
+    }
+
+    fn process_due(&mut self, now: u64) {
+        while let Some(&Reverse((at, slot, generation, kind))) = self.due.peek() {
+            if at > now {
+                break;
+            }
+            self.due.pop();
+            let live = self.slots[slot as usize]
+                .as_ref()
+                .is_some_and(|r| r.generation == generation && is_transitional(r.state));
+            if !live {
+                continue;
+            }
+            match kind {
+                DueKind::Complete => self.complete(slot),
+                DueKind::Timeout => {
+                    let rec = self.rec(slot);
+                    let reason = if rec.awaiting_ready {
+                        "node did not become ready before the transition timeout".to_owned()
+                    } else {
+                        format!("{} timed out", state_name(rec.state))
+                    };
+                    self.fail(slot, &reason);
+                }
+            }
+        }
+    }
+
+    /// Ends the transition `slot` is in: target state, or FAILED when doomed, or still
+    /// CONFIGURING when the node has not reported Ready.
+    fn complete(&mut self, slot: u32) {
+        let hold_all = self.config.hold_configuring_until_ready;
+        let rec = self.rec_mut(slot);
+        let Some(kind) = OpKind::of_transitional(rec.state) else {
+            return;
+        };
+        if let Some(reason) = rec.doom.take() {
+            self.fail(slot, &reason);
+            return;
+        }
+        if kind == OpKind::Configure && (hold_all || rec.needs_ready) && !rec.ready {
+            if !rec.awaiting_ready {
+                rec.awaiting_ready = true;
+            }
+            return;
+        }
+        match kind {
+            OpKind::Create => rec.host = Host::Own,
+            OpKind::Configure => {}
+            OpKind::Drain => {
+                rec.cluster = None;
+                rec.metadata = None;
+                rec.ready = false;
+            }
+            OpKind::Delete => rec.host = Host::None,
+        }
+        self.set_state(slot, kind.target_state());
+        self.touch(slot);
+    }
+
+    fn mutate(
+        &mut self,
+        kind: OpKind,
+        machine_id: &str,
+        token: Token<'_>,
+        now: u64,
+        apply: impl FnOnce(&mut Record),
+        validate: impl FnOnce() -> Result<(), ProviderError>,
+    ) -> Result<TransitionAck, ProviderError> {
+        if kind == OpKind::Delete && !self.config.delete_supported {
+            return Err(ProviderError::Unsupported { op: kind });
+        }
+        // Fencing first: a zombie must learn nothing, not even whether the machine exists
+        // or which operation id a replay would get.
+        if !token.is_zero() {
+            let mark = Mark {
+                epoch: token.epoch,
+                sequence: token.sequence,
+            };
+            if let Err(stale) = self
+                .fences
+                .check_and_advance(token.shard_id, machine_id, mark)?
+            {
+                tracing::warn!(
+                    shard = token.shard_id,
+                    machine = machine_id,
+                    op = %kind,
+                    epoch = token.epoch,
+                    sequence = token.sequence,
+                    hw_epoch = stale.high_water.epoch,
+                    hw_sequence = stale.high_water.sequence,
+                    "fenced a stale token"
+                );
+                return Err(ProviderError::Fenced {
+                    shard_id: token.shard_id.to_owned(),
+                    machine_id: machine_id.to_owned(),
+                    epoch: token.epoch,
+                    sequence: token.sequence,
+                    high_water: stale.high_water,
+                });
+            }
+        }
+        validate()?;
+        let slot = self.slot_of(machine_id)?;
+        let mut doom = None;
+        if !self.fail_next.is_empty()
+            && let Some(injection) = self.fail_next.remove(&(Box::from(machine_id), kind))
+        {
+            match injection {
+                Injection::Reject { code, message } => {
+                    return Err(ProviderError::Injected { code, message });
+                }
+                Injection::Fail { message } => doom = Some(message),
+            }
+        }
+        let rec = self.rec(slot);
+        if let Some((last_kind, op)) = rec.last_op
+            && last_kind == kind
+            && (rec.state == kind.via_state() || rec.state == kind.target_state())
+        {
+            // A replay does not start work, so an accept-then-fail injection waits for
+            // the next real transition.
+            if let Some(message) = doom {
+                self.fail_next
+                    .insert((machine_id.into(), kind), Injection::Fail { message });
+            }
+            return Ok(TransitionAck {
+                operation_id: format!("op-{op}"),
+                machine: Some(self.to_proto(slot)),
+            });
+        }
+        if rec.state != kind.from_state() {
+            return Err(ProviderError::InvalidTransition {
+                id: machine_id.to_owned(),
+                op: kind,
+                state: state_name(rec.state),
+            });
+        }
+        let rate = self.config.failure_rates.get(kind);
+        if doom.is_none() && rate > 0.0 && self.rng.random_bool(rate.min(1.0)) {
+            let message = format!("injected {kind} failure");
+            match self.config.failure_style {
+                FailureStyle::Reject => {
+                    return Err(ProviderError::Injected {
+                        code: tonic::Code::Internal,
+                        message,
+                    });
+                }
+                FailureStyle::Fail => doom = Some(message),
+            }
+        }
+
+        let op = self.next_op;
+        self.next_op += 1;
+        self.set_state(slot, kind.via_state());
+        let rec = self.rec_mut(slot);
+        rec.last_op = Some((kind, op));
+        rec.last_error = None;
+        rec.doom = doom.map(Into::into);
+        apply(rec);
+        self.touch(slot);
+
+        match self.config.transitions.get(kind) {
+            Completion::Instant => self.complete(slot),
+            Completion::Staged => {}
+            Completion::After(d) => {
+                self.schedule(
+                    now.saturating_add(d.as_nanos() as u64),
+                    slot,
+                    DueKind::Complete,
+                );
+            }
+        }
+        if let Some(timeout) = self.config.transition_timeout
+            && is_transitional(self.rec(slot).state)
+        {
+            self.schedule(
+                now.saturating_add(timeout.as_nanos() as u64),
+                slot,
+                DueKind::Timeout,
+            );
+        }
+        tracing::debug!(machine = machine_id, op = %kind, operation = op, "accepted");
+        Ok(TransitionAck {
+            operation_id: format!("op-{op}"),
+            machine: Some(self.to_proto(slot)),
+        })
+    }
+
+    /// Slots matching `filter` in slot order, and the cursor to hand back.
+    fn select(&self, filter: &ListFilter) -> (Vec<u32>, Vec<u8>) {
+        let mut mask = [filter.states.is_empty(); STATE_SLOTS];
+        for &s in &filter.states {
+            if let Some(m) = usize::try_from(s).ok().and_then(|i| mask.get_mut(i)) {
+                *m = true;
+            }
+        }
+        let wanted = |r: &Record| mask[r.state as usize];
+        let cursor = std::str::from_utf8(&filter.since_revision)
+            .ok()
+            .and_then(|s| s.parse::<u64>().ok())
+            .filter(|c| (self.base_rev..=self.rev).contains(c));
+        let mut slots: Vec<u32> = match cursor {
+            Some(c) => {
+                let start = self.log.partition_point(|&(rev, _)| rev <= c);
+                let mut changed: Vec<u32> = self.log[start..].iter().map(|&(_, s)| s).collect();
+                changed.sort_unstable();
+                changed.dedup();
+                changed.retain(|&s| self.slots[s as usize].as_ref().is_some_and(wanted));
+                changed
+            }
+            None => self
+                .slots
+                .iter()
+                .enumerate()
+                .filter(|(_, r)| r.as_ref().is_some_and(wanted))
+                .map(|(i, _)| i as u32)
+                .collect(),
+        };
+        let cap = usize::try_from(filter.max_results).unwrap_or(0);
+        let truncated = cap > 0 && slots.len() > cap;
+        if truncated {
+            slots.truncate(cap);
+        }
+        // A truncated answer cannot be resumed from the current revision: no cursor.
+        let revision = if truncated {
+            Vec::new()
+        } else {
+            self.rev.to_string().into_bytes()
+        };
+        (slots, revision)
+    }
+
+    fn to_proto(&self, slot: u32) -> Machine {
+        let rec = self.rec(slot);
+        let mut m = rec.tpl.statics.clone();
+        m.id = rec.id.to_string();
+        m.state = rec.state as i32;
+        m.host = match &rec.host {
+            Host::None => None,
+            Host::Own => Some(pb::HostRef {
+                provider: self.provider_name.to_string(),
+                r#ref: rec.id.to_string(),
+            }),
+            Host::Custom {
+                provider,
+                reference,
+            } => Some(pb::HostRef {
+                provider: provider.to_string(),
+                r#ref: reference.to_string(),
+            }),
+        };
+        m.last_error = rec.last_error.as_deref().unwrap_or_default().to_owned();
+        m.cluster = rec.cluster.as_deref().unwrap_or_default().to_owned();
+        m.shard_metadata = rec.metadata.as_deref().cloned().unwrap_or_default();
+        m
+    }
+
+    fn host_parts<'a>(&'a self, rec: &'a Record) -> Option<(&'a str, &'a str)> {
+        match &rec.host {
+            Host::None => None,
+            Host::Own => Some((&self.provider_name, &rec.id)),
+            Host::Custom {
+                provider,
+                reference,
+            } => Some((provider, reference)),
+        }
+    }
+
+    fn encoded_len(&self, slot: u32) -> usize {
+        let rec = self.rec(slot);
+        let mut n = wire::str_len(1, rec.id.as_bytes()) + wire::enum_len(2, rec.state as i32);
+        if let Some((provider, reference)) = self.host_parts(rec) {
+            let inner =
+                wire::str_len(1, provider.as_bytes()) + wire::str_len(2, reference.as_bytes());
+            n += wire::len_field_len(3, inner);
+        }
+        n += rec.tpl.encoded.len();
+        n += wire::str_len(12, rec.last_error.as_deref().unwrap_or_default().as_bytes());
+        n += wire::str_len(14, rec.cluster.as_deref().unwrap_or_default().as_bytes());
+        if let Some(md) = &rec.metadata {
+            n += wire::map_len(15, md.iter());
+        }
+        n
+    }
+
+    fn encode_machine(&self, slot: u32, buf: &mut impl BufMut) {
+        let rec = self.rec(slot);
+        wire::put_str(buf, 1, rec.id.as_bytes());
+        wire::put_enum(buf, 2, rec.state as i32);
+        if let Some((provider, reference)) = self.host_parts(rec) {
+            let inner =
+                wire::str_len(1, provider.as_bytes()) + wire::str_len(2, reference.as_bytes());
+            wire::put_len_header(buf, 3, inner);
+            wire::put_str(buf, 1, provider.as_bytes());
+            wire::put_str(buf, 2, reference.as_bytes());
+        }
+        buf.put_slice(&rec.tpl.encoded);
+        wire::put_str(
+            buf,
+            12,
+            rec.last_error.as_deref().unwrap_or_default().as_bytes(),
+        );
+        wire::put_str(
+            buf,
+            14,
+            rec.cluster.as_deref().unwrap_or_default().as_bytes(),
+        );
+        if let Some(md) = &rec.metadata {
+            wire::put_map(buf, 15, md.iter());
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;
