@@ -1,1 +1,439 @@
 //! bigfleet-shard-execute: the worker pool that runs actions against the provider.
+//!
+//! A worker opens decide's `Work` stream (Unix socket in the shard pod, or TCP
+//! with mTLS as role `shard/<id>/execute` from a separate Deployment), keeps
+//! `--concurrency` actions in flight with credits, and runs each action's
+//! flow ([`flows`]): Provision, Bootstrap, Reclaim / Preempt and Release,
+//! reporting every state change to decide (the only authority on machine
+//! state), fetching bootstrap blobs and delivering reclaim instructions
+//! through the session gateway, and calling the capacity provider with
+//! fencing tokens stamped from the work item. When decide goes away the
+//! stream's actions are abandoned (decide re-derives them) and the worker
+//! reconnects with backoff.
+//!
+//! * [`Args`] / [`run`]: the binary's flags (docs/flags.md) and main loop.
+//! * [`start`] / [`Running`]: the same service in-process, for tests and
+//!   `bigfleet up`.
+//! * [`links`]: the small traits the flows run against ([`DecideLink`],
+//!   [`GatewayLink`], [`ProviderLink`]) and their gRPC implementations.
+//! * [`doubles`]: in-process Decide and Gateway doubles for tests and the
+//!   `execute-bench` binary.
+
+pub mod connect;
+pub mod doubles;
+pub mod fence;
+pub mod flows;
+pub mod links;
+pub mod metrics;
+pub mod outcome;
+pub mod pool;
+pub mod trace;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_identity::{PeerIdentity, TlsContext, TlsFlags};
+use bigfleet_telemetry::{LogArgs, MetricsRegistry, Readiness};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use connect::ConnectError;
+pub use flows::{ExecConfig, Executor, Report, RetryPolicy};
+pub use links::{DecideLink, GatewayLink, GrpcDecide, GrpcGateway, GrpcProvider, ProviderLink};
+pub use metrics::ExecuteMetrics;
+pub use outcome::Outcome;
+pub use pool::{PoolConfig, run_pool};
+
+/// Bound of one Transition call to decide (a local, fast service).
+const TRANSITION_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Command-line flags of `bigfleet-shard-execute` (docs/flags.md).
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "bigfleet-shard-execute",
+    version,
+    about = "The shard's worker pool: pulls actions from decide and runs them against the provider."
+)]
+pub struct Args {
+    /// Shard this worker serves; decide refuses a worker of another shard.
+    #[arg(long, env = "BIGFLEET_SHARD_ID", default_value = "shard-0")]
+    pub shard_id: String,
+    /// Decide's Work endpoint: unix:///path, http://host:port or https://host:port (mTLS).
+    #[arg(
+        long,
+        env = "BIGFLEET_DECIDE_ADDR",
+        default_value = "unix:///run/bigfleet/decide.sock"
+    )]
+    pub decide_addr: String,
+    /// The session gateway, for RequestBootstrap and SendReclaim.
+    #[arg(
+        long,
+        env = "BIGFLEET_GATEWAY_ADDR",
+        default_value = "unix:///run/bigfleet/gateway.sock"
+    )]
+    pub gateway_addr: String,
+    /// The capacity provider.
+    #[arg(long, env = "BIGFLEET_PROVIDER_ADDR")]
+    pub provider_addr: String,
+    /// Actions in flight at most.
+    #[arg(long, env = "BIGFLEET_CONCURRENCY", default_value_t = 64,
+          value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    pub concurrency: u32,
+    /// Budget of one action, independent of decide's cycles.
+    #[arg(long, env = "BIGFLEET_ACTION_TIMEOUT", default_value = "30s",
+          value_parser = humantime::parse_duration)]
+    pub action_timeout: Duration,
+    /// Discover decide through etcd (not available in this build; see issue 11).
+    #[arg(long, env = "BIGFLEET_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Option<String>,
+    /// HTTP /metrics /healthz /readyz; `0` disables.
+    #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8782")]
+    pub metrics_addr: String,
+    /// After SIGTERM, how long running actions may take to finish.
+    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s",
+          value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+    #[command(flatten)]
+    pub tls: TlsFlags,
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// Startup failures.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error(transparent)]
+    Connect(#[from] ConnectError),
+    #[error(transparent)]
+    Tls(#[from] bigfleet_identity::TlsError),
+    #[error("metrics: {0}")]
+    Metrics(#[from] bigfleet_telemetry::TelemetryError),
+    #[error("metrics listener: {0}")]
+    Io(#[from] std::io::Error),
+    #[error("invalid --metrics-addr {0:?}: expected host:port, :port or 0")]
+    MetricsAddr(String),
+    #[error(
+        "--etcd-endpoints: discovering decide through etcd is not available in this build; \
+         pass --decide-addr"
+    )]
+    EtcdUnsupported,
+    #[error(
+        "certificate identity {found} cannot serve shard {shard}: expected shard/{shard}/execute"
+    )]
+    WrongIdentity { found: String, shard: String },
+    #[error("certificate identity: {0}")]
+    Identity(#[from] bigfleet_identity::IdentityError),
+}
+
+/// Everything [`start`] needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub shard_id: String,
+    pub worker_id: String,
+    pub decide_addr: String,
+    pub gateway_addr: String,
+    pub provider_addr: String,
+    pub concurrency: u32,
+    pub exec: ExecConfig,
+    pub drain_timeout: Duration,
+    /// `None`: no HTTP endpoint (tests).
+    pub metrics_addr: Option<SocketAddr>,
+    /// mTLS on `https` addresses.
+    pub tls: Option<TlsContext>,
+}
+
+impl Config {
+    /// Defaults for everything but the three addresses.
+    pub fn new(decide_addr: &str, gateway_addr: &str, provider_addr: &str) -> Self {
+        Self {
+            shard_id: "shard-0".to_owned(),
+            worker_id: default_worker_id(),
+            decide_addr: decide_addr.to_owned(),
+            gateway_addr: gateway_addr.to_owned(),
+            provider_addr: provider_addr.to_owned(),
+            concurrency: 64,
+            exec: ExecConfig::default(),
+            drain_timeout: Duration::from_secs(10),
+            metrics_addr: None,
+            tls: None,
+        }
+    }
+}
+
+/// `<hostname>-<pid>`: unique among a shard's workers (pod names are).
+pub fn default_worker_id() -> String {
+    let host = std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| {
+            std::fs::read_to_string("/etc/hostname")
+                .ok()
+                .map(|h| h.trim().to_owned())
+        })
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "execute".to_owned());
+    format!("{host}-{}", std::process::id())
+}
+
+/// `host:port`, `:port` (all interfaces) or `0` (disabled).
+pub fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, StartError> {
+    let s = s.trim();
+    if s == "0" || s.is_empty() {
+        return Ok(None);
+    }
+    let full = if s.starts_with(':') {
+        format!("0.0.0.0{s}")
+    } else {
+        s.to_owned()
+    };
+    full.parse()
+        .map(Some)
+        .map_err(|_| StartError::MetricsAddr(s.to_owned()))
+}
+
+impl Args {
+    pub fn config(&self) -> Result<Config, StartError> {
+        if self
+            .etcd_endpoints
+            .as_deref()
+            .is_some_and(|e| !e.trim().is_empty())
+        {
+            return Err(StartError::EtcdUnsupported);
+        }
+        let tls = self
+            .tls
+            .resolve()?
+            .map(|files| TlsContext::load(&files))
+            .transpose()?;
+        let mut cfg = Config::new(&self.decide_addr, &self.gateway_addr, &self.provider_addr);
+        cfg.shard_id.clone_from(&self.shard_id);
+        cfg.concurrency = self.concurrency;
+        cfg.exec.action_timeout = self.action_timeout;
+        cfg.drain_timeout = self.drain_timeout;
+        cfg.metrics_addr = parse_metrics_addr(&self.metrics_addr)?;
+        cfg.tls = tls;
+        Ok(cfg)
+    }
+}
+
+/// A worker pool running in this process.
+#[derive(Debug)]
+pub struct Running {
+    metrics_addr: Option<SocketAddr>,
+    registry: MetricsRegistry,
+    metrics: ExecuteMetrics,
+    shutdown: CancellationToken,
+    ops_stop: CancellationToken,
+    pool: JoinHandle<()>,
+    ops: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl Running {
+    /// The bound /metrics address, when enabled.
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    pub fn registry(&self) -> &MetricsRegistry {
+        &self.registry
+    }
+
+    pub fn metrics(&self) -> &ExecuteMetrics {
+        &self.metrics
+    }
+
+    /// Graceful stop: no new work, running actions finish and report (up to
+    /// the drain timeout), then the stream closes.
+    pub async fn shutdown(self) {
+        self.shutdown.cancel();
+        if let Err(e) = self.pool.await {
+            tracing::error!(error = %e, "worker pool task failed");
+        }
+        self.ops_stop.cancel();
+        if let Some(ops) = self.ops {
+            let _ = ops.await;
+        }
+    }
+
+    /// Stops like a crash: running actions are dropped mid-flight without
+    /// reporting, and the stream is reset. For tests of decide's abandonment.
+    pub async fn abort(self) {
+        self.pool.abort();
+        let _ = self.pool.await;
+        self.ops_stop.cancel();
+        if let Some(ops) = self.ops {
+            let _ = ops.await;
+        }
+    }
+}
+
+/// Connects (lazily) and starts the pool; returns once the metrics endpoint
+/// is bound. The Work stream is opened in the background and re-opened
+/// whenever it ends.
+pub async fn start(cfg: Config) -> Result<Running, StartError> {
+    if let Some(tls) = &cfg.tls {
+        match tls.own_identity()? {
+            PeerIdentity::ShardExecute(id) | PeerIdentity::Shard(id) if id == cfg.shard_id => {}
+            other => {
+                return Err(StartError::WrongIdentity {
+                    found: format!("{other:?}"),
+                    shard: cfg.shard_id.clone(),
+                });
+            }
+        }
+    }
+    let tls = cfg.tls.as_ref();
+    let decide_channel = connect::channel(&cfg.decide_addr, tls)?;
+    let decide = GrpcDecide::new(decide_channel, TRANSITION_TIMEOUT);
+    let gateway = GrpcGateway::new(connect::channel(&cfg.gateway_addr, tls)?);
+    let provider = GrpcProvider::new(connect::channel(&cfg.provider_addr, tls)?);
+
+    let registry = MetricsRegistry::new();
+    let metrics = ExecuteMetrics::register(&registry)?;
+    let readiness = Readiness::not_ready("no work stream to decide yet");
+    let ops_stop = CancellationToken::new();
+    let (metrics_addr, ops) = match cfg.metrics_addr {
+        Some(addr) => {
+            let stop = ops_stop.clone();
+            let (bound, task) = bigfleet_telemetry::spawn_ops_server(
+                addr,
+                registry.clone(),
+                readiness.clone(),
+                async move { stop.cancelled().await },
+            )
+            .await?;
+            (Some(bound), Some(task))
+        }
+        None => (None, None),
+    };
+
+    let client = decide.client();
+    let executor = Arc::new(Executor::new(
+        decide,
+        gateway,
+        provider,
+        metrics.clone(),
+        cfg.exec.clone(),
+    ));
+    let pool_cfg = PoolConfig {
+        worker_id: cfg.worker_id.clone(),
+        shard_id: cfg.shard_id.clone(),
+        concurrency: cfg.concurrency,
+        drain_timeout: cfg.drain_timeout,
+        ..PoolConfig::default()
+    };
+    let shutdown = CancellationToken::new();
+    tracing::info!(
+        worker_id = %cfg.worker_id,
+        shard_id = %cfg.shard_id,
+        decide = %cfg.decide_addr,
+        gateway = %cfg.gateway_addr,
+        provider = %cfg.provider_addr,
+        concurrency = cfg.concurrency,
+        "starting execute worker pool"
+    );
+    let pool = tokio::spawn(run_pool(
+        client,
+        executor,
+        pool_cfg,
+        shutdown.clone(),
+        readiness,
+    ));
+    Ok(Running {
+        metrics_addr,
+        registry,
+        metrics,
+        shutdown,
+        ops_stop,
+        pool,
+        ops,
+    })
+}
+
+/// Resolves on SIGTERM or SIGINT.
+async fn shutdown_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        _ = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Runs the worker pool until SIGTERM/SIGINT, then drains.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let running = start(args.config()?).await?;
+    shutdown_signal().await;
+    tracing::info!("shutdown signal received; draining");
+    running.shutdown().await;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn flags_and_defaults_match_the_contract() {
+        let args = Args::try_parse_from(["x", "--provider-addr", "unix:///tmp/p.sock"]).unwrap();
+        assert_eq!(args.shard_id, "shard-0");
+        assert_eq!(args.decide_addr, "unix:///run/bigfleet/decide.sock");
+        assert_eq!(args.gateway_addr, "unix:///run/bigfleet/gateway.sock");
+        assert_eq!(args.concurrency, 64);
+        assert_eq!(args.action_timeout, Duration::from_secs(30));
+        assert_eq!(args.metrics_addr, ":8782");
+        let cfg = args.config().unwrap();
+        assert_eq!(cfg.exec.action_timeout, Duration::from_secs(30));
+        assert_eq!(cfg.metrics_addr, Some("0.0.0.0:8782".parse().unwrap()));
+        assert!(cfg.tls.is_none());
+
+        // --provider-addr is required; concurrency must be positive.
+        assert!(Args::try_parse_from(["x"]).is_err());
+        assert!(Args::try_parse_from(["x", "--provider-addr", "p", "--concurrency", "0"]).is_err());
+        let args = Args::try_parse_from([
+            "x",
+            "--provider-addr",
+            "p",
+            "--action-timeout",
+            "1500ms",
+            "--metrics-addr",
+            "0",
+        ])
+        .unwrap();
+        let cfg = args.config().unwrap();
+        assert_eq!(cfg.exec.action_timeout, Duration::from_millis(1500));
+        assert_eq!(cfg.metrics_addr, None);
+    }
+
+    #[test]
+    fn partial_tls_and_etcd_are_startup_errors() {
+        let args =
+            Args::try_parse_from(["x", "--provider-addr", "p", "--tls-cert", "/c.pem"]).unwrap();
+        assert!(matches!(args.config(), Err(StartError::Tls(_))));
+        let args =
+            Args::try_parse_from(["x", "--provider-addr", "p", "--etcd-endpoints", "h:2379"])
+                .unwrap();
+        assert!(matches!(args.config(), Err(StartError::EtcdUnsupported)));
+    }
+
+    #[test]
+    fn metrics_addresses() {
+        assert_eq!(parse_metrics_addr("0").unwrap(), None);
+        assert_eq!(
+            parse_metrics_addr("127.0.0.1:9").unwrap(),
+            Some("127.0.0.1:9".parse().unwrap())
+        );
+        assert!(parse_metrics_addr("nope").is_err());
+    }
+}

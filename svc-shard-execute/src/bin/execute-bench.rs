@@ -1,0 +1,218 @@
+//! Throughput of the worker pool: a Decide double hands out N Provision
+//! actions (Create + blob + Configure, four Transitions each) to 1, 2 or 4
+//! worker pools, all over Unix sockets, against the in-repo fake provider
+//! (instant, or with a fixed delay before every mutation answers). Prints
+//! one JSON line per run.
+//!
+//! `cargo run --release -p svc-shard-execute --features bench --bin execute-bench -- --json`
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::Context;
+use bigfleet_fake_provider::FakeProvider;
+use bigfleet_fake_provider::grpc::ProviderGrpc;
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_proto::v1alpha1::capacity_provider_server::{
+    CapacityProvider, CapacityProviderServer,
+};
+use clap::Parser;
+use svc_shard_execute::doubles::{DecideDouble, GatewayDouble, serve_uds};
+use svc_shard_execute::{Config, start};
+use tonic::{Request, Response, Status};
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "execute-bench",
+    about = "Provision actions per second through decide → execute → fake provider"
+)]
+struct Args {
+    /// Provision actions per run.
+    #[arg(long, default_value_t = 5000)]
+    actions: usize,
+    /// Worker pool counts to run, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,2,4")]
+    pools: Vec<usize>,
+    /// Concurrency of each pool.
+    #[arg(long, default_value_t = 64)]
+    concurrency: u32,
+    /// Provider latencies to run (milliseconds before each mutation answers), comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0,50")]
+    latency_ms: Vec<u64>,
+    /// Actions per run when the provider has latency (runs get long otherwise).
+    #[arg(long, default_value_t = 2000)]
+    latency_actions: usize,
+    /// Only JSON lines on stdout.
+    #[arg(long)]
+    json: bool,
+}
+
+/// The fake provider with a fixed delay in front of every mutation.
+struct Delayed {
+    inner: ProviderGrpc,
+    delay: Duration,
+}
+
+#[tonic::async_trait]
+impl CapacityProvider for Delayed {
+    async fn create(
+        &self,
+        r: Request<pb::CreateRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.create(r).await
+    }
+
+    async fn configure(
+        &self,
+        r: Request<pb::ConfigureRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.configure(r).await
+    }
+
+    async fn drain(
+        &self,
+        r: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.drain(r).await
+    }
+
+    async fn delete(
+        &self,
+        r: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        tokio::time::sleep(self.delay).await;
+        self.inner.delete(r).await
+    }
+
+    async fn get(&self, r: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
+        self.inner.get(r).await
+    }
+
+    async fn list(&self, r: Request<pb::ListFilter>) -> Result<Response<pb::MachineList>, Status> {
+        self.inner.list(r).await
+    }
+}
+
+fn speculative(id: &str) -> pb::Machine {
+    pb::Machine {
+        id: id.to_owned(),
+        state: pb::MachineState::Speculative as i32,
+        instance_type: "m.xlarge.32".into(),
+        zone: "fake-1a".into(),
+        capacity_type: pb::CapacityType::OnDemand as i32,
+        price_per_hour: 1.2,
+        resources: Some(pb::Resources {
+            resources: HashMap::from([("cpu".to_owned(), "32".to_owned())]),
+        }),
+        ..pb::Machine::default()
+    }
+}
+
+fn provision(id: &str) -> mesh::Action {
+    mesh::Action {
+        kind: mesh::ActionKind::Provision as i32,
+        machine_id: id.to_owned(),
+        cluster_id: "bench-cluster".into(),
+        need_fingerprint: "fp-bench".into(),
+        priority: 100,
+        interruption_penalty_dollars: 1.0,
+        reclamation_penalty_dollars: 1.0,
+        reason: "phase1.speculative".into(),
+        ..mesh::Action::default()
+    }
+}
+
+async fn run_once(args: &Args, pools: usize, latency_ms: u64) -> anyhow::Result<serde_json::Value> {
+    let n = if latency_ms == 0 {
+        args.actions
+    } else {
+        args.latency_actions
+    };
+    let dir = tempfile::Builder::new().prefix("bf-bench").tempdir()?;
+    let decide = DecideDouble::new("bench", 1);
+    let gateway = GatewayDouble::default();
+    let provider = Arc::new(FakeProvider::new(Default::default()));
+    for i in 0..n {
+        let m = speculative(&format!("m-{i:07}"));
+        decide.insert_machine(&m)?;
+        provider
+            .add_machine(m)
+            .map_err(|e| anyhow::anyhow!("seeding the provider: {e}"))?;
+    }
+    let decide_srv = decide.serve_uds(&dir.path().join("decide.sock"))?;
+    let gateway_srv = gateway.serve_uds(&dir.path().join("gateway.sock"))?;
+    let provider_path = dir.path().join("provider.sock");
+    let delayed = Delayed {
+        inner: ProviderGrpc::new(Arc::clone(&provider), None),
+        delay: Duration::from_millis(latency_ms),
+    };
+    let provider_srv = serve_uds(
+        tonic::transport::Server::builder().add_service(CapacityProviderServer::new(delayed)),
+        &provider_path,
+    )?;
+
+    let started = Instant::now();
+    let mut running = Vec::new();
+    for p in 0..pools {
+        let mut cfg = Config::new(&decide_srv.uri(), &gateway_srv.uri(), &provider_srv.uri());
+        cfg.shard_id = "bench".into();
+        cfg.worker_id = format!("bench-pool-{p}");
+        cfg.concurrency = args.concurrency;
+        running.push(start(cfg).await.context("starting a worker pool")?);
+    }
+    for i in 0..n {
+        decide.enqueue(provision(&format!("m-{i:07}")));
+    }
+    let all = decide
+        .wait_until(Duration::from_secs(600), |d| d.done_count() >= n)
+        .await;
+    let seconds = started.elapsed().as_secs_f64();
+    anyhow::ensure!(all, "only {} of {n} actions finished", decide.done_count());
+    let dones = decide.dones();
+    let success = dones.iter().filter(|d| d.outcome == "success").count();
+    let per_pool: Vec<usize> = (0..pools)
+        .map(|p| {
+            let w = format!("bench-pool-{p}");
+            dones.iter().filter(|d| d.worker_id == w).count()
+        })
+        .collect();
+    for r in running {
+        r.shutdown().await;
+    }
+    decide.end_streams();
+    decide_srv.stop().await;
+    Ok(serde_json::json!({
+        "bench": "execute",
+        "actions": n,
+        "pools": pools,
+        "concurrency_per_pool": args.concurrency,
+        "provider_latency_ms": latency_ms,
+        "seconds": (seconds * 1000.0).round() / 1000.0,
+        "actions_per_s": (n as f64 / seconds).round(),
+        "success": success,
+        "per_pool": per_pool,
+    }))
+}
+
+#[tokio::main]
+async fn main() -> anyhow::Result<()> {
+    let args = Args::parse();
+    for &latency in &args.latency_ms {
+        for &pools in &args.pools {
+            let line = run_once(&args, pools, latency).await?;
+            if !args.json {
+                eprintln!(
+                    "{pools} pool(s), provider latency {latency} ms: {} actions/s",
+                    line["actions_per_s"]
+                );
+            }
+            println!("{line}");
+        }
+    }
+    Ok(())
+}

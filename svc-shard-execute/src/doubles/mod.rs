@@ -1,0 +1,81 @@
+//! In-process doubles of the services a worker talks to, for this crate's
+//! tests, the `execute-bench` binary and other crates' tests.
+//!
+//! * [`DecideDouble`]: a scripted `bigfleet.mesh.v1.Decide` (Work + Transition)
+//!   with an authoritative machine table, the legal-transition check, one
+//!   action in flight per machine, fencing windows, abandonment of a dead
+//!   stream's actions (optionally re-issued) and records of everything.
+//! * [`GatewayDouble`]: a scripted `bigfleet.mesh.v1.Gateway`
+//!   (RequestBootstrap / SendReclaim) that records what it was asked.
+//!
+//! Both work in memory (they implement the crate's link traits) and over
+//! gRPC ([`serve_uds`]). They are doubles, not implementations: decide's
+//! cycle, reconcile and publishing are not here.
+
+mod decide;
+mod gateway;
+
+use std::path::{Path, PathBuf};
+
+pub use decide::{DecideDouble, DecideService, DoneRecord, StreamRecord, TransitionRecord};
+pub use gateway::{BlobScript, BootstrapCall, GatewayDouble, ReclaimCall};
+
+use tokio::net::UnixListener;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::server::Router;
+
+/// A double served on a Unix socket.
+#[derive(Debug)]
+pub struct Served {
+    path: PathBuf,
+    stop: Option<oneshot::Sender<()>>,
+    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+}
+
+impl Served {
+    /// `unix:///path`, for the worker's address flags.
+    pub fn uri(&self) -> String {
+        format!("unix://{}", self.path.display())
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Stops accepting and waits for open calls to end. Streams that never
+    /// end (a Work stream) must be ended first (e.g. [`DecideDouble::end_streams`]).
+    pub async fn stop(mut self) {
+        self.stop.take();
+        if let Some(task) = self.task.take() {
+            let _ = task.await;
+        }
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        self.stop.take();
+    }
+}
+
+/// Serves `router` on a Unix socket at `path` (a stale socket file is removed).
+pub fn serve_uds(router: Router, path: &Path) -> std::io::Result<Served> {
+    if path.exists() {
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    let (stop, stopped) = oneshot::channel::<()>();
+    let task = tokio::spawn(router.serve_with_incoming_shutdown(
+        UnixListenerStream::new(listener),
+        async {
+            let _ = stopped.await;
+        },
+    ));
+    Ok(Served {
+        path: path.to_owned(),
+        stop: Some(stop),
+        task: Some(task),
+    })
+}

@@ -1,0 +1,972 @@
+//! The flows against in-memory fakes: the decide and gateway doubles and a
+//! tiny provider with per-(shard, machine) fencing marks.
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_fencing::{FencingToken, HighWaterMarks};
+use bigfleet_model::{Machine as ModelMachine, MachineState};
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::v1alpha1 as pb;
+use parking_lot::Mutex;
+use tokio_util::sync::CancellationToken;
+use tonic::{Code, Status};
+
+use super::*;
+use crate::doubles::{BlobScript, DecideDouble, GatewayDouble};
+use crate::links::ProviderLink;
+
+// ---- a tiny provider ----------------------------------------------------
+
+#[derive(Debug, Clone, PartialEq)]
+struct Call {
+    rpc: &'static str,
+    machine: String,
+    epoch: i64,
+    sequence: i64,
+}
+
+#[derive(Default)]
+struct PState {
+    machines: HashMap<String, pb::Machine>,
+    marks: HighWaterMarks,
+    asynchronous: HashSet<&'static str>,
+    delete_unimplemented: bool,
+    bad_create_ack: bool,
+    errors: HashMap<(String, &'static str), VecDeque<Status>>,
+    latency: Duration,
+    calls: Vec<Call>,
+    blobs: Vec<Vec<u8>>,
+    metadata: Vec<HashMap<String, String>>,
+}
+
+#[derive(Default)]
+struct FakeProvider {
+    st: Mutex<PState>,
+}
+
+impl FakeProvider {
+    fn seed(&self, m: &pb::Machine) {
+        self.st.lock().machines.insert(m.id.clone(), m.clone());
+    }
+
+    fn calls(&self) -> Vec<Call> {
+        self.st.lock().calls.clone()
+    }
+
+    fn fail_next(&self, id: &str, rpc: &'static str, status: Status) {
+        self.st
+            .lock()
+            .errors
+            .entry((id.to_owned(), rpc))
+            .or_default()
+            .push_back(status);
+    }
+
+    fn state(&self, id: &str) -> i32 {
+        self.st.lock().machines[id].state
+    }
+
+    async fn op(
+        &self,
+        rpc: &'static str,
+        id: &str,
+        token: (&str, i64, i64),
+        apply: impl FnOnce(&mut pb::Machine, bool) -> Result<(), Status>,
+    ) -> Result<pb::TransitionAck, Status> {
+        let latency = self.st.lock().latency;
+        if !latency.is_zero() {
+            tokio::time::sleep(latency).await;
+        }
+        let mut st = self.st.lock();
+        st.calls.push(Call {
+            rpc,
+            machine: id.to_owned(),
+            epoch: token.1,
+            sequence: token.2,
+        });
+        // The fence runs before anything else, as the contract demands.
+        let tok = FencingToken::new(token.0, token.1 as u64, token.2 as u64);
+        st.marks
+            .check_and_record(id, &tok)
+            .map_err(|e| Status::failed_precondition(e.to_string()))?;
+        if let Some(s) = st
+            .errors
+            .get_mut(&(id.to_owned(), rpc))
+            .and_then(VecDeque::pop_front)
+        {
+            return Err(s);
+        }
+        let asynchronous = st.asynchronous.contains(rpc);
+        let bad = rpc == "create" && st.bad_create_ack;
+        let m = st
+            .machines
+            .get_mut(id)
+            .ok_or_else(|| Status::not_found(format!("no machine {id}")))?;
+        apply(m, asynchronous)?;
+        let mut snap = m.clone();
+        if bad {
+            snap.price_per_hour = -1.0;
+        }
+        Ok(pb::TransitionAck {
+            operation_id: format!("op-{rpc}-{id}"),
+            machine: Some(snap),
+        })
+    }
+}
+
+fn expect(m: &pb::Machine, states: &[pb::MachineState]) -> Result<(), Status> {
+    if states.iter().any(|s| *s as i32 == m.state) {
+        Ok(())
+    } else {
+        Err(Status::internal(format!(
+            "invalid transition from state {}",
+            m.state
+        )))
+    }
+}
+
+impl ProviderLink for FakeProvider {
+    async fn create(
+        &self,
+        req: pb::CreateRequest,
+        _: Duration,
+    ) -> Result<pb::TransitionAck, Status> {
+        self.op(
+            "create",
+            &req.machine_id,
+            (&req.shard_id, req.shard_epoch, req.sequence_number),
+            |m, asy| {
+                expect(m, &[pb::MachineState::Speculative])?;
+                if asy {
+                    m.state = pb::MachineState::Creating as i32;
+                } else {
+                    m.state = pb::MachineState::Idle as i32;
+                    m.host = Some(pb::HostRef {
+                        provider: "fake".into(),
+                        r#ref: m.id.clone(),
+                    });
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    async fn configure(
+        &self,
+        req: pb::ConfigureRequest,
+        _: Duration,
+    ) -> Result<pb::TransitionAck, Status> {
+        {
+            let mut st = self.st.lock();
+            st.blobs.push(req.bootstrap_blob.clone());
+            st.metadata.push(req.shard_metadata.clone());
+        }
+        self.op(
+            "configure",
+            &req.machine_id,
+            (&req.shard_id, req.shard_epoch, req.sequence_number),
+            |m, asy| {
+                expect(m, &[pb::MachineState::Idle])?;
+                m.cluster.clone_from(&req.cluster_id);
+                m.shard_metadata.clone_from(&req.shard_metadata);
+                m.state = if asy {
+                    pb::MachineState::Configuring
+                } else {
+                    pb::MachineState::Configured
+                } as i32;
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    async fn drain(&self, req: pb::DrainRequest, _: Duration) -> Result<pb::TransitionAck, Status> {
+        self.op(
+            "drain",
+            &req.machine_id,
+            (&req.shard_id, req.shard_epoch, req.sequence_number),
+            |m, asy| {
+                expect(m, &[pb::MachineState::Configured])?;
+                if asy {
+                    m.state = pb::MachineState::Draining as i32;
+                } else {
+                    m.state = pb::MachineState::Idle as i32;
+                    m.cluster.clear();
+                    m.shard_metadata.clear();
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+
+    async fn delete(
+        &self,
+        req: pb::DeleteRequest,
+        _: Duration,
+    ) -> Result<pb::TransitionAck, Status> {
+        let unimplemented = self.st.lock().delete_unimplemented;
+        self.op(
+            "delete",
+            &req.machine_id,
+            (&req.shard_id, req.shard_epoch, req.sequence_number),
+            |m, asy| {
+                if unimplemented {
+                    return Err(Status::unimplemented("bare metal cannot be deleted"));
+                }
+                expect(m, &[pb::MachineState::Idle])?;
+                if asy {
+                    m.state = pb::MachineState::Deleting as i32;
+                } else {
+                    m.state = pb::MachineState::Speculative as i32;
+                    m.host = None;
+                }
+                Ok(())
+            },
+        )
+        .await
+    }
+}
+
+// ---- fixtures -----------------------------------------------------------
+
+const FP: &str = "fp-gpu";
+
+fn machine(id: &str, state: MachineState, cluster: &str) -> pb::Machine {
+    let has_host = !matches!(state, MachineState::Speculative | MachineState::Creating);
+    let mut m = pb::Machine {
+        id: id.to_owned(),
+        state: i32::from(state.ordinal()),
+        host: has_host.then(|| pb::HostRef {
+            provider: "fake".into(),
+            r#ref: id.to_owned(),
+        }),
+        instance_type: "gpu.8x".into(),
+        zone: "zone-a".into(),
+        capacity_type: pb::CapacityType::OnDemand as i32,
+        price_per_hour: 2.5,
+        interruption_probability: 0.01,
+        resources: Some(pb::Resources {
+            resources: HashMap::from([("nvidia.com/gpu".to_owned(), "8".to_owned())]),
+        }),
+        cluster: cluster.to_owned(),
+        ..pb::Machine::default()
+    };
+    if !cluster.is_empty() {
+        let assigned = ModelMachine {
+            assigned_priority: 100,
+            assigned_need_fingerprint: FP.to_owned(),
+            ..ModelMachine::default()
+        };
+        m.shard_metadata = assigned.encode_shard_metadata().into_iter().collect();
+    }
+    m
+}
+
+fn acquire(kind: mesh::ActionKind, id: &str, cluster: &str) -> mesh::Action {
+    mesh::Action {
+        kind: kind as i32,
+        machine_id: id.to_owned(),
+        cluster_id: cluster.to_owned(),
+        need_fingerprint: FP.to_owned(),
+        group: "topology.bigfleet/rack\u{0}gang-7".to_owned(),
+        priority: 500,
+        interruption_penalty_dollars: 8.0,
+        reclamation_penalty_dollars: f64::INFINITY,
+        requirements: vec![pb::NodeSelectorRequirement {
+            key: "node.kubernetes.io/instance-type".into(),
+            operator: 1,
+            values: vec!["gpu.8x".into()],
+        }],
+        ..mesh::Action::default()
+    }
+}
+
+fn drain_action(kind: mesh::ActionKind, id: &str, cluster: &str, preemptor: i32) -> mesh::Action {
+    mesh::Action {
+        kind: kind as i32,
+        machine_id: id.to_owned(),
+        cluster_id: cluster.to_owned(),
+        grace_seconds: 30,
+        preemptor_priority: preemptor,
+        ..mesh::Action::default()
+    }
+}
+
+fn release_action(id: &str) -> mesh::Action {
+    mesh::Action {
+        kind: mesh::ActionKind::Release as i32,
+        machine_id: id.to_owned(),
+        ..mesh::Action::default()
+    }
+}
+
+struct Harness {
+    decide: DecideDouble,
+    gateway: GatewayDouble,
+    provider: Arc<FakeProvider>,
+    ex: Executor<DecideDouble, GatewayDouble, Arc<FakeProvider>>,
+}
+
+fn fast_config() -> ExecConfig {
+    ExecConfig {
+        action_timeout: Duration::from_secs(5),
+        bootstrap_timeout: Duration::from_millis(300),
+        call_timeout: Duration::from_secs(2),
+        cleanup_timeout: Duration::from_secs(1),
+        retry: RetryPolicy {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(5),
+        },
+    }
+}
+
+fn harness_with(cfg: ExecConfig) -> Harness {
+    let decide = DecideDouble::new("shard-a", 3);
+    let gateway = GatewayDouble::new(BlobScript::blob(b"#cloud-config join"));
+    let provider = Arc::new(FakeProvider::default());
+    let ex = Executor::new(
+        decide.clone(),
+        gateway.clone(),
+        Arc::clone(&provider),
+        ExecuteMetrics::detached(),
+        cfg,
+    );
+    Harness {
+        decide,
+        gateway,
+        provider,
+        ex,
+    }
+}
+
+fn harness() -> Harness {
+    harness_with(fast_config())
+}
+
+impl Harness {
+    fn seed(&self, m: pb::Machine) {
+        self.decide.insert_machine(&m).unwrap();
+        self.provider.seed(&m);
+    }
+
+    async fn run(&self, action: mesh::Action) -> Report {
+        self.decide.enqueue(action);
+        let item = self.decide.take_work().expect("queued work");
+        let report = self.ex.execute(item, CancellationToken::new()).await;
+        self.decide.finish(report.done());
+        report
+    }
+
+    fn edges(&self) -> Vec<(MachineState, MachineState, Result<(), Code>)> {
+        self.decide
+            .transitions()
+            .iter()
+            .map(|t| {
+                let (a, b) = t.edge();
+                (a, b, t.result)
+            })
+            .collect()
+    }
+
+    fn state(&self, id: &str) -> MachineState {
+        self.decide.state_of(id).unwrap()
+    }
+
+    fn last_error(&self, id: &str) -> String {
+        self.decide.machine(id).unwrap().last_error
+    }
+}
+
+use MachineState::*;
+
+// ---- provision ----------------------------------------------------------
+
+#[tokio::test]
+async fn provision_creates_then_bootstraps_to_configured() {
+    let h = harness();
+    h.seed(machine("m1", Speculative, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
+    assert_eq!(r.kind, Some(ActionKind::Provision));
+    assert_eq!(
+        h.edges(),
+        [
+            (Speculative, Creating, Ok(())),
+            (Creating, Idle, Ok(())),
+            (Idle, Configuring, Ok(())),
+            (Configuring, Configured, Ok(())),
+        ]
+    );
+    let t = h.decide.transitions();
+    // ADR-0052: need and group stamped at Creating.
+    assert_eq!(t[0].patch.assigned_need_fingerprint.as_deref(), Some(FP));
+    assert_eq!(
+        t[0].patch.assigned_group.as_deref(),
+        Some("topology.bigfleet/rack\u{0}gang-7")
+    );
+    // The Idle ack's host and provider view travel to decide.
+    assert_eq!(t[1].patch.host.as_ref().unwrap().r#ref, "m1");
+    assert!(t[1].patch.provider_view.is_some());
+    // Cluster stamped early at Configuring; priority and penalties at Configured.
+    assert_eq!(t[2].patch.cluster.as_deref(), Some("c1"));
+    assert_eq!(t[3].patch.assigned_priority, Some(500));
+    assert_eq!(t[3].patch.assigned_interruption_penalty_dollars, Some(8.0));
+    assert_eq!(
+        t[3].patch.assigned_reclamation_penalty_dollars,
+        Some(f64::INFINITY)
+    );
+    let m = h.decide.machine("m1").unwrap();
+    assert_eq!(m.cluster, "c1");
+    assert_eq!(m.host.unwrap().r#ref, "m1");
+    // One action, one window: create at base, configure at base + 1.
+    let calls = h.provider.calls();
+    assert_eq!(
+        calls
+            .iter()
+            .map(|c| (c.rpc, c.epoch, c.sequence))
+            .collect::<Vec<_>>(),
+        [("create", 3, 65_536), ("configure", 3, 65_537)]
+    );
+    assert_eq!(h.gateway.bootstraps().len(), 1);
+    assert_eq!(h.gateway.bootstraps()[0].need_fingerprint, FP);
+    assert_eq!(h.ex.metrics().configure_phase.get_sample_count(), 1);
+    assert_eq!(h.ex.metrics().request_bootstrap.get_sample_count(), 1);
+    assert_eq!(
+        h.ex.metrics()
+            .outcome_count(Some(ActionKind::Provision), Outcome::Success),
+        1
+    );
+    assert_eq!(h.ex.metrics().inflight.get(), 0);
+}
+
+#[tokio::test]
+async fn provision_leaves_an_asynchronous_create_to_reconcile() {
+    let h = harness();
+    h.provider.st.lock().asynchronous.insert("create");
+    h.seed(machine("m1", Speculative, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
+    assert!(r.detail.contains("reconcile"), "{}", r.detail);
+    assert_eq!(h.edges(), [(Speculative, Creating, Ok(()))]);
+    assert_eq!(h.state("m1"), Creating);
+    assert!(h.gateway.bootstraps().is_empty());
+}
+
+#[tokio::test]
+async fn a_create_ack_with_bad_cost_fields_fails_the_machine() {
+    let h = harness();
+    h.provider.st.lock().bad_create_ack = true;
+    h.seed(machine("m1", Speculative, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::ProviderError);
+    assert_eq!(
+        h.edges(),
+        [(Speculative, Creating, Ok(())), (Creating, Failed, Ok(()))]
+    );
+    assert_eq!(h.state("m1"), Failed);
+    let err = h.last_error("m1");
+    assert!(err.starts_with("create: invalid acknowledgement"), "{err}");
+    assert!(err.contains("price"), "{err}");
+}
+
+#[tokio::test]
+async fn a_create_failure_fails_the_machine_without_retrying() {
+    let h = harness();
+    h.seed(machine("m1", Speculative, ""));
+    h.provider
+        .fail_next("m1", "create", Status::internal("out of capacity"));
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::ProviderError);
+    assert_eq!(h.state("m1"), Failed);
+    assert_eq!(h.last_error("m1"), "create: out of capacity");
+    assert_eq!(h.provider.calls().len(), 1, "INTERNAL is not retryable");
+}
+
+#[tokio::test]
+async fn transport_errors_are_retried_with_a_fresh_sequence_each_time() {
+    let h = harness();
+    h.seed(machine("m1", Speculative, ""));
+    h.provider
+        .fail_next("m1", "create", Status::unavailable("connection reset"));
+    h.provider
+        .fail_next("m1", "create", Status::deadline_exceeded("slow"));
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
+    let seqs: Vec<_> = h
+        .provider
+        .calls()
+        .iter()
+        .map(|c| (c.rpc, c.sequence))
+        .collect();
+    assert_eq!(
+        seqs,
+        [
+            ("create", 65_536),
+            ("create", 65_537),
+            ("create", 65_538),
+            ("configure", 65_539)
+        ]
+    );
+    assert_eq!(
+        h.ex.metrics()
+            .provider_retries
+            .with_label_values(&["create"])
+            .get(),
+        2
+    );
+}
+
+#[tokio::test]
+async fn retries_give_up_and_fail_the_machine() {
+    let h = harness();
+    h.seed(machine("m1", Speculative, ""));
+    for _ in 0..4 {
+        h.provider
+            .fail_next("m1", "create", Status::unavailable("down"));
+    }
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::ProviderError);
+    assert_eq!(h.provider.calls().len(), 4);
+    assert_eq!(
+        h.last_error("m1"),
+        "create: down (gave up after 4 attempts)"
+    );
+}
+
+#[tokio::test]
+async fn the_sequence_window_is_never_overrun() {
+    let h = harness();
+    h.seed(machine("m1", Speculative, ""));
+    for _ in 0..4 {
+        h.provider
+            .fail_next("m1", "create", Status::unavailable("down"));
+    }
+    h.decide
+        .enqueue(acquire(mesh::ActionKind::Provision, "m1", "c1"));
+    let mut item = h.decide.take_work().unwrap();
+    let f = item.fencing.as_mut().unwrap();
+    f.sequence_limit = f.sequence_base + 2;
+    let r = h.ex.execute(item, CancellationToken::new()).await;
+    assert_eq!(r.outcome, Outcome::Other);
+    assert_eq!(
+        h.provider.calls().len(),
+        2,
+        "only two numbers in the window"
+    );
+    assert!(
+        h.last_error("m1").contains("exhausted"),
+        "{}",
+        h.last_error("m1")
+    );
+}
+
+#[tokio::test]
+async fn a_zombie_epoch_is_fenced_logged_and_never_retried() {
+    let h = harness();
+    h.seed(machine("m1", Speculative, ""));
+    // A newer incarnation of the shard (epoch 4) already touched the machine.
+    h.provider
+        .st
+        .lock()
+        .marks
+        .check_and_record("m1", &FencingToken::new("shard-a", 4, 1))
+        .unwrap();
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Fenced);
+    assert_eq!(h.provider.calls().len(), 1);
+    assert_eq!(h.state("m1"), Failed);
+    assert!(
+        h.last_error("m1").starts_with("create: fenced:"),
+        "{}",
+        h.last_error("m1")
+    );
+    assert_eq!(
+        h.ex.metrics()
+            .outcome_count(Some(ActionKind::Provision), Outcome::Fenced),
+        1
+    );
+}
+
+// ---- bootstrap ----------------------------------------------------------
+
+#[tokio::test]
+async fn bootstrap_configures_with_the_blob_and_the_five_metadata_keys() {
+    let h = harness();
+    h.seed(machine("m1", Idle, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
+    assert_eq!(
+        h.edges(),
+        [
+            (Idle, Configuring, Ok(())),
+            (Configuring, Configured, Ok(()))
+        ]
+    );
+    let st = h.provider.st.lock();
+    assert_eq!(st.blobs, [b"#cloud-config join".to_vec()]);
+    let md = &st.metadata[0];
+    assert_eq!(md.len(), 5);
+    assert_eq!(md["bigfleet.lucy.sh/assigned-priority"], "500");
+    assert_eq!(
+        md["bigfleet.lucy.sh/assigned-interruption-penalty-dollars"],
+        "8"
+    );
+    assert_eq!(
+        md["bigfleet.lucy.sh/assigned-reclamation-penalty-dollars"],
+        "+Inf"
+    );
+    assert_eq!(md["bigfleet.lucy.sh/assigned-need-fingerprint"], FP);
+    assert_eq!(
+        md["bigfleet.lucy.sh/assigned-group"],
+        "topology.bigfleet/rack\u{0}gang-7"
+    );
+    drop(st);
+    assert_eq!(h.state("m1"), Configured);
+    let held = h.decide.machine("m1").unwrap();
+    assert_eq!(
+        held.shard_metadata["bigfleet.lucy.sh/assigned-priority"],
+        "500"
+    );
+    assert_eq!(h.gateway.bootstraps()[0].requirements, 1);
+}
+
+#[tokio::test]
+async fn bootstrap_of_a_machine_already_configured_for_the_need_is_success_without_calls() {
+    let h = harness();
+    h.seed(machine("m1", Configured, "c1"));
+    let r = h
+        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success);
+    assert!(h.edges().is_empty());
+    assert!(h.provider.calls().is_empty());
+    assert!(h.gateway.bootstraps().is_empty());
+    // Configured for another cluster is not "done": decide is out of date.
+    h.seed(machine("m2", Configured, "other"));
+    let r = h
+        .run(acquire(mesh::ActionKind::Bootstrap, "m2", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::StaleState);
+    assert!(h.provider.calls().is_empty());
+}
+
+#[tokio::test]
+async fn a_configure_failure_fails_the_machine() {
+    let h = harness();
+    h.seed(machine("m1", Idle, ""));
+    h.provider
+        .fail_next("m1", "configure", Status::internal("image pull failed"));
+    let r = h
+        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::ConfigureError);
+    assert_eq!(
+        h.edges(),
+        [(Idle, Configuring, Ok(())), (Configuring, Failed, Ok(()))]
+    );
+    assert_eq!(h.last_error("m1"), "configure: image pull failed");
+}
+
+#[tokio::test]
+async fn an_asynchronous_configure_stays_configuring() {
+    let h = harness();
+    h.provider.st.lock().asynchronous.insert("configure");
+    h.seed(machine("m1", Idle, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success);
+    assert_eq!(h.edges(), [(Idle, Configuring, Ok(()))]);
+    assert_eq!(h.state("m1"), Configuring);
+    assert_eq!(h.ex.metrics().configure_phase.get_sample_count(), 0);
+}
+
+async fn blob_failure(script: BlobScript) -> (Harness, Report) {
+    let h = harness();
+    h.gateway.script("c1", script);
+    h.seed(machine("m1", Idle, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
+        .await;
+    (h, r)
+}
+
+fn assert_rolled_back(h: &Harness) {
+    assert_eq!(
+        h.edges(),
+        [(Idle, Configuring, Ok(())), (Configuring, Idle, Ok(()))]
+    );
+    assert_eq!(h.state("m1"), Idle);
+    assert!(h.decide.machine("m1").unwrap().cluster.is_empty());
+    assert!(
+        h.provider.calls().is_empty(),
+        "the provider is never touched"
+    );
+}
+
+#[tokio::test]
+async fn a_blob_timeout_rolls_back_to_idle() {
+    let (h, r) = blob_failure(BlobScript::Timeout).await;
+    assert_eq!(r.outcome, Outcome::BlobError, "{}", r.detail);
+    assert_rolled_back(&h);
+    // The gateway was told how long to wait.
+    assert_eq!(h.gateway.bootstraps()[0].timeout_ms, 300);
+}
+
+#[tokio::test]
+async fn a_hung_gateway_is_cut_off_by_our_clock_and_rolled_back() {
+    let (h, r) = blob_failure(BlobScript::Hang).await;
+    assert_eq!(r.outcome, Outcome::BlobError, "{}", r.detail);
+    assert!(r.detail.contains("no answer"), "{}", r.detail);
+    assert_rolled_back(&h);
+}
+
+#[tokio::test]
+async fn no_session_rolls_back_with_its_own_outcome() {
+    let (h, r) = blob_failure(BlobScript::NoSession).await;
+    assert_eq!(r.outcome, Outcome::NoSession);
+    assert_rolled_back(&h);
+}
+
+#[tokio::test]
+async fn an_operator_error_rolls_back_instead_of_failing_good_hardware() {
+    let (h, r) = blob_failure(BlobScript::OperatorError("no template for gpu".into())).await;
+    assert_eq!(r.outcome, Outcome::BlobError);
+    assert!(r.detail.contains("no template for gpu"), "{}", r.detail);
+    assert_rolled_back(&h);
+}
+
+#[tokio::test]
+async fn a_failing_gateway_rolls_back() {
+    let (h, r) = blob_failure(BlobScript::Fail(Code::Unavailable)).await;
+    assert_eq!(r.outcome, Outcome::BlobError);
+    assert_rolled_back(&h);
+}
+
+// ---- reclaim / preempt --------------------------------------------------
+
+#[tokio::test]
+async fn reclaim_instructs_the_operator_then_drains_to_idle() {
+    let h = harness();
+    h.seed(machine("m1", Configured, "c1"));
+    let r = h
+        .run(drain_action(mesh::ActionKind::Reclaim, "m1", "c1", 0))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
+    let reclaims = h.gateway.reclaims();
+    assert_eq!(reclaims.len(), 1);
+    assert_eq!(reclaims[0].request.cluster_id, "c1");
+    assert_eq!(reclaims[0].request.nodes, ["m1"]);
+    assert_eq!(reclaims[0].request.grace_period_seconds, 30);
+    assert_eq!(
+        h.edges(),
+        [(Configured, Draining, Ok(())), (Draining, Idle, Ok(()))]
+    );
+    let m = h.decide.machine("m1").unwrap();
+    assert!(m.cluster.is_empty() && m.shard_metadata.is_empty());
+    assert_eq!(h.ex.metrics().drain_phase.get_sample_count(), 1);
+    assert_eq!(h.provider.calls()[0].rpc, "drain");
+}
+
+#[tokio::test]
+async fn preempt_with_an_asynchronous_drain_is_left_draining() {
+    let h = harness();
+    h.provider.st.lock().asynchronous.insert("drain");
+    h.gateway.set_reclaim_delivered(false);
+    h.seed(machine("m1", Configured, "c1"));
+    let r = h
+        .run(drain_action(
+            mesh::ActionKind::Preempt,
+            "m1",
+            "c1",
+            1_000_000,
+        ))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
+    assert_eq!(
+        h.gateway.reclaims()[0].request.preemptor_priority,
+        1_000_000
+    );
+    assert_eq!(h.edges(), [(Configured, Draining, Ok(()))]);
+    assert_eq!(h.state("m1"), Draining);
+    assert_eq!(h.ex.metrics().drain_phase.get_sample_count(), 0);
+}
+
+#[tokio::test]
+async fn a_drain_failure_fails_the_machine() {
+    let h = harness();
+    h.seed(machine("m1", Configured, "c1"));
+    h.provider
+        .fail_next("m1", "drain", Status::internal("pdb blocked"));
+    let r = h
+        .run(drain_action(mesh::ActionKind::Reclaim, "m1", "c1", 0))
+        .await;
+    assert_eq!(r.outcome, Outcome::ProviderError);
+    assert_eq!(h.last_error("m1"), "drain: pdb blocked");
+}
+
+// ---- release ------------------------------------------------------------
+
+#[tokio::test]
+async fn release_deletes_back_to_speculative() {
+    let h = harness();
+    h.seed(machine("m1", Idle, ""));
+    let r = h.run(release_action("m1")).await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
+    assert_eq!(r.kind, Some(ActionKind::Release));
+    assert_eq!(
+        h.edges(),
+        [(Idle, Deleting, Ok(())), (Deleting, Speculative, Ok(()))]
+    );
+    assert!(h.decide.machine("m1").unwrap().host.is_none());
+}
+
+#[tokio::test]
+async fn an_unsupported_delete_is_a_contract_violation() {
+    let h = harness();
+    h.provider.st.lock().delete_unimplemented = true;
+    h.seed(machine("m1", Idle, ""));
+    let r = h.run(release_action("m1")).await;
+    assert_eq!(r.outcome, Outcome::ProviderError);
+    assert_eq!(
+        h.edges(),
+        [(Idle, Deleting, Ok(())), (Deleting, Failed, Ok(()))]
+    );
+    assert!(
+        h.last_error("m1")
+            .starts_with("delete: not supported by the provider (contract violation)"),
+        "{}",
+        h.last_error("m1")
+    );
+    assert_eq!(h.provider.calls().len(), 1, "never retried");
+    assert_eq!(
+        h.ex.metrics()
+            .outcome_count(Some(ActionKind::Release), Outcome::ProviderError),
+        1
+    );
+}
+
+// ---- decide's verdicts, bad items, time ---------------------------------
+
+#[tokio::test]
+async fn decide_refusals_map_to_outcomes() {
+    let h = harness();
+    h.seed(machine("m1", Speculative, ""));
+    // Not the machine's action in flight any more: ABORTED ⇒ stale_state.
+    h.decide
+        .enqueue(acquire(mesh::ActionKind::Provision, "m1", "c1"));
+    let mut item = h.decide.take_work().unwrap();
+    item.action_id = "act-gone".into();
+    let r = h.ex.execute(item, CancellationToken::new()).await;
+    assert_eq!(r.outcome, Outcome::StaleState, "{}", r.detail);
+    assert!(h.provider.calls().is_empty());
+
+    // A machine decide does not know: NOT_FOUND ⇒ inventory_miss.
+    let ghost = machine("ghost", Idle, "");
+    h.provider.seed(&ghost);
+    h.decide
+        .enqueue(acquire(mesh::ActionKind::Bootstrap, "ghost", "c1"));
+    let mut item = h.decide.take_work().unwrap();
+    item.machine = Some(ghost);
+    let r = h.ex.execute(item, CancellationToken::new()).await;
+    assert_eq!(r.outcome, Outcome::InventoryMiss, "{}", r.detail);
+}
+
+#[tokio::test]
+async fn malformed_items_are_classified_not_executed() {
+    let h = harness();
+    h.seed(machine("m1", Idle, ""));
+    let mut no_need = acquire(mesh::ActionKind::Bootstrap, "m1", "c1");
+    no_need.need_fingerprint.clear();
+    let r = h.run(no_need).await;
+    assert_eq!(r.outcome, Outcome::MissingProfile);
+
+    let r =
+        h.ex.execute(mesh::WorkItem::default(), CancellationToken::new())
+            .await;
+    assert_eq!(r.outcome, Outcome::Other);
+    assert_eq!(r.kind, None);
+    assert_eq!(
+        h.ex.metrics().outcome_count(None, Outcome::Other),
+        1,
+        "counted as Unspecified"
+    );
+    assert!(h.edges().is_empty());
+    assert!(h.provider.calls().is_empty());
+}
+
+#[tokio::test]
+async fn an_action_out_of_time_during_a_provider_call_fails_the_machine() {
+    let mut cfg = fast_config();
+    cfg.action_timeout = Duration::from_millis(150);
+    let h = harness_with(cfg);
+    h.provider.st.lock().latency = Duration::from_secs(5);
+    h.seed(machine("m1", Speculative, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::CtxCanceled);
+    assert!(r.elapsed < Duration::from_secs(2), "{:?}", r.elapsed);
+    assert_eq!(h.state("m1"), Failed);
+    assert!(h.last_error("m1").starts_with("create: action timed out"));
+}
+
+#[tokio::test]
+async fn an_abandoned_action_stops_without_reporting() {
+    let h = harness();
+    h.provider.st.lock().latency = Duration::from_secs(5);
+    h.seed(machine("m1", Speculative, ""));
+    h.decide
+        .enqueue(acquire(mesh::ActionKind::Provision, "m1", "c1"));
+    let item = h.decide.take_work().unwrap();
+    let cancel = CancellationToken::new();
+    let canceller = cancel.clone();
+    tokio::spawn(async move {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        canceller.cancel();
+    });
+    let r = h.ex.execute(item, cancel).await;
+    assert_eq!(r.outcome, Outcome::CtxCanceled);
+    assert!(r.detail.contains("abandoned"), "{}", r.detail);
+    // Only the first transition; decide re-derives the machine itself.
+    assert_eq!(h.edges(), [(Speculative, Creating, Ok(()))]);
+    assert_eq!(h.provider.state("m1"), pb::MachineState::Speculative as i32);
+}
+
+#[test]
+fn backoff_grows_caps_and_jitters() {
+    let p = RetryPolicy {
+        max_attempts: 5,
+        initial_backoff: Duration::from_millis(100),
+        max_backoff: Duration::from_millis(300),
+    };
+    for _ in 0..50 {
+        let b1 = p.backoff(1);
+        assert!(b1 >= Duration::from_millis(50) && b1 <= Duration::from_millis(100));
+        let b2 = p.backoff(2);
+        assert!(b2 >= Duration::from_millis(100) && b2 <= Duration::from_millis(200));
+        let b9 = p.backoff(9);
+        assert!(b9 >= Duration::from_millis(150) && b9 <= Duration::from_millis(300));
+    }
+}

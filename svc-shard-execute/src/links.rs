@@ -1,0 +1,290 @@
+//! The three services a worker talks to, as small traits, so the flows run
+//! against in-memory fakes in unit tests and against gRPC in production.
+//!
+//! The traits speak the wire messages (they are the contract the fakes must
+//! honour) and report failures as `tonic::Status`, whose code is what the
+//! flows act on: decide's Transition codes map to outcomes, and provider
+//! codes decide between retry, fencing and failure.
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use bigfleet_proto::mesh::v1::gateway_client::GatewayClient;
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
+use bigfleet_telemetry::propagation::inject_current_span_into_metadata;
+use tonic::transport::Channel;
+use tonic::{Request, Status};
+
+/// Every message limit in the mesh (ref wire-and-ops §0): full-replacement
+/// payloads outgrew gRPC's 4 MiB default once.
+pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+
+/// Decide's transition authority.
+pub trait DecideLink: Send + Sync + 'static {
+    /// Reports one state change; returns the machine as decide now holds it.
+    fn transition(
+        &self,
+        req: mesh::TransitionRequest,
+    ) -> impl Future<Output = Result<mesh::TransitionResponse, Status>> + Send;
+}
+
+/// The session gateway's operator-facing calls.
+pub trait GatewayLink: Send + Sync + 'static {
+    /// Waits up to `timeout` for a bootstrap blob.
+    fn request_bootstrap(
+        &self,
+        req: mesh::RequestBootstrapRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<mesh::RequestBootstrapResponse, Status>> + Send;
+
+    fn send_reclaim(
+        &self,
+        req: mesh::SendReclaimRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<mesh::SendReclaimResponse, Status>> + Send;
+}
+
+/// The four fenced mutations of the public CapacityProvider contract.
+pub trait ProviderLink: Send + Sync + 'static {
+    fn create(
+        &self,
+        req: pb::CreateRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
+
+    fn configure(
+        &self,
+        req: pb::ConfigureRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
+
+    fn drain(
+        &self,
+        req: pb::DrainRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
+
+    fn delete(
+        &self,
+        req: pb::DeleteRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
+}
+
+impl<T: DecideLink> DecideLink for Arc<T> {
+    fn transition(
+        &self,
+        req: mesh::TransitionRequest,
+    ) -> impl Future<Output = Result<mesh::TransitionResponse, Status>> + Send {
+        (**self).transition(req)
+    }
+}
+
+impl<T: GatewayLink> GatewayLink for Arc<T> {
+    fn request_bootstrap(
+        &self,
+        req: mesh::RequestBootstrapRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<mesh::RequestBootstrapResponse, Status>> + Send {
+        (**self).request_bootstrap(req, timeout)
+    }
+
+    fn send_reclaim(
+        &self,
+        req: mesh::SendReclaimRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<mesh::SendReclaimResponse, Status>> + Send {
+        (**self).send_reclaim(req, timeout)
+    }
+}
+
+impl<T: ProviderLink> ProviderLink for Arc<T> {
+    fn create(
+        &self,
+        req: pb::CreateRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
+        (**self).create(req, timeout)
+    }
+
+    fn configure(
+        &self,
+        req: pb::ConfigureRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
+        (**self).configure(req, timeout)
+    }
+
+    fn drain(
+        &self,
+        req: pb::DrainRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
+        (**self).drain(req, timeout)
+    }
+
+    fn delete(
+        &self,
+        req: pb::DeleteRequest,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
+        (**self).delete(req, timeout)
+    }
+}
+
+/// A request carrying the current span's trace context and, when given, a
+/// deadline the server can see (`grpc-timeout`).
+fn traced<T>(msg: T, timeout: Option<Duration>) -> Request<T> {
+    let mut req = Request::new(msg);
+    inject_current_span_into_metadata(req.metadata_mut());
+    if let Some(t) = timeout {
+        req.set_timeout(t);
+    }
+    req
+}
+
+/// Decide over gRPC.
+#[derive(Clone, Debug)]
+pub struct GrpcDecide {
+    client: DecideClient<Channel>,
+    timeout: Duration,
+}
+
+impl GrpcDecide {
+    /// `timeout` bounds each Transition call.
+    pub fn new(channel: Channel, timeout: Duration) -> Self {
+        Self {
+            client: DecideClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            timeout,
+        }
+    }
+
+    /// The client, for the Work stream.
+    pub fn client(&self) -> DecideClient<Channel> {
+        self.client.clone()
+    }
+}
+
+impl DecideLink for GrpcDecide {
+    async fn transition(
+        &self,
+        req: mesh::TransitionRequest,
+    ) -> Result<mesh::TransitionResponse, Status> {
+        let mut client = self.client.clone();
+        Ok(client
+            .transition(traced(req, Some(self.timeout)))
+            .await?
+            .into_inner())
+    }
+}
+
+/// The gateway over gRPC.
+#[derive(Clone, Debug)]
+pub struct GrpcGateway {
+    client: GatewayClient<Channel>,
+}
+
+impl GrpcGateway {
+    pub fn new(channel: Channel) -> Self {
+        Self {
+            client: GatewayClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        }
+    }
+}
+
+impl GatewayLink for GrpcGateway {
+    async fn request_bootstrap(
+        &self,
+        req: mesh::RequestBootstrapRequest,
+        timeout: Duration,
+    ) -> Result<mesh::RequestBootstrapResponse, Status> {
+        let mut client = self.client.clone();
+        Ok(client
+            .request_bootstrap(traced(req, Some(timeout)))
+            .await?
+            .into_inner())
+    }
+
+    async fn send_reclaim(
+        &self,
+        req: mesh::SendReclaimRequest,
+        timeout: Duration,
+    ) -> Result<mesh::SendReclaimResponse, Status> {
+        let mut client = self.client.clone();
+        Ok(client
+            .send_reclaim(traced(req, Some(timeout)))
+            .await?
+            .into_inner())
+    }
+}
+
+/// A capacity provider over gRPC.
+#[derive(Clone, Debug)]
+pub struct GrpcProvider {
+    client: CapacityProviderClient<Channel>,
+}
+
+impl GrpcProvider {
+    pub fn new(channel: Channel) -> Self {
+        Self {
+            client: CapacityProviderClient::new(channel)
+                .max_decoding_message_size(MAX_MESSAGE_BYTES)
+                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+        }
+    }
+}
+
+impl ProviderLink for GrpcProvider {
+    async fn create(
+        &self,
+        req: pb::CreateRequest,
+        timeout: Duration,
+    ) -> Result<pb::TransitionAck, Status> {
+        let mut client = self.client.clone();
+        Ok(client
+            .create(traced(req, Some(timeout)))
+            .await?
+            .into_inner())
+    }
+
+    async fn configure(
+        &self,
+        req: pb::ConfigureRequest,
+        timeout: Duration,
+    ) -> Result<pb::TransitionAck, Status> {
+        let mut client = self.client.clone();
+        Ok(client
+            .configure(traced(req, Some(timeout)))
+            .await?
+            .into_inner())
+    }
+
+    async fn drain(
+        &self,
+        req: pb::DrainRequest,
+        timeout: Duration,
+    ) -> Result<pb::TransitionAck, Status> {
+        let mut client = self.client.clone();
+        Ok(client.drain(traced(req, Some(timeout))).await?.into_inner())
+    }
+
+    async fn delete(
+        &self,
+        req: pb::DeleteRequest,
+        timeout: Duration,
+    ) -> Result<pb::TransitionAck, Status> {
+        let mut client = self.client.clone();
+        Ok(client
+            .delete(traced(req, Some(timeout)))
+            .await?
+            .into_inner())
+    }
+}
