@@ -1,0 +1,1 @@
+//! etcd-backed shard epochs, the one-active-decide leader lease, and work-endpoint discovery.
