@@ -1,1 +1,254 @@
 //! bigfleet-inspect: the read-only fleet view (gRPC, JSON API, dashboard).
+//!
+//! It discovers shards through the coordinator's `ListShards` (any replica; calls follow the
+//! leader hint), asks every shard concurrently — with a per-shard timeout — for its
+//! `ShardInfo.Describe` counts and its `ShardRead.InspectNeeds` verdicts (ADR-0061), merges
+//! that with the coordinator's `ListShardReports` and `ListDomainAssignments`, caches each
+//! answer for `--cache-ttl`, and serves it three ways:
+//!
+//! * gRPC `bigfleet.v1alpha1.ShardRead` fleet-wide (same messages as a shard; cluster filter
+//!   and limit honoured; rows in priority ↓ arrival ↑ cluster ↑ order across shards) and
+//!   `bigfleet.mesh.v1.Inspect.FleetSummary` — under mTLS for readonly and admin only
+//!   ([`grpc::authz_policy`]); health and reflection on ([`grpc`]);
+//! * a JSON API under `/api/v1` ([`http`]);
+//! * a server-rendered dashboard without JavaScript ([`http`], pages in `pages`).
+//!
+//! A shard or the coordinator being down never fails a whole answer: the unreachable party
+//! is reported next to the rest ([`fleet`]).
+//!
+//! Entry points: [`Args`] + [`run`] for the binary (and `bigfleet svc inspect`), [`start`]
+//! with a [`Config`] for tests and `bigfleet up`.
+
+mod cache;
+pub mod cli;
+pub mod coordinator;
+#[cfg(feature = "doubles")]
+pub mod doubles;
+mod error;
+pub mod fleet;
+pub mod grpc;
+mod html;
+pub mod http;
+pub mod merge;
+mod pages;
+pub mod view;
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_identity::{TlsContext, TlsFiles};
+use bigfleet_mesh::{GrpcMetrics, MeshServer, RetryPolicy, RunningServer, ServerStackConfig};
+use bigfleet_proto::mesh::v1::inspect_server::InspectServer;
+use bigfleet_proto::v1alpha1::shard_read_server::ShardReadServer;
+use bigfleet_telemetry::{MetricsRegistry, Readiness};
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+pub use cli::Args;
+pub use error::InspectError;
+
+use crate::coordinator::{CoordinatorClient, CoordinatorConfig};
+use crate::fleet::{Fleet, FleetConfig, FleetMetrics};
+
+/// Everything [`start`] needs.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub coordinator_addr: String,
+    pub grpc_listen: SocketAddr,
+    pub http_listen: SocketAddr,
+    /// `/metrics`, `/healthz`, `/readyz`; `None`: not served.
+    pub metrics_listen: Option<SocketAddr>,
+    pub cache_ttl: Duration,
+    pub shard_timeout: Duration,
+    pub drain_timeout: Duration,
+    /// mTLS on the gRPC server and towards coordinator and shards; `None`: plaintext.
+    pub tls: Option<TlsFiles>,
+}
+
+impl Config {
+    pub fn from_args(args: &Args) -> Result<Self, InspectError> {
+        Ok(Self {
+            coordinator_addr: args.coordinator_addr.clone(),
+            grpc_listen: cli::parse_listen(&args.listen)?,
+            http_listen: cli::parse_listen(&args.http_listen)?,
+            metrics_listen: cli::parse_optional_listen(&args.metrics_addr)?,
+            cache_ttl: args.cache_ttl,
+            shard_timeout: args.shard_timeout,
+            drain_timeout: args.drain_timeout,
+            tls: args.tls.resolve()?,
+        })
+    }
+
+    /// Loopback on free ports, no metrics port, plaintext: for tests and local meshes.
+    pub fn local(coordinator_addr: &str) -> Self {
+        let any = SocketAddr::from(([127, 0, 0, 1], 0));
+        Self {
+            coordinator_addr: coordinator_addr.to_owned(),
+            grpc_listen: any,
+            http_listen: any,
+            metrics_listen: None,
+            cache_ttl: Duration::from_secs(2),
+            shard_timeout: Duration::from_secs(3),
+            drain_timeout: Duration::from_secs(5),
+            tls: None,
+        }
+    }
+}
+
+/// A started svc-inspect.
+pub struct Running {
+    grpc: RunningServer,
+    http_addr: SocketAddr,
+    http_task: JoinHandle<std::io::Result<()>>,
+    metrics_addr: Option<SocketAddr>,
+    metrics_task: Option<JoinHandle<std::io::Result<()>>>,
+    stop: CancellationToken,
+    drain_timeout: Duration,
+}
+
+impl std::fmt::Debug for Running {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Running")
+            .field("grpc_addr", &self.grpc.tcp_addr())
+            .field("http_addr", &self.http_addr)
+            .field("metrics_addr", &self.metrics_addr)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Running {
+    /// The bound gRPC address.
+    pub fn grpc_addr(&self) -> SocketAddr {
+        self.grpc.tcp_addr().expect("inspect always listens on tcp")
+    }
+
+    /// The bound dashboard / JSON API address.
+    pub fn http_addr(&self) -> SocketAddr {
+        self.http_addr
+    }
+
+    pub fn metrics_addr(&self) -> Option<SocketAddr> {
+        self.metrics_addr
+    }
+
+    /// Stops accepting, drains in-flight calls until the drain timeout, and returns.
+    pub async fn shutdown(self) -> Result<(), InspectError> {
+        self.stop.cancel();
+        let grpc = self.grpc.shutdown().await;
+        for task in [Some(self.http_task), self.metrics_task]
+            .into_iter()
+            .flatten()
+        {
+            match tokio::time::timeout(self.drain_timeout, task).await {
+                Ok(Ok(Ok(()))) => {}
+                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "http server ended with an error"),
+                Ok(Err(e)) => tracing::warn!(error = %e, "http server task failed"),
+                Err(_) => tracing::warn!("http server did not drain in time"),
+            }
+        }
+        grpc.map_err(InspectError::from)
+    }
+}
+
+/// Binds every listener and starts serving in the background.
+pub async fn start(config: Config) -> Result<Running, InspectError> {
+    let tls = config.tls.as_ref().map(TlsContext::load).transpose()?;
+    let server_tls = tls.as_ref().map(TlsContext::server_config).transpose()?;
+    let client_tls = tls.as_ref().map(TlsContext::client_config).transpose()?;
+
+    let registry = MetricsRegistry::new();
+    let grpc_metrics = GrpcMetrics::server(&registry)?;
+    let fleet_metrics = FleetMetrics::register(&registry)?;
+
+    let coordinator = CoordinatorClient::new(CoordinatorConfig {
+        addr: config.coordinator_addr.clone(),
+        tls: client_tls.clone(),
+        timeout: Some(config.shard_timeout),
+        // The cache refreshes on the next request anyway; a retry only delays the page that
+        // reports the coordinator down.
+        retry: RetryPolicy::none(),
+    })?;
+    let fleet = Arc::new(Fleet::new(
+        coordinator,
+        FleetConfig {
+            shard_timeout: config.shard_timeout,
+            cache_ttl: config.cache_ttl,
+            tls: client_tls,
+        },
+        Some(fleet_metrics),
+    ));
+
+    let svc = grpc::InspectGrpc::new(Arc::clone(&fleet));
+    let stack = ServerStackConfig {
+        metrics: Some(grpc_metrics),
+        authz: Arc::new(grpc::authz_policy()),
+        ..ServerStackConfig::default()
+    };
+    let grpc = MeshServer::new("inspect", stack)
+        .tcp(config.grpc_listen)
+        .tls(server_tls)
+        .drain_deadline(config.drain_timeout)
+        .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
+        .add_service(bigfleet_mesh::with_message_limits!(ShardReadServer::new(
+            svc.clone()
+        )))
+        .add_service(bigfleet_mesh::with_message_limits!(InspectServer::new(svc)))
+        .start()
+        .await?;
+
+    let stop = CancellationToken::new();
+    let listener = tokio::net::TcpListener::bind(config.http_listen)
+        .await
+        .map_err(InspectError::Http)?;
+    let http_addr = listener.local_addr().map_err(InspectError::Http)?;
+    let router = http::router(Arc::clone(&fleet));
+    let http_stop = stop.clone();
+    let http_task = tokio::spawn(async move {
+        axum::serve(listener, router)
+            .with_graceful_shutdown(http_stop.cancelled_owned())
+            .await
+    });
+
+    let (metrics_addr, metrics_task) = match config.metrics_listen {
+        None => (None, None),
+        Some(addr) => {
+            let (bound, task) = bigfleet_telemetry::spawn_ops_server(
+                addr,
+                registry,
+                Readiness::ready(),
+                stop.clone().cancelled_owned(),
+            )
+            .await
+            .map_err(InspectError::Http)?;
+            (Some(bound), Some(task))
+        }
+    };
+    tracing::info!(
+        grpc = %grpc.tcp_addr().map(|a| a.to_string()).unwrap_or_default(),
+        http = %http_addr,
+        coordinator = %config.coordinator_addr,
+        mtls = tls.is_some(),
+        "inspect serving"
+    );
+    Ok(Running {
+        grpc,
+        http_addr,
+        http_task,
+        metrics_addr,
+        metrics_task,
+        stop,
+        drain_timeout: config.drain_timeout,
+    })
+}
+
+/// Runs the service until SIGTERM or SIGINT, then drains.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let running = start(Config::from_args(&args)?).await?;
+    let signal = bigfleet_mesh::shutdown_signal().await;
+    if let Err(e) = signal {
+        tracing::error!(error = %e, "cannot listen for signals; stopping");
+    }
+    running.shutdown().await?;
+    Ok(())
+}

@@ -1,0 +1,134 @@
+//! The `bigfleet-inspect` command line (docs/flags.md), shared with `bigfleet svc inspect`.
+
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::time::Duration;
+
+use bigfleet_identity::TlsFlags;
+use bigfleet_telemetry::LogArgs;
+
+use crate::error::InspectError;
+
+/// Flags of `bigfleet-inspect`; every flag also reads `BIGFLEET_<FLAG>`.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(
+    name = "bigfleet-inspect",
+    version,
+    about = "The read-only fleet view: fleet-wide ShardRead and Inspect over gRPC, a JSON API and a web dashboard."
+)]
+pub struct Args {
+    /// Coordinator address (`http://host:port`, `https://host:port`); any replica works,
+    /// calls follow the leader hint.
+    #[arg(long, env = "BIGFLEET_COORDINATOR_ADDR", value_name = "URI")]
+    pub coordinator_addr: String,
+
+    /// gRPC listen address (ShardRead, Inspect, health, reflection).
+    #[arg(
+        long,
+        env = "BIGFLEET_LISTEN",
+        default_value = ":7795",
+        value_name = "ADDR"
+    )]
+    pub listen: String,
+
+    /// HTTP listen address of the dashboard and the JSON API (plaintext).
+    #[arg(
+        long,
+        env = "BIGFLEET_HTTP_LISTEN",
+        default_value = ":8795",
+        value_name = "ADDR"
+    )]
+    pub http_listen: String,
+
+    /// How long a fleet answer is reused before the shards are asked again.
+    #[arg(long, env = "BIGFLEET_CACHE_TTL", default_value = "2s", value_parser = humantime::parse_duration)]
+    pub cache_ttl: Duration,
+
+    /// Bound on each call to a shard or to the coordinator; a slower one is reported as
+    /// unreachable.
+    #[arg(long, env = "BIGFLEET_SHARD_TIMEOUT", default_value = "3s", value_parser = humantime::parse_duration)]
+    pub shard_timeout: Duration,
+
+    /// HTTP address for /metrics, /healthz and /readyz; `0` disables.
+    #[arg(
+        long,
+        env = "BIGFLEET_METRICS_ADDR",
+        default_value = ":8796",
+        value_name = "ADDR"
+    )]
+    pub metrics_addr: String,
+
+    /// Graceful-shutdown deadline after SIGTERM.
+    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    #[command(flatten)]
+    pub tls: TlsFlags,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+/// `:7795` ⇒ `0.0.0.0:7795`; `host:port` is resolved (first address).
+pub fn parse_listen(addr: &str) -> Result<SocketAddr, InspectError> {
+    let err = |reason: String| InspectError::Listen {
+        addr: addr.to_owned(),
+        reason,
+    };
+    let full = if addr.starts_with(':') {
+        format!("0.0.0.0{addr}")
+    } else {
+        addr.to_owned()
+    };
+    full.to_socket_addrs()
+        .map_err(|e| err(e.to_string()))?
+        .next()
+        .ok_or_else(|| err("resolves to no address".to_owned()))
+}
+
+/// As [`parse_listen`], with `0` (or empty) meaning "disabled".
+pub fn parse_optional_listen(addr: &str) -> Result<Option<SocketAddr>, InspectError> {
+    match addr.trim() {
+        "" | "0" => Ok(None),
+        a => parse_listen(a).map(Some),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn listen_addresses() {
+        assert_eq!(
+            parse_listen(":7795").unwrap(),
+            "0.0.0.0:7795".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("127.0.0.1:0").unwrap(),
+            "127.0.0.1:0".parse().unwrap()
+        );
+        assert_eq!(
+            parse_listen("[::1]:80").unwrap(),
+            "[::1]:80".parse().unwrap()
+        );
+        assert!(parse_listen("nope").is_err());
+        assert_eq!(parse_optional_listen("0").unwrap(), None);
+        assert!(parse_optional_listen(":8796").unwrap().is_some());
+    }
+
+    #[test]
+    fn defaults_match_the_flag_contract() {
+        let a = Args::try_parse_from(["bigfleet-inspect", "--coordinator-addr", "http://c:7790"])
+            .unwrap();
+        assert_eq!(a.listen, ":7795");
+        assert_eq!(a.http_listen, ":8795");
+        assert_eq!(a.metrics_addr, ":8796");
+        assert_eq!(a.cache_ttl, Duration::from_secs(2));
+        assert_eq!(a.drain_timeout, Duration::from_secs(10));
+        assert!(
+            Args::try_parse_from(["bigfleet-inspect"]).is_err(),
+            "--coordinator-addr is required"
+        );
+    }
+}

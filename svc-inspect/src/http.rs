@@ -1,0 +1,417 @@
+//! The HTTP side: a JSON API under `/api/v1` and the dashboard pages, both paginated (a
+//! shard may hold 50K needs; no response carries more than [`MAX_PAGE_SIZE`] rows).
+//!
+//! Served in plaintext even when the process runs mTLS, like the metrics port: browsers do
+//! not present bigfleet client certificates. Put it behind an authenticating Ingress, or keep
+//! the port in-cluster.
+
+use std::sync::Arc;
+
+use axum::Router;
+use axum::extract::{Path, Query, State};
+use axum::http::{StatusCode, header};
+use axum::response::{Html, IntoResponse, Redirect, Response};
+use axum::routing::get;
+use serde::{Deserialize, Serialize};
+
+use crate::error::InspectError;
+use crate::fleet::{Fleet, FleetNeeds};
+use crate::html::pct;
+use crate::pages;
+use crate::view::{
+    ClusterNeedsView, ClusterView, DomainView, NeedRow, Page, ShardFetchView, ShardView,
+    ShortfallView, SummaryView,
+};
+
+/// Rows per page unless asked otherwise.
+pub const DEFAULT_PAGE_SIZE: usize = 50;
+/// The most rows one response carries.
+pub const MAX_PAGE_SIZE: usize = 500;
+
+/// `GET /api/v1/shards`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardsResponse {
+    pub computed_at_unix_nanos: i64,
+    pub coordinator_reachable: bool,
+    pub coordinator_error: String,
+    pub shards: Page<ShardView>,
+}
+
+/// `GET /api/v1/shortfalls`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShortfallsResponse {
+    pub computed_at_unix_nanos: i64,
+    pub coordinator_reachable: bool,
+    pub coordinator_error: String,
+    pub shortfalls: Page<ShortfallView>,
+}
+
+/// `GET /api/v1/domains`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct DomainsResponse {
+    pub coordinator_reachable: bool,
+    pub coordinator_error: String,
+    pub domains: Page<DomainView>,
+}
+
+/// `GET /api/v1/clusters`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ClustersResponse {
+    pub computed_at_unix_nanos: i64,
+    pub coordinator_error: String,
+    pub shards: Vec<ShardFetchView>,
+    pub clusters: Page<ClusterView>,
+}
+
+/// `{"error": "..."}` with a non-2xx status.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ErrorResponse {
+    pub error: String,
+}
+
+/// Query parameters every list accepts. Strings, parsed by hand, so a bad value gets a clear
+/// message instead of a generic rejection.
+#[derive(Debug, Default, Deserialize)]
+pub struct ListQuery {
+    page: Option<String>,
+    page_size: Option<String>,
+    unmet: Option<String>,
+    id: Option<String>,
+}
+
+#[derive(Debug)]
+struct Paging {
+    page: usize,
+    page_size: usize,
+    unmet: bool,
+}
+
+impl ListQuery {
+    fn paging(&self) -> Result<Paging, String> {
+        let num = |name: &str, v: &Option<String>, default: usize| -> Result<usize, String> {
+            match v.as_deref().map(str::trim) {
+                None | Some("") => Ok(default),
+                Some(s) => s
+                    .parse::<usize>()
+                    .ok()
+                    .filter(|n| *n > 0)
+                    .ok_or_else(|| format!("{name} must be a positive integer, got {s:?}")),
+            }
+        };
+        let unmet = match self.unmet.as_deref().map(str::trim) {
+            None | Some("") | Some("false") | Some("0") => false,
+            Some("true") | Some("1") => true,
+            Some(other) => return Err(format!("unmet must be true or false, got {other:?}")),
+        };
+        Ok(Paging {
+            page: num("page", &self.page, 1)?,
+            page_size: num("page_size", &self.page_size, DEFAULT_PAGE_SIZE)?.min(MAX_PAGE_SIZE),
+            unmet,
+        })
+    }
+}
+
+type Shared = Arc<Fleet>;
+
+/// The dashboard and the JSON API.
+pub fn router(fleet: Arc<Fleet>) -> Router {
+    Router::new()
+        .route("/", get(overview_page))
+        .route("/clusters", get(clusters_page))
+        .route("/clusters/{id}", get(cluster_page))
+        .route("/cluster", get(cluster_lookup))
+        .route("/shortfalls", get(shortfalls_page))
+        .route("/domains", get(domains_page))
+        .route("/api/v1/summary", get(api_summary))
+        .route("/api/v1/shards", get(api_shards))
+        .route("/api/v1/clusters", get(api_clusters))
+        .route("/api/v1/clusters/{id}/needs", get(api_cluster_needs))
+        .route("/api/v1/shortfalls", get(api_shortfalls))
+        .route("/api/v1/domains", get(api_domains))
+        .fallback(not_found)
+        .with_state(fleet)
+}
+
+// --- responses ---
+
+fn json<T: Serialize>(value: &T) -> Response {
+    match serde_json::to_vec(value) {
+        Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
+        Err(e) => json_error(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            &format!("encoding json: {e}"),
+        ),
+    }
+}
+
+fn json_error(status: StatusCode, message: &str) -> Response {
+    let body = serde_json::to_vec(&ErrorResponse {
+        error: message.to_owned(),
+    })
+    .unwrap_or_default();
+    (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
+}
+
+fn page_error(status: StatusCode, title: &str, message: &str) -> Response {
+    (status, Html(pages::error(title, message))).into_response()
+}
+
+fn status_of(e: &InspectError) -> StatusCode {
+    match e {
+        InspectError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
+        _ => StatusCode::SERVICE_UNAVAILABLE,
+    }
+}
+
+fn html(body: String) -> Response {
+    // Live data: never let a browser or proxy serve a stale copy on refresh.
+    ([(header::CACHE_CONTROL, "no-store")], Html(body)).into_response()
+}
+
+async fn not_found() -> Response {
+    page_error(StatusCode::NOT_FOUND, "Not found", "There is no such page.")
+}
+
+// --- shared assembly ---
+
+fn cluster_needs_view(needs: &FleetNeeds, unmet_only: bool, p: &Paging) -> ClusterNeedsView {
+    let unmet = needs.rows.iter().filter(|r| !r.view.satisfied).count();
+    let selected: Vec<&crate::merge::ShardRow> = needs
+        .rows
+        .iter()
+        .filter(|r| !unmet_only || !r.view.satisfied)
+        .collect();
+    // Only the served page is converted; the rest stay as the shards sent them.
+    let page = Page::of(&selected, p.page, p.page_size);
+    ClusterNeedsView {
+        cluster_id: needs.cluster_id.clone(),
+        unmet_only,
+        computed_at_unix_nanos: needs.computed_at_unix_nanos,
+        coordinator_error: needs.coordinator_error.clone(),
+        shards: needs.shards.clone(),
+        satisfied: needs.rows.len() - unmet,
+        unmet,
+        needs: Page {
+            page: page.page,
+            page_size: page.page_size,
+            total: page.total,
+            pages: page.pages,
+            items: page
+                .items
+                .iter()
+                .map(|r| NeedRow::from_proto(Some(&r.shard_id), &r.view))
+                .collect(),
+        },
+    }
+}
+
+async fn load_cluster(
+    fleet: &Fleet,
+    id: &str,
+    q: &ListQuery,
+) -> Result<ClusterNeedsView, (StatusCode, String)> {
+    let p = q.paging().map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    if id.trim().is_empty() {
+        return Err((
+            StatusCode::BAD_REQUEST,
+            "cluster id must not be empty".to_owned(),
+        ));
+    }
+    let needs = fleet
+        .needs(id, 0)
+        .await
+        .map_err(|e| (status_of(&e), e.to_string()))?;
+    Ok(cluster_needs_view(&needs, p.unmet, &p))
+}
+
+// --- pages ---
+
+async fn overview_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
+    };
+    let o = fleet.overview().await;
+    html(pages::overview(
+        &o,
+        &Page::of(&o.shards, p.page, p.page_size),
+    ))
+}
+
+async fn shortfalls_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
+    };
+    let o = fleet.overview().await;
+    html(pages::shortfalls(&o, &shortfall_page(&o, &p)))
+}
+
+fn shortfall_page(o: &crate::fleet::FleetOverview, p: &Paging) -> Page<ShortfallView> {
+    let page = Page::of(&o.shortfalls, p.page, p.page_size);
+    Page {
+        page: page.page,
+        page_size: page.page_size,
+        total: page.total,
+        pages: page.pages,
+        items: page.items.iter().map(ShortfallView::from_proto).collect(),
+    }
+}
+
+async fn domains_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
+    };
+    let o = fleet.overview().await;
+    html(pages::domains(
+        &o,
+        &Page::of(&o.domains, p.page, p.page_size),
+    ))
+}
+
+async fn clusters_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
+    };
+    match fleet.clusters().await {
+        Ok(index) => html(pages::clusters(
+            &index,
+            &Page::of(&index.clusters, p.page, p.page_size),
+        )),
+        Err(e) => page_error(status_of(&e), "Clusters unavailable", &e.to_string()),
+    }
+}
+
+async fn cluster_page(
+    State(fleet): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    match load_cluster(&fleet, &id, &q).await {
+        Ok(v) => html(pages::cluster(&v)),
+        Err((status, e)) => page_error(status, "Cluster unavailable", &e),
+    }
+}
+
+/// The header form's target: `/cluster?id=X` ⇒ `/clusters/X`.
+async fn cluster_lookup(Query(q): Query<ListQuery>) -> Response {
+    match q.id.as_deref().map(str::trim) {
+        Some(id) if !id.is_empty() => {
+            Redirect::to(&format!("/clusters/{}", pct(id))).into_response()
+        }
+        _ => Redirect::to("/clusters").into_response(),
+    }
+}
+
+// --- JSON API ---
+
+async fn api_summary(State(fleet): State<Shared>) -> Response {
+    let summary: SummaryView = fleet.overview().await.summary();
+    json(&summary)
+}
+
+async fn api_shards(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
+    };
+    let o = fleet.overview().await;
+    json(&ShardsResponse {
+        computed_at_unix_nanos: o.computed_at_unix_nanos,
+        coordinator_reachable: o.coordinator_reachable,
+        coordinator_error: o.coordinator_error.clone(),
+        shards: Page::of(&o.shards, p.page, p.page_size),
+    })
+}
+
+async fn api_clusters(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
+    };
+    match fleet.clusters().await {
+        Ok(index) => json(&ClustersResponse {
+            computed_at_unix_nanos: index.computed_at_unix_nanos,
+            coordinator_error: index.coordinator_error.clone(),
+            shards: index.shards.clone(),
+            clusters: Page::of(&index.clusters, p.page, p.page_size),
+        }),
+        Err(e) => json_error(status_of(&e), &e.to_string()),
+    }
+}
+
+async fn api_cluster_needs(
+    State(fleet): State<Shared>,
+    Path(id): Path<String>,
+    Query(q): Query<ListQuery>,
+) -> Response {
+    match load_cluster(&fleet, &id, &q).await {
+        Ok(v) => json(&v),
+        Err((status, e)) => json_error(status, &e),
+    }
+}
+
+async fn api_shortfalls(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
+    };
+    let o = fleet.overview().await;
+    json(&ShortfallsResponse {
+        computed_at_unix_nanos: o.computed_at_unix_nanos,
+        coordinator_reachable: o.coordinator_reachable,
+        coordinator_error: o.coordinator_error.clone(),
+        shortfalls: shortfall_page(&o, &p),
+    })
+}
+
+async fn api_domains(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+    let p = match q.paging() {
+        Ok(p) => p,
+        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
+    };
+    let o = fleet.overview().await;
+    json(&DomainsResponse {
+        coordinator_reachable: o.coordinator_reachable,
+        coordinator_error: o.coordinator_error.clone(),
+        domains: Page::of(&o.domains, p.page, p.page_size),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn q(page: Option<&str>, size: Option<&str>, unmet: Option<&str>) -> ListQuery {
+        ListQuery {
+            page: page.map(Into::into),
+            page_size: size.map(Into::into),
+            unmet: unmet.map(Into::into),
+            id: None,
+        }
+    }
+
+    #[test]
+    fn paging_defaults_caps_and_rejects_junk() {
+        let p = q(None, None, None).paging().unwrap();
+        assert_eq!(
+            (p.page, p.page_size, p.unmet),
+            (1, DEFAULT_PAGE_SIZE, false)
+        );
+        let big = q(Some("3"), Some("100000"), Some("true")).paging().unwrap();
+        assert_eq!(
+            (big.page, big.page_size, big.unmet),
+            (3, MAX_PAGE_SIZE, true)
+        );
+        assert!(q(Some("0"), None, None).paging().is_err());
+        assert!(
+            q(Some("x"), None, None)
+                .paging()
+                .unwrap_err()
+                .contains("page must be a positive integer")
+        );
+        assert!(q(None, None, Some("maybe")).paging().is_err());
+    }
+}

@@ -1,0 +1,272 @@
+//! External tools against a running svc-inspect (with doubles behind it): grpcurl lists,
+//! describes and calls; headless Chromium renders the dashboard. Each test skips with a
+//! notice when its tool's variable (see `.tools/env`) is unset.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use common::{Harness, Options, Pki, target_dir};
+
+fn tool(var: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ => {
+            eprintln!("NOTICE: {var} is unset; skipping this test (source .tools/env to run it)");
+            None
+        }
+    }
+}
+
+/// Runs a blocking command off the async runtime; (success, stdout, stderr).
+async fn run(mut cmd: Command) -> (bool, String, String) {
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .expect("the tool starts");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn grpcurl(bin: &Path, tls: Option<(&Pki, &str)>, args: &[&str]) -> Command {
+    let mut cmd = Command::new(bin);
+    match tls {
+        None => {
+            cmd.arg("-plaintext");
+        }
+        Some((pki, role)) => {
+            let f = pki.files(role);
+            cmd.arg("-cacert")
+                .arg(&f.ca)
+                .arg("-cert")
+                .arg(&f.cert)
+                .arg("-key")
+                .arg(&f.key);
+        }
+    }
+    cmd.args(["-max-time", "10"]).args(args);
+    cmd
+}
+
+#[tokio::test]
+async fn grpcurl_lists_describes_and_calls_inspect_needs() {
+    let Some(bin) = tool("BIGFLEET_GRPCURL") else {
+        return;
+    };
+    let h = Harness::start(Options::default()).await;
+    let addr = h.inspect().grpc_addr().to_string();
+
+    let (ok, out, err) = run(grpcurl(&bin, None, &[&addr, "list"])).await;
+    assert!(ok, "{err}");
+    for svc in [
+        "bigfleet.v1alpha1.ShardRead",
+        "bigfleet.mesh.v1.Inspect",
+        "grpc.health.v1.Health",
+    ] {
+        assert!(
+            out.lines().any(|l| l.trim() == svc),
+            "list lacks {svc}: {out}"
+        );
+    }
+
+    let (ok, out, err) = run(grpcurl(
+        &bin,
+        None,
+        &[&addr, "describe", "bigfleet.v1alpha1.ShardRead"],
+    ))
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("rpc InspectNeeds ( .bigfleet.v1alpha1.InspectNeedsRequest ) returns ( stream .bigfleet.v1alpha1.InspectNeedsResponse )"), "{out}");
+    let (ok, out, err) = run(grpcurl(
+        &bin,
+        None,
+        &[&addr, "describe", "bigfleet.v1alpha1.NeedView"],
+    ))
+    .await;
+    assert!(ok, "{err}");
+    assert!(out.contains("unmet_reason"), "{out}");
+
+    let (ok, out, err) = run(grpcurl(
+        &bin,
+        None,
+        &[
+            "-d",
+            r#"{"cluster_id":"c-a","limit":2}"#,
+            &addr,
+            "bigfleet.v1alpha1.ShardRead/InspectNeeds",
+        ],
+    ))
+    .await;
+    assert!(ok, "{err}");
+    let header_at = out.find("\"header\"").expect("a header frame");
+    let need_at = out.find("\"need\"").expect("need frames");
+    assert!(header_at < need_at, "header first: {out}");
+    assert_eq!(out.matches("\"clusterId\": \"c-a\"").count(), 2, "{out}");
+    assert!(out.contains("UNMET_REASON_PRIORITY_STARVED"), "{out}");
+    assert!(out.contains("\"totalNeeds\": 3"), "{out}");
+
+    let (ok, out, err) = run(grpcurl(
+        &bin,
+        None,
+        &[&addr, "bigfleet.mesh.v1.Inspect/FleetSummary"],
+    ))
+    .await;
+    assert!(ok, "{err}");
+    assert!(
+        out.contains("\"shardId\": \"s3\"") && out.contains("\"coordinatorReachable\": true"),
+        "{out}"
+    );
+    h.shutdown().await;
+}
+
+#[tokio::test]
+async fn grpcurl_over_mtls_follows_the_role_matrix() {
+    let Some(bin) = tool("BIGFLEET_GRPCURL") else {
+        return;
+    };
+    let h = Harness::start(Options {
+        tls_role: Some("readonly"),
+        ..Options::default()
+    })
+    .await;
+    let pki = h.pki.as_ref().unwrap();
+    let addr = h.inspect().grpc_addr().to_string();
+    let call = [
+        "-d",
+        r#"{"cluster_id":"c-b"}"#,
+        addr.as_str(),
+        "bigfleet.v1alpha1.ShardRead/InspectNeeds",
+    ];
+
+    let (ok, out, err) = run(grpcurl(&bin, Some((pki, "readonly")), &call)).await;
+    assert!(ok, "{err}");
+    assert!(out.contains("\"clusterId\": \"c-b\""), "{out}");
+
+    let (ok, _, err) = run(grpcurl(&bin, Some((pki, "cluster/c-b")), &call)).await;
+    assert!(!ok);
+    assert!(err.contains("PermissionDenied"), "{err}");
+
+    let (ok, _, err) = run(grpcurl(&bin, None, &call)).await;
+    assert!(!ok, "plaintext must not reach an mTLS server: {err}");
+    h.shutdown().await;
+}
+
+fn chromium(bin: &Path, profile: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    cmd
+}
+
+/// The DOM text Chromium rendered, tags stripped.
+fn visible(dom: &str) -> String {
+    let mut out = String::new();
+    let mut depth_style = false;
+    for part in dom.split('<') {
+        let (tag, rest) = part.split_once('>').unwrap_or(("", part));
+        let lower = tag.to_lowercase();
+        if lower.starts_with("style") || lower.starts_with("title") {
+            depth_style = true;
+        } else if lower.starts_with("/style") || lower.starts_with("/title") {
+            depth_style = false;
+        }
+        if !depth_style {
+            out.push(' ');
+            out.push_str(rest);
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+async fn dump_and_shoot(bin: &Path, url: &str, shot: &Path) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut dump = chromium(bin, profile.path());
+    dump.arg("--dump-dom").arg(url);
+    let (ok, dom, err) = run(dump).await;
+    assert!(ok, "chromium --dump-dom failed: {err}");
+
+    let _ = std::fs::remove_file(shot);
+    let mut cmd = chromium(bin, profile.path());
+    cmd.arg(format!("--screenshot={}", shot.display()))
+        .arg("--window-size=1280,900")
+        .arg(url);
+    let (ok, _, err) = run(cmd).await;
+    assert!(ok, "chromium --screenshot failed: {err}");
+    let png = std::fs::read(shot)
+        .unwrap_or_else(|e| panic!("{}: {e}; chromium said: {err}", shot.display()));
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 5_000,
+        "{} is not a real screenshot",
+        shot.display()
+    );
+    visible(&dom)
+}
+
+#[tokio::test]
+async fn headless_chromium_renders_the_overview_and_a_cluster_page() {
+    let Some(bin) = tool("BIGFLEET_CHROMIUM") else {
+        return;
+    };
+    let h = Harness::start(Options {
+        cache_ttl: Duration::from_secs(2),
+        ..Options::default()
+    })
+    .await;
+    let base = format!("http://{}", h.inspect().http_addr());
+    let target = target_dir();
+    std::fs::create_dir_all(&target).unwrap();
+
+    let overview = dump_and_shoot(
+        &bin,
+        &format!("{base}/"),
+        &target.join("dashboard-overview.png"),
+    )
+    .await;
+    for expected in [
+        "Fleet overview",
+        "2 / 3 shards reachable",
+        "s3",
+        "unreachable",
+        "Oldest shortfalls",
+    ] {
+        assert!(
+            overview.contains(expected),
+            "overview lacks {expected:?}: {overview}"
+        );
+    }
+
+    let cluster = dump_and_shoot(
+        &bin,
+        &format!("{base}/clusters/c-a"),
+        &target.join("dashboard-cluster.png"),
+    )
+    .await;
+    for expected in [
+        "Cluster c-a",
+        "priority-starved",
+        "preemption exhausted",
+        "Shard s3",
+        "Unmet only",
+    ] {
+        assert!(
+            cluster.contains(expected),
+            "cluster page lacks {expected:?}: {cluster}"
+        );
+    }
+    h.shutdown().await;
+}
