@@ -308,6 +308,19 @@ impl MeshServer {
             for set in &self.descriptor_sets {
                 b = b.register_encoded_file_descriptor_set(set);
             }
+            // A descriptor set usually describes more services than this server hosts (the
+            // proto crate ships one set for the whole mesh); advertise only what is served so
+            // `grpcurl list` tells the truth.
+            for name in [
+                "grpc.health.v1.Health",
+                "grpc.reflection.v1.ServerReflection",
+                "grpc.reflection.v1alpha.ServerReflection",
+            ]
+            .into_iter()
+            .chain(self.services.iter().map(|(n, _)| n.as_str()))
+            {
+                b = b.with_service_name(name);
+            }
             b
         };
         let v1 = builder()

@@ -166,16 +166,29 @@ pub fn echo_descriptor_set() -> &'static [u8] {
                     ..Default::default()
                 },
             ],
-            service: vec![ServiceDescriptorProto {
-                name: Some("Echo".into()),
-                method: vec![MethodDescriptorProto {
-                    name: Some("Say".into()),
-                    input_type: Some(".test.v1.EchoRequest".into()),
-                    output_type: Some(".test.v1.EchoReply".into()),
+            service: vec![
+                ServiceDescriptorProto {
+                    name: Some("Echo".into()),
+                    method: vec![MethodDescriptorProto {
+                        name: Some("Say".into()),
+                        input_type: Some(".test.v1.EchoRequest".into()),
+                        output_type: Some(".test.v1.EchoReply".into()),
+                        ..Default::default()
+                    }],
                     ..Default::default()
-                }],
-                ..Default::default()
-            }],
+                },
+                // Described but never served: reflection must not advertise it.
+                ServiceDescriptorProto {
+                    name: Some("Unserved".into()),
+                    method: vec![MethodDescriptorProto {
+                        name: Some("Say".into()),
+                        input_type: Some(".test.v1.EchoRequest".into()),
+                        output_type: Some(".test.v1.EchoReply".into()),
+                        ..Default::default()
+                    }],
+                    ..Default::default()
+                },
+            ],
             ..Default::default()
         }],
     };
