@@ -1,1 +1,37 @@
-//! bigfleet-coordinator: the openraft-replicated fleet coordinator.
+//! bigfleet-coordinator: the openraft-replicated fleet coordinator — the keeper of fleet-wide
+//! facts (which shards exist, which cluster and which topology domain belongs to which
+//! shard) and nothing else. It is never on a shard's provisioning path: shards pull
+//! instructions with their periodic `ReportShard`, and keep working while it is away.
+//!
+//! * [`fsm`] — the replicated table and its commands (pure, deterministic).
+//! * [`store`] — Raft log, vote, state machine and snapshot in one redb file, fsynced.
+//! * [`network`] — openraft over the internal `bigfleet.mesh.v1.Raft` gRPC service.
+//! * [`service`] — the public `bigfleet.v1alpha1.Coordinator` service, leader-only, with
+//!   leader hints (`x-bigfleet-leader`) on FAILED_PRECONDITION.
+//! * [`soft`] — leader-local soft state: latest reports and fenced instruction queues.
+//! * [`node`] — [`start`] a replica (ordinal bootstrap, join reconciler, probes, export).
+//! * [`dr`] — snapshot archives, periodic export and the offline [`restore_snapshot`].
+
+pub mod args;
+pub mod core;
+pub mod dr;
+pub mod fsm;
+pub mod metrics;
+pub mod network;
+pub mod node;
+pub mod raft_types;
+pub mod service;
+pub mod soft;
+pub mod store;
+
+pub use args::Args;
+pub use core::{JOIN_API_ADDR_KEY, LEADER_HINT_KEY};
+pub use dr::{DrError, RestoreReport, SnapshotArchive, restore_snapshot};
+pub use node::{Running, StartError, start, start_with_registry};
+pub use raft_types::{node_id_of, ordinal_of};
+
+/// Runs a replica until SIGTERM/SIGINT, then drains and stops.
+pub async fn run(args: Args) -> anyhow::Result<()> {
+    let running = start(args).await?;
+    running.run_until_signal().await
+}

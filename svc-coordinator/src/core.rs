@@ -1,0 +1,293 @@
+//! One replica's shared machinery: leadership checks with the leader hint, proposing commands
+//! with the apply timeout and outcome metrics, membership changes, fresh snapshots.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use openraft::ChangeMembers;
+use openraft::ServerState;
+use parking_lot::Mutex;
+use tonic::Status;
+use tonic::metadata::MetadataValue;
+
+use crate::fsm::{Command, Effect, FsmError};
+use crate::metrics::{Metrics, OUTCOME_ERROR, OUTCOME_FSM_ERROR, OUTCOME_SUCCESS};
+use crate::raft_types::{CoordNode, NodeId, Raft, SnapshotMeta, node_id_of};
+use crate::soft::SoftState;
+use crate::store::{SharedState, Store};
+
+/// Metadata key of the leader hint on "not leader" answers (docs/adr/0061).
+pub const LEADER_HINT_KEY: &str = "x-bigfleet-leader";
+/// Metadata key a joining replica uses to tell the leader its Coordinator address.
+pub const JOIN_API_ADDR_KEY: &str = "x-bigfleet-coordinator-address";
+/// Raft proposals that do not commit within this are answered UNAVAILABLE (the original's
+/// apply timeout).
+pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Everything a coordinator RPC can fail with; [`From<CoordError> for Status`] is the one
+/// mapping to gRPC.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error("coordinator: not leader")]
+    NotLeader { leader_api_addr: Option<String> },
+    #[error("{0}")]
+    InvalidArgument(String),
+    #[error("{0}")]
+    PermissionDenied(String),
+    #[error(transparent)]
+    Fsm(#[from] FsmError),
+    #[error("raft: {0}")]
+    Unavailable(String),
+    #[error("no snapshot taken yet")]
+    NoSnapshot,
+    #[error("internal: {0}")]
+    Internal(String),
+}
+
+impl From<CoordError> for Status {
+    fn from(e: CoordError) -> Self {
+        match e {
+            CoordError::NotLeader { leader_api_addr } => {
+                let mut s = Status::failed_precondition("coordinator: not leader");
+                if let Some(addr) = leader_api_addr
+                    && let Ok(v) = MetadataValue::try_from(addr.as_str())
+                {
+                    s.metadata_mut().insert(LEADER_HINT_KEY, v);
+                }
+                s
+            }
+            CoordError::InvalidArgument(m) => Status::invalid_argument(m),
+            CoordError::PermissionDenied(m) => Status::permission_denied(m),
+            CoordError::Fsm(f) => match &f {
+                FsmError::ShardNotFound(_) => Status::not_found(f.to_string()),
+                FsmError::ShardExists(_)
+                | FsmError::DomainAlreadyAssigned { .. }
+                | FsmError::ClusterAlreadyBound { .. } => Status::already_exists(f.to_string()),
+                FsmError::Invalid(_) => Status::invalid_argument(f.to_string()),
+            },
+            CoordError::Unavailable(m) => Status::unavailable(format!("coordinator: {m}")),
+            CoordError::NoSnapshot => Status::not_found("coordinator: no snapshot taken yet"),
+            CoordError::Internal(m) => {
+                tracing::error!(error = %m, "internal coordinator error");
+                Status::internal("coordinator: internal error")
+            }
+        }
+    }
+}
+
+pub fn now_unix_ns() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+/// One replica.
+pub struct Core {
+    pub raft: Raft,
+    pub id: NodeId,
+    /// This replica as it should appear in the membership.
+    pub me: CoordNode,
+    pub store: Store,
+    pub shared: SharedState,
+    pub metrics: Metrics,
+    pub soft: Mutex<SoftState>,
+    /// Port of the Coordinator listener, to derive a joiner's API address when it did not
+    /// send one (identical args on every replica ⇒ the same port).
+    pub api_port: u16,
+}
+
+impl Core {
+    /// The current term if this replica leads, else NotLeader with the leader's address.
+    pub fn leader_term(&self) -> Result<u64, CoordError> {
+        let m = self.raft.metrics().borrow().clone();
+        if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
+            return Ok(m.current_term);
+        }
+        let hint = m.current_leader.and_then(|l| {
+            m.membership_config
+                .membership()
+                .get_node(&l)
+                .map(|n| n.api_addr.clone())
+                .filter(|a| !a.is_empty())
+        });
+        Err(CoordError::NotLeader {
+            leader_api_addr: hint,
+        })
+    }
+
+    /// Proposes a command and waits (up to [`APPLY_TIMEOUT`]) for it to commit and apply.
+    pub async fn apply(&self, cmd: Command) -> Result<Effect, CoordError> {
+        let res = tokio::time::timeout(APPLY_TIMEOUT, self.raft.client_write(cmd)).await;
+        match res {
+            Err(_) => {
+                self.metrics.apply(OUTCOME_ERROR);
+                Err(CoordError::Unavailable(format!(
+                    "apply not committed within {APPLY_TIMEOUT:?}"
+                )))
+            }
+            Ok(Err(e)) => {
+                self.metrics.apply(OUTCOME_ERROR);
+                Err(CoordError::Unavailable(e.to_string()))
+            }
+            Ok(Ok(resp)) => match resp.data.0 {
+                Some(Ok(effect)) => {
+                    self.metrics.apply(OUTCOME_SUCCESS);
+                    Ok(effect)
+                }
+                Some(Err(fsm)) => {
+                    self.metrics.apply(OUTCOME_FSM_ERROR);
+                    Err(CoordError::Fsm(fsm))
+                }
+                None => {
+                    self.metrics.apply(OUTCOME_ERROR);
+                    Err(CoordError::Internal(
+                        "command applied without a result".into(),
+                    ))
+                }
+            },
+        }
+    }
+
+    /// Makes `name` a voter at (`raft_addr`, `api_addr`): adds it as a learner (waiting for
+    /// it to catch up) and promotes it, or rewrites the address of an existing member.
+    /// Idempotent.
+    pub async fn add_voter(
+        &self,
+        name: &str,
+        raft_addr: &str,
+        api_addr: &str,
+    ) -> Result<(), CoordError> {
+        let id = node_id_of(name);
+        let node = CoordNode {
+            name: name.to_owned(),
+            raft_addr: raft_addr.to_owned(),
+            api_addr: api_addr.to_owned(),
+        };
+        let membership = self.raft.metrics().borrow().membership_config.clone();
+        let m = membership.membership();
+        let is_voter = m.voter_ids().any(|v| v == id);
+        let existing = m.get_node(&id).cloned();
+        let unavailable = |e: String| CoordError::Unavailable(e);
+        if existing.as_ref() != Some(&node) && existing.is_some() {
+            tracing::info!(node = name, raft_addr, api_addr, "rewriting member address");
+            tokio::time::timeout(
+                APPLY_TIMEOUT,
+                self.raft.change_membership(
+                    ChangeMembers::SetNodes(BTreeMap::from([(id, node.clone())])),
+                    false,
+                ),
+            )
+            .await
+            .map_err(|_| unavailable("membership change timed out".into()))?
+            .map_err(|e| unavailable(e.to_string()))?;
+        }
+        if !is_voter {
+            if existing.is_none() {
+                tracing::info!(node = name, raft_addr, "adding learner");
+                // Blocking: returns once the learner has caught up, so promoting it next does
+                // not stall commits on a voter that is still far behind.
+                tokio::time::timeout(
+                    Duration::from_secs(30),
+                    self.raft.add_learner(id, node.clone(), true),
+                )
+                .await
+                .map_err(|_| unavailable("learner did not catch up in time".into()))?
+                .map_err(|e| unavailable(e.to_string()))?;
+            }
+            tracing::info!(node = name, "promoting to voter");
+            tokio::time::timeout(
+                APPLY_TIMEOUT,
+                self.raft
+                    .change_membership(ChangeMembers::AddVoterIds(BTreeSet::from([id])), false),
+            )
+            .await
+            .map_err(|_| unavailable("membership change timed out".into()))?
+            .map_err(|e| unavailable(e.to_string()))?;
+        }
+        Ok(())
+    }
+
+    /// Whether the cluster has a leader and lists this replica as a voter at its current
+    /// addresses: the join reconciler's exit condition.
+    pub fn membership_current(&self) -> bool {
+        let m = self.raft.metrics().borrow().clone();
+        let mem = m.membership_config.membership();
+        m.current_leader.is_some()
+            && mem.voter_ids().any(|v| v == self.id)
+            && mem.get_node(&self.id) == Some(&self.me)
+    }
+
+    /// The leader's snapshot, refreshed first when the stored one misses applied entries (a
+    /// backup that silently lacks recent writes is worse than a failed call).
+    pub async fn fresh_snapshot(&self) -> Result<(SnapshotMeta, Vec<u8>), CoordError> {
+        let applied = self.raft.metrics().borrow().last_applied;
+        let stored = self
+            .store
+            .current_snapshot()
+            .map_err(|e| CoordError::Internal(e.to_string()))?;
+        if let Some((meta, data)) = &stored
+            && meta.last_log_id >= applied
+        {
+            return Ok((meta.clone(), data.clone()));
+        }
+        self.raft
+            .trigger()
+            .snapshot()
+            .await
+            .map_err(|e| CoordError::Unavailable(e.to_string()))?;
+        self.raft
+            .wait(Some(APPLY_TIMEOUT))
+            .metrics(
+                |m| m.snapshot >= applied,
+                "snapshot covering applied entries",
+            )
+            .await
+            .map_err(|e| CoordError::Unavailable(e.to_string()))?;
+        self.store
+            .current_snapshot()
+            .map_err(|e| CoordError::Internal(e.to_string()))?
+            .ok_or(CoordError::NoSnapshot)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn not_leader_carries_the_hint() {
+        let s = Status::from(CoordError::NotLeader {
+            leader_api_addr: Some("10.0.0.2:7790".into()),
+        });
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(s.message(), "coordinator: not leader");
+        assert_eq!(
+            s.metadata().get(LEADER_HINT_KEY).unwrap().to_str().unwrap(),
+            "10.0.0.2:7790"
+        );
+        let s = Status::from(CoordError::NotLeader {
+            leader_api_addr: None,
+        });
+        assert!(s.metadata().get(LEADER_HINT_KEY).is_none());
+    }
+
+    #[test]
+    fn fsm_errors_map_to_codes() {
+        let code = |e: FsmError| Status::from(CoordError::Fsm(e)).code();
+        assert_eq!(code(FsmError::ShardNotFound("s".into())), Code::NotFound);
+        assert_eq!(
+            code(FsmError::DomainAlreadyAssigned {
+                domain: crate::fsm::DomainKey::new("k", "v"),
+                owner: "s".into()
+            }),
+            Code::AlreadyExists
+        );
+        assert_eq!(code(FsmError::Invalid("x".into())), Code::InvalidArgument);
+        assert_eq!(
+            Status::from(CoordError::Unavailable("x".into())).code(),
+            Code::Unavailable
+        );
+        assert_eq!(Status::from(CoordError::NoSnapshot).code(), Code::NotFound);
+    }
+}

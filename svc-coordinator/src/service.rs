@@ -1,0 +1,373 @@
+//! The public `bigfleet.v1alpha1.Coordinator` service. Every RPC is leader-only. Check
+//! order (as the original): leader first; ReportShard then validates the shard id before
+//! binding it to the caller's identity; the admin and read RPCs check identity before
+//! validating arguments.
+
+use std::pin::Pin;
+use std::sync::Arc;
+
+use bigfleet_mesh::{Peer, PeerIdentity, peer_of};
+use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServer};
+use bigfleet_proto::v1alpha1::{self as pb, snapshot_save_chunk};
+use futures::Stream;
+use tonic::{Request, Response, Status};
+
+use crate::core::{CoordError, Core, JOIN_API_ADDR_KEY, now_unix_ns};
+use crate::fsm::{Command, DomainKey, Effect, FsmError};
+use crate::soft::new_instruction_id;
+
+/// SnapshotSave frames after the metadata carry this much state each.
+pub const SNAPSHOT_CHUNK: usize = 1 << 20;
+
+/// The service handler (cheap to clone).
+#[derive(Clone)]
+pub struct CoordinatorService {
+    core: Arc<Core>,
+}
+
+impl CoordinatorService {
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+
+    pub fn into_server(self) -> CoordinatorServer<Self> {
+        bigfleet_mesh::with_message_limits!(CoordinatorServer::new(self))
+    }
+
+    fn pending_gauge(&self, shard: &str, n: usize) {
+        self.core
+            .metrics
+            .pending_instructions
+            .with_label_values(&[shard])
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+    }
+
+    fn enqueue(&self, term: u64, shard: &str, domain: &DomainKey, assign: bool) {
+        let n = {
+            let mut soft = self.core.soft.lock();
+            soft.ensure_term(term);
+            let ins = soft.enqueue_domain(shard, domain, assign, new_instruction_id());
+            tracing::info!(
+                shard,
+                domain = %domain,
+                assign,
+                instruction = %ins.instruction_id,
+                sequence = ins.sequence_number,
+                "instruction queued"
+            );
+            soft.pending_len(shard)
+        };
+        self.pending_gauge(shard, n);
+    }
+}
+
+fn peer<T>(req: &Request<T>) -> Peer {
+    // A request that did not pass the mesh stack (in-process tests) is plaintext.
+    peer_of(req).cloned().unwrap_or(Peer::Plaintext)
+}
+
+fn require_admin<T>(req: &Request<T>) -> Result<(), CoordError> {
+    match peer(req) {
+        Peer::Plaintext | Peer::Local | Peer::Verified(PeerIdentity::Admin) => Ok(()),
+        Peer::Verified(id) => Err(CoordError::PermissionDenied(format!(
+            "{id} may not call this rpc (requires bigfleet://admin)"
+        ))),
+        Peer::Invalid(e) => Err(CoordError::PermissionDenied(e.to_string())),
+    }
+}
+
+fn require_reader<T>(req: &Request<T>) -> Result<(), CoordError> {
+    match peer(req) {
+        Peer::Plaintext
+        | Peer::Local
+        | Peer::Verified(PeerIdentity::Admin | PeerIdentity::Readonly) => Ok(()),
+        Peer::Verified(id) => Err(CoordError::PermissionDenied(format!(
+            "{id} may not call this rpc (requires bigfleet://readonly or bigfleet://admin)"
+        ))),
+        Peer::Invalid(e) => Err(CoordError::PermissionDenied(e.to_string())),
+    }
+}
+
+fn required(field: &str, v: &str) -> Result<(), CoordError> {
+    if v.is_empty() {
+        Err(CoordError::InvalidArgument(format!("{field} is required")))
+    } else {
+        Ok(())
+    }
+}
+
+type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotSaveChunk, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl Coordinator for CoordinatorService {
+    async fn report_shard(
+        &self,
+        request: Request<pb::ShardReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        let term = self.core.leader_term()?;
+        let report = request.get_ref();
+        let id = report.shard_id.as_str();
+        required("shard_id", id)?;
+        peer(&request).ensure(&PeerIdentity::Shard(id.to_owned()))?;
+
+        if !self.core.shared.read().state.has_shard(id) {
+            let cmd = Command::AddShard {
+                shard_id: id.to_owned(),
+                address: report.shard_address.clone(),
+                registered_at_unix_ns: now_unix_ns(),
+            };
+            match self.core.apply(cmd).await {
+                Ok(_) => {
+                    tracing::info!(shard = id, address = %report.shard_address, "shard registered")
+                }
+                // Two reports raced; the other one registered it.
+                Err(CoordError::Fsm(FsmError::ShardExists(_))) => {}
+                Err(CoordError::Fsm(e)) => {
+                    return Err(CoordError::InvalidArgument(e.to_string()).into());
+                }
+                // The shard retries on its next tick.
+                Err(e) => return Err(CoordError::Unavailable(e.to_string()).into()),
+            }
+        }
+        let now = now_unix_ns();
+        self.core.shared.write().state.mark_heartbeat(id, now);
+
+        let (instructions, pending) = {
+            let mut soft = self.core.soft.lock();
+            soft.ensure_term(term);
+            let outcome = soft.record_report(report, now);
+            if !outcome.accepted {
+                tracing::debug!(
+                    shard = id,
+                    cycle = report.cycle,
+                    "out-of-order report; summary kept"
+                );
+            }
+            (soft.pending(id), soft.pending_len(id))
+        };
+        self.pending_gauge(id, pending);
+        self.core
+            .metrics
+            .raft_term
+            .set(i64::try_from(term).unwrap_or(i64::MAX));
+        Ok(Response::new(pb::ReportAck {
+            coordinator_term: i64::try_from(term).unwrap_or(i64::MAX),
+            acknowledged: true,
+            instructions,
+        }))
+    }
+
+    async fn assign_domain(
+        &self,
+        request: Request<pb::AssignDomainRequest>,
+    ) -> Result<Response<pb::AssignDomainResponse>, Status> {
+        self.core.leader_term()?;
+        require_admin(&request)?;
+        let r = request.into_inner();
+        required("topology_key", &r.topology_key)?;
+        required("topology_value", &r.topology_value)?;
+        required("shard_id", &r.shard_id)?;
+        let domain = DomainKey::new(r.topology_key, r.topology_value);
+        self.core
+            .apply(Command::AssignDomain {
+                domain: domain.clone(),
+                shard_id: r.shard_id.clone(),
+            })
+            .await?;
+        // Re-read the term: the write committed under the term this replica leads now.
+        let term = self.core.leader_term()?;
+        self.enqueue(term, &r.shard_id, &domain, true);
+        Ok(Response::new(pb::AssignDomainResponse {}))
+    }
+
+    async fn unassign_domain(
+        &self,
+        request: Request<pb::UnassignDomainRequest>,
+    ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
+        self.core.leader_term()?;
+        require_admin(&request)?;
+        let r = request.into_inner();
+        required("topology_key", &r.topology_key)?;
+        required("topology_value", &r.topology_value)?;
+        let domain = DomainKey::new(r.topology_key, r.topology_value);
+        let effect = self
+            .core
+            .apply(Command::UnassignDomain {
+                domain: domain.clone(),
+            })
+            .await?;
+        if let Effect::DomainUnassigned {
+            previous_owner: Some(owner),
+        } = effect
+        {
+            let term = self.core.leader_term()?;
+            self.enqueue(term, &owner, &domain, false);
+        }
+        Ok(Response::new(pb::UnassignDomainResponse {}))
+    }
+
+    async fn remove_shard(
+        &self,
+        request: Request<pb::RemoveShardRequest>,
+    ) -> Result<Response<pb::RemoveShardResponse>, Status> {
+        self.core.leader_term()?;
+        require_admin(&request)?;
+        let id = request.into_inner().shard_id;
+        required("shard_id", &id)?;
+        self.core
+            .apply(Command::RemoveShard {
+                shard_id: id.clone(),
+            })
+            .await?;
+        self.core.soft.lock().remove_shard(&id);
+        let _ = self
+            .core
+            .metrics
+            .pending_instructions
+            .remove_label_values(&[&id]);
+        tracing::info!(shard = %id, "shard removed");
+        Ok(Response::new(pb::RemoveShardResponse {}))
+    }
+
+    async fn list_shards(
+        &self,
+        request: Request<pb::ListShardsRequest>,
+    ) -> Result<Response<pb::ListShardsResponse>, Status> {
+        self.core.leader_term()?;
+        require_reader(&request)?;
+        let shards = self
+            .core
+            .shared
+            .read()
+            .state
+            .shards()
+            .into_iter()
+            .map(|s| pb::ShardRegistryEntry {
+                shard_id: s.id,
+                address: s.address,
+                registered_at_unix_ns: s.registered_at_unix_ns,
+                last_heartbeat_unix_ns: s.last_heartbeat_unix_ns,
+            })
+            .collect();
+        Ok(Response::new(pb::ListShardsResponse { shards }))
+    }
+
+    async fn list_domain_assignments(
+        &self,
+        request: Request<pb::ListDomainAssignmentsRequest>,
+    ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
+        self.core.leader_term()?;
+        require_reader(&request)?;
+        let assignments = self
+            .core
+            .shared
+            .read()
+            .state
+            .domain_assignments()
+            .into_iter()
+            .map(|a| pb::DomainAssignment {
+                topology_key: a.domain.key,
+                topology_value: a.domain.value,
+                shard_id: a.shard_id,
+            })
+            .collect();
+        Ok(Response::new(pb::ListDomainAssignmentsResponse {
+            assignments,
+        }))
+    }
+
+    async fn list_shard_reports(
+        &self,
+        request: Request<pb::ListShardReportsRequest>,
+    ) -> Result<Response<pb::ListShardReportsResponse>, Status> {
+        let term = self.core.leader_term()?;
+        require_reader(&request)?;
+        let filter = request.get_ref().shard_id.clone();
+        let reports = {
+            let mut soft = self.core.soft.lock();
+            soft.ensure_term(term);
+            soft.reports((!filter.is_empty()).then_some(filter.as_str()))
+        };
+        let reports = reports
+            .into_iter()
+            .map(|(id, r)| pb::ShardReportSnapshot {
+                shard_id: id,
+                cycle: r.cycle,
+                received_at_unix_ns: r.received_at_unix_ns,
+                summary: r.summary,
+                shortfalls: r.shortfalls,
+            })
+            .collect();
+        Ok(Response::new(pb::ListShardReportsResponse { reports }))
+    }
+
+    async fn join_raft_cluster(
+        &self,
+        request: Request<pb::JoinRaftClusterRequest>,
+    ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
+        self.core.leader_term()?;
+        require_admin(&request)?;
+        let api_addr = request
+            .metadata()
+            .get(JOIN_API_ADDR_KEY)
+            .and_then(|v| v.to_str().ok())
+            .map(str::to_owned);
+        let r = request.into_inner();
+        required("node_id", &r.node_id)?;
+        required("raft_address", &r.raft_address)?;
+        // Older callers do not send their Coordinator address: assume the joiner's Raft host
+        // and our own Coordinator port (replicas run with identical args).
+        let api_addr = api_addr.unwrap_or_else(|| {
+            let host = r
+                .raft_address
+                .rsplit_once(':')
+                .map_or(r.raft_address.as_str(), |(h, _)| h);
+            format!("{host}:{}", self.core.api_port)
+        });
+        self.core
+            .add_voter(&r.node_id, &r.raft_address, &api_addr)
+            .await?;
+        Ok(Response::new(pb::JoinRaftClusterResponse {}))
+    }
+
+    type SnapshotSaveStream = ChunkStream;
+
+    async fn snapshot_save(
+        &self,
+        request: Request<pb::SnapshotSaveRequest>,
+    ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
+        self.core.leader_term()?;
+        require_admin(&request)?;
+        let (meta, data) = self.core.fresh_snapshot().await?;
+        let meta_json =
+            serde_json::to_vec(&meta).map_err(|e| CoordError::Internal(e.to_string()))?;
+        tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "streaming snapshot");
+        let mut frames = vec![Ok(pb::SnapshotSaveChunk {
+            payload: Some(snapshot_save_chunk::Payload::MetaJson(meta_json)),
+        })];
+        frames.extend(data.chunks(SNAPSHOT_CHUNK).map(|c| {
+            Ok(pb::SnapshotSaveChunk {
+                payload: Some(snapshot_save_chunk::Payload::Data(c.to_vec())),
+            })
+        }));
+        Ok(Response::new(Box::pin(tokio_stream::iter(frames))))
+    }
+
+    async fn list_quotas(
+        &self,
+        _request: Request<pb::ListQuotasRequest>,
+    ) -> Result<Response<pb::ListQuotasResponse>, Status> {
+        Err(Status::unimplemented(
+            "coordinator: ListQuotas was removed (quotas are no longer coordinator state)",
+        ))
+    }
+
+    async fn list_providers(
+        &self,
+        _request: Request<pb::ListProvidersRequest>,
+    ) -> Result<Response<pb::ListProvidersResponse>, Status> {
+        Err(Status::unimplemented(
+            "coordinator: ListProviders was removed (the provider registry is gone)",
+        ))
+    }
+}

@@ -1,0 +1,381 @@
+//! Multi-process harness: replicas are the real `bigfleet-coordinator` binary on loopback;
+//! an optional TCP proxy in front of each replica's Raft port lets a test cut its traffic.
+#![allow(dead_code)]
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU16, Ordering};
+use std::time::{Duration, Instant};
+
+use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
+use bigfleet_proto::v1alpha1::{self as pb};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::watch;
+use tonic::transport::Channel;
+
+/// Cluster tests start several processes each; running two at once on a 2-core machine
+/// would only make elections flaky.
+static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+
+pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().await
+}
+
+pub fn port() -> u16 {
+    bigfleet_testkit::free_tcp_port().unwrap()
+}
+
+/// One replica process.
+pub struct Replica {
+    pub name: String,
+    pub data_dir: PathBuf,
+    pub api: u16,
+    pub raft_bind: u16,
+    /// What peers dial: the Raft port itself, or a proxy in front of it.
+    pub raft_advertise: u16,
+    pub metrics: u16,
+    pub log: PathBuf,
+    pub extra: Vec<String>,
+    child: Option<Child>,
+}
+
+impl Replica {
+    pub fn new(root: &Path, name: &str) -> Self {
+        let raft = port();
+        Self {
+            name: name.to_owned(),
+            data_dir: root.join(name).join("data"),
+            api: port(),
+            raft_bind: raft,
+            raft_advertise: raft,
+            metrics: port(),
+            log: root.join(format!("{name}.log")),
+            extra: Vec::new(),
+            child: None,
+        }
+    }
+
+    pub fn api_addr(&self) -> String {
+        format!("127.0.0.1:{}", self.api)
+    }
+
+    pub fn spawn(&mut self, join: &str) {
+        assert!(self.child.is_none(), "{} already running", self.name);
+        std::fs::create_dir_all(self.data_dir.parent().unwrap()).unwrap();
+        let log = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&self.log)
+            .unwrap();
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_bigfleet-coordinator"));
+        cmd.args([
+            "--id",
+            &self.name,
+            "--listen",
+            &format!("127.0.0.1:{}", self.api),
+            "--raft-bind",
+            &format!("127.0.0.1:{}", self.raft_bind),
+            "--raft-advertise",
+            &format!("127.0.0.1:{}", self.raft_advertise),
+            "--metrics-addr",
+            &format!("127.0.0.1:{}", self.metrics),
+            "--data-dir",
+            self.data_dir.to_str().unwrap(),
+            "--bootstrap",
+        ]);
+        if !join.is_empty() {
+            cmd.args(["--join-addr", join]);
+        }
+        cmd.args(&self.extra)
+            .env("RUST_LOG", "warn,svc_coordinator=info")
+            .env_remove("OTEL_EXPORTER_OTLP_ENDPOINT")
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().unwrap())
+            .stderr(log);
+        self.child = Some(cmd.spawn().expect("spawn bigfleet-coordinator"));
+    }
+
+    /// SIGKILL: no graceful anything, like a node dying.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+
+    pub fn running(&self) -> bool {
+        self.child.is_some()
+    }
+
+    /// Moves the replica to fresh ports (as a pod restarted with a new IP would).
+    pub fn move_ports(&mut self) {
+        self.api = port();
+        self.raft_bind = port();
+        self.raft_advertise = self.raft_bind;
+        self.metrics = port();
+    }
+
+    pub fn log_tail(&self) -> String {
+        let s = std::fs::read_to_string(&self.log).unwrap_or_default();
+        let lines: Vec<&str> = s.lines().collect();
+        lines[lines.len().saturating_sub(40)..].join("\n")
+    }
+
+    pub async fn metric(&self, name: &str) -> Option<f64> {
+        metric(self.metrics, name).await
+    }
+
+    pub async fn ready(&self) -> bool {
+        http_get(self.metrics, "/readyz")
+            .await
+            .is_some_and(|(code, _)| code == 200)
+    }
+}
+
+impl Drop for Replica {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+pub fn join_list(rs: &[Replica]) -> String {
+    rs.iter()
+        .map(Replica::api_addr)
+        .collect::<Vec<_>>()
+        .join(",")
+}
+
+pub fn dump_logs(rs: &[Replica]) -> String {
+    rs.iter()
+        .map(|r| format!("===== {} =====\n{}", r.name, r.log_tail()))
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// Minimal HTTP/1.0 GET (status, body).
+pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = tokio::time::timeout(
+        Duration::from_secs(1),
+        TcpStream::connect(("127.0.0.1", port)),
+    )
+    .await
+    .ok()?
+    .ok()?;
+    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
+        .await
+        .ok()?;
+    let mut buf = Vec::new();
+    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
+        .await
+        .ok()?
+        .ok()?;
+    let text = String::from_utf8_lossy(&buf).into_owned();
+    let code = text.split_whitespace().nth(1)?.parse().ok()?;
+    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
+    Some((code, body))
+}
+
+/// A sample's value from /metrics; `name` may include labels, e.g. `x{table="shards"}`.
+pub async fn metric(port: u16, name: &str) -> Option<f64> {
+    let (_, body) = http_get(port, "/metrics").await?;
+    body.lines().filter(|l| !l.starts_with('#')).find_map(|l| {
+        let (k, v) = l.rsplit_once(' ')?;
+        (k == name).then(|| v.parse().ok()).flatten()
+    })
+}
+
+pub async fn client(addr: &str) -> Option<CoordinatorClient<Channel>> {
+    let ch = Channel::from_shared(format!("http://{addr}"))
+        .ok()?
+        .connect_timeout(Duration::from_millis(500))
+        .timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .ok()?;
+    Some(CoordinatorClient::new(ch))
+}
+
+/// Polls until `f` holds or the deadline passes.
+pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F) -> Duration
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let start = Instant::now();
+    loop {
+        if f().await {
+            return start.elapsed();
+        }
+        assert!(
+            start.elapsed() < within,
+            "timed out after {within:?} waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Index of the running replica that answers a leader-only read.
+pub async fn leader_of(rs: &[Replica]) -> Option<usize> {
+    for (i, r) in rs.iter().enumerate() {
+        if !r.running() {
+            continue;
+        }
+        if let Some(mut c) = client(&r.api_addr()).await
+            && c.list_shards(pb::ListShardsRequest {}).await.is_ok()
+        {
+            return Some(i);
+        }
+    }
+    None
+}
+
+pub async fn wait_leader(rs: &[Replica], within: Duration) -> usize {
+    let start = Instant::now();
+    loop {
+        if let Some(i) = leader_of(rs).await {
+            return i;
+        }
+        assert!(
+            start.elapsed() < within,
+            "no leader within {within:?}\n{}",
+            dump_logs(rs)
+        );
+        tokio::time::sleep(Duration::from_millis(25)).await;
+    }
+}
+
+/// Waits until every running replica is ready and counts `voters` voters.
+pub async fn wait_formed(rs: &[Replica], voters: usize, within: Duration) {
+    let start = Instant::now();
+    loop {
+        let mut ok = true;
+        for r in rs.iter().filter(|r| r.running()) {
+            let v = r.metric("bigfleet_coordinator_raft_voters").await;
+            if !(r.ready().await && v == Some(voters as f64)) {
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            return;
+        }
+        assert!(
+            start.elapsed() < within,
+            "cluster did not form with {voters} voters within {within:?}\n{}",
+            dump_logs(rs)
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+pub fn report(shard: &str, cycle: i64) -> pb::ShardReport {
+    pb::ShardReport {
+        shard_id: shard.to_owned(),
+        cycle,
+        shard_epoch: 1,
+        shard_address: format!("{shard}.shards:7780"),
+        summary: Some(pb::ShardSummary {
+            total_machines: 10,
+            free_machines: 4,
+            ..Default::default()
+        }),
+        ..Default::default()
+    }
+}
+
+pub fn assign(key: &str, value: &str, shard: &str) -> pb::AssignDomainRequest {
+    pb::AssignDomainRequest {
+        topology_key: key.to_owned(),
+        topology_value: value.to_owned(),
+        shard_id: shard.to_owned(),
+    }
+}
+
+pub async fn shards_of(addr: &str) -> Vec<(String, String)> {
+    let mut c = client(addr).await.expect("connect");
+    c.list_shards(pb::ListShardsRequest {})
+        .await
+        .expect("list shards")
+        .into_inner()
+        .shards
+        .into_iter()
+        .map(|s| (s.shard_id, s.address))
+        .collect()
+}
+
+pub async fn domains_of(addr: &str) -> Vec<(String, String, String)> {
+    let mut c = client(addr).await.expect("connect");
+    c.list_domain_assignments(pb::ListDomainAssignmentsRequest {})
+        .await
+        .expect("list domains")
+        .into_inner()
+        .assignments
+        .into_iter()
+        .map(|a| (a.shard_id, a.topology_key, a.topology_value))
+        .collect()
+}
+
+/// A TCP proxy that can be cut: while cut, new connections are closed at once and existing
+/// ones are torn down — the replica behind it receives no Raft traffic.
+pub struct Proxy {
+    pub port: u16,
+    cut: watch::Sender<bool>,
+    target: Arc<AtomicU16>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Proxy {
+    /// Binds now (before the replicas' ports are picked, so no replica is handed the
+    /// proxy's port); forwards to the port given with [`Proxy::set_target`].
+    pub async fn start() -> Self {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let target = Arc::new(AtomicU16::new(0));
+        let target_in_task = Arc::clone(&target);
+        let port = listener.local_addr().unwrap().port();
+        let (cut, cut_rx) = watch::channel(false);
+        let task = tokio::spawn(async move {
+            loop {
+                let Ok((mut inbound, _)) = listener.accept().await else {
+                    return;
+                };
+                if *cut_rx.borrow() {
+                    drop(inbound);
+                    continue;
+                }
+                let mut rx = cut_rx.clone();
+                let target = target_in_task.load(Ordering::Relaxed);
+                tokio::spawn(async move {
+                    let Ok(mut outbound) = TcpStream::connect(("127.0.0.1", target)).await else {
+                        return;
+                    };
+                    tokio::select! {
+                        _ = tokio::io::copy_bidirectional(&mut inbound, &mut outbound) => {}
+                        _ = rx.wait_for(|c| *c) => {}
+                    }
+                });
+            }
+        });
+        Self {
+            port,
+            cut,
+            target,
+            task,
+        }
+    }
+
+    pub fn set_target(&self, port: u16) {
+        self.target.store(port, Ordering::Relaxed);
+    }
+
+    pub fn set_cut(&self, cut: bool) {
+        let _ = self.cut.send(cut);
+    }
+}
+
+impl Drop for Proxy {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}

@@ -1,0 +1,283 @@
+//! The coordinator's identity matrix under mTLS (wire-and-ops §6, §11.2), against an
+//! in-process single-replica coordinator.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use bigfleet_identity::{TlsContext, TlsFiles};
+use bigfleet_mesh::{ChannelConfig, Target};
+use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
+use bigfleet_proto::v1alpha1::{self as pb};
+use bigfleet_testkit::{LeafSpec, TestCa, TlsPaths};
+use clap::Parser;
+use tonic::Code;
+use tonic::transport::Channel;
+
+fn files(p: &TlsPaths) -> TlsFiles {
+    TlsFiles::new(&p.cert, &p.key, &p.ca)
+}
+
+async fn connect(addr: std::net::SocketAddr, paths: &TlsPaths) -> CoordinatorClient<Channel> {
+    let tls = TlsContext::load(&files(paths))
+        .unwrap()
+        .client_config()
+        .unwrap();
+    let t: Target = format!("https://127.0.0.1:{}", addr.port())
+        .parse()
+        .unwrap();
+    let ch = bigfleet_mesh::connect(&t, &ChannelConfig::default().with_tls(Some(tls)))
+        .await
+        .unwrap();
+    CoordinatorClient::new(ch)
+}
+
+fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
+    match r {
+        Ok(_) => Code::Ok,
+        Err(s) => s.code(),
+    }
+}
+
+fn report(shard: &str) -> pb::ShardReport {
+    pb::ShardReport {
+        shard_id: shard.into(),
+        cycle: 1,
+        shard_address: format!("{shard}:7780"),
+        ..Default::default()
+    }
+}
+
+/// Every call of the surface by one caller, as (rpc, code).
+async fn matrix(c: &mut CoordinatorClient<Channel>, shard: &str) -> Vec<(&'static str, Code)> {
+    vec![
+        ("ReportShard", code(c.report_shard(report(shard)).await)),
+        (
+            "ListShards",
+            code(c.list_shards(pb::ListShardsRequest {}).await),
+        ),
+        (
+            "ListDomainAssignments",
+            code(
+                c.list_domain_assignments(pb::ListDomainAssignmentsRequest {})
+                    .await,
+            ),
+        ),
+        (
+            "ListShardReports",
+            code(
+                c.list_shard_reports(pb::ListShardReportsRequest::default())
+                    .await,
+            ),
+        ),
+        (
+            "AssignDomain",
+            code(
+                c.assign_domain(pb::AssignDomainRequest {
+                    topology_key: "rack".into(),
+                    topology_value: "r1".into(),
+                    shard_id: "s1".into(),
+                })
+                .await,
+            ),
+        ),
+        (
+            "UnassignDomain",
+            code(
+                c.unassign_domain(pb::UnassignDomainRequest {
+                    topology_key: "rack".into(),
+                    topology_value: "r9".into(),
+                })
+                .await,
+            ),
+        ),
+        (
+            "RemoveShard",
+            code(
+                c.remove_shard(pb::RemoveShardRequest {
+                    shard_id: "ghost".into(),
+                })
+                .await,
+            ),
+        ),
+        (
+            "JoinRaftCluster",
+            code(
+                c.join_raft_cluster(pb::JoinRaftClusterRequest {
+                    node_id: String::new(),
+                    raft_address: String::new(),
+                })
+                .await,
+            ),
+        ),
+        (
+            "SnapshotSave",
+            code(c.snapshot_save(pb::SnapshotSaveRequest {}).await),
+        ),
+    ]
+}
+
+fn write_role(ca: &TestCa, dir: &Path, stem: &str, spec: &LeafSpec) -> TlsPaths {
+    let cert = ca.issue(spec).unwrap();
+    ca.write_bundle(dir, stem, &cert).unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn identity_matrix_under_mtls() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = TestCa::new("test-ca").unwrap();
+    // Replicas carry the admin identity (they call JoinRaftCluster on each other).
+    let server = ca.write_role_bundle(dir.path(), "admin").unwrap();
+    let args = svc_coordinator::Args::try_parse_from([
+        "bigfleet-coordinator",
+        "--id",
+        "solo",
+        "--bootstrap",
+        "--listen",
+        "127.0.0.1:0",
+        "--raft-bind",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "0",
+        "--data-dir",
+        dir.path().join("data").to_str().unwrap(),
+        "--tls-cert",
+        server.cert.to_str().unwrap(),
+        "--tls-key",
+        server.key.to_str().unwrap(),
+        "--tls-ca",
+        server.ca.to_str().unwrap(),
+    ])
+    .unwrap();
+    let running = svc_coordinator::start(args).await.unwrap();
+    let start = Instant::now();
+    while !running.is_leader() {
+        assert!(start.elapsed() < Duration::from_secs(10), "no leader");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let addr = running.api_addr;
+
+    let admin = ca.write_role_bundle(dir.path(), "admin").unwrap();
+    let readonly = ca.write_role_bundle(dir.path(), "readonly").unwrap();
+    let shard1 = ca.write_role_bundle(dir.path(), "shard/s1").unwrap();
+    let cluster = ca.write_role_bundle(dir.path(), "cluster/c1").unwrap();
+    let no_san = write_role(&ca, dir.path(), "nosan", &LeafSpec::loopback("nosan"));
+    let two_sans = write_role(
+        &ca,
+        dir.path(),
+        "twosans",
+        &LeafSpec::role("admin").with_uri("bigfleet://readonly"),
+    );
+
+    use Code::{AlreadyExists, InvalidArgument, NotFound, Ok as OK, PermissionDenied as PD};
+
+    // A shard may report as itself only, and nothing else.
+    let mut s1 = connect(addr, &shard1).await;
+    assert_eq!(
+        matrix(&mut s1, "s1").await,
+        vec![
+            ("ReportShard", OK),
+            ("ListShards", PD),
+            ("ListDomainAssignments", PD),
+            ("ListShardReports", PD),
+            ("AssignDomain", PD),
+            ("UnassignDomain", PD),
+            ("RemoveShard", PD),
+            ("JoinRaftCluster", PD),
+            ("SnapshotSave", PD),
+        ]
+    );
+    // Same certificate claiming another shard.
+    assert_eq!(code(s1.report_shard(report("s2")).await), PD);
+    // Empty shard id is refused before the identity binding.
+    assert_eq!(code(s1.report_shard(report("")).await), InvalidArgument);
+
+    // Admin: everything but ReportShard (strict binding); argument errors come after the
+    // identity check.
+    let mut a = connect(addr, &admin).await;
+    assert_eq!(
+        matrix(&mut a, "s1").await,
+        vec![
+            ("ReportShard", PD),
+            ("ListShards", OK),
+            ("ListDomainAssignments", OK),
+            ("ListShardReports", OK),
+            ("AssignDomain", OK),
+            ("UnassignDomain", OK),
+            ("RemoveShard", NotFound),
+            ("JoinRaftCluster", InvalidArgument),
+            ("SnapshotSave", OK),
+        ]
+    );
+    let conflict = a
+        .assign_domain(pb::AssignDomainRequest {
+            topology_key: "rack".into(),
+            topology_value: "r1".into(),
+            shard_id: "s2".into(),
+        })
+        .await;
+    // s2 never registered: NOT_FOUND; the conflict path is exercised next.
+    assert_eq!(code(conflict), NotFound);
+    s1.report_shard(report("s1")).await.unwrap();
+    let mut s2 = connect(addr, &ca.write_role_bundle(dir.path(), "shard/s2").unwrap()).await;
+    s2.report_shard(report("s2")).await.unwrap();
+    let conflict = a
+        .assign_domain(pb::AssignDomainRequest {
+            topology_key: "rack".into(),
+            topology_value: "r1".into(),
+            shard_id: "s2".into(),
+        })
+        .await;
+    assert_eq!(code(conflict), AlreadyExists);
+
+    // Readonly: every read, no mutation.
+    let mut ro = connect(addr, &readonly).await;
+    assert_eq!(
+        matrix(&mut ro, "s1").await,
+        vec![
+            ("ReportShard", PD),
+            ("ListShards", OK),
+            ("ListDomainAssignments", OK),
+            ("ListShardReports", OK),
+            ("AssignDomain", PD),
+            ("UnassignDomain", PD),
+            ("RemoveShard", PD),
+            ("JoinRaftCluster", PD),
+            ("SnapshotSave", PD),
+        ]
+    );
+
+    // A cluster identity, a certificate without identity and one with two: nothing.
+    for paths in [&cluster, &no_san, &two_sans] {
+        let mut c = connect(addr, paths).await;
+        let got = matrix(&mut c, "c1").await;
+        assert!(
+            got.iter().all(|(_, c)| *c == PD),
+            "{:?}: {got:?}",
+            paths.cert
+        );
+    }
+
+    // The removed RPCs answer UNIMPLEMENTED.
+    assert_eq!(
+        code(a.list_quotas(pb::ListQuotasRequest {}).await),
+        Code::Unimplemented
+    );
+    assert_eq!(
+        code(a.list_providers(pb::ListProvidersRequest {}).await),
+        Code::Unimplemented
+    );
+
+    // A client without a certificate does not get through the handshake.
+    let plain = Channel::from_shared(format!("http://127.0.0.1:{}", addr.port()))
+        .unwrap()
+        .connect()
+        .await;
+    if let Ok(ch) = plain {
+        let r = CoordinatorClient::new(ch)
+            .list_shards(pb::ListShardsRequest {})
+            .await;
+        assert!(r.is_err(), "plaintext client served by an mTLS coordinator");
+    }
+
+    running.shutdown().await.unwrap();
+}
