@@ -1,1 +1,459 @@
-//! The shard's coordinator reporting client; knows the shard only through the ShardView trait.
+//! The shard's coordinator reporting client; knows the shard only through the
+//! [`ShardView`] trait.
+//!
+//! The shard's hot path never depends on this crate (static stability, hard
+//! rule 1): the binary implements [`ShardView`] over its own state, wires a
+//! [`CoordClient`] in and runs [`CoordClient::run`] in its own task. A report
+//! failing, or the coordinator being gone for good, changes nothing for the
+//! cycle.
+//!
+//! Every `report_interval` the client sends `ReportShard` (summary, top
+//! shortfalls, the acks of earlier instructions, the advertise address — the
+//! coordinator self-registers the shard from it) and handles the returned
+//! instructions with the fencing of ref wire-and-ops §5:
+//!
+//! * a reply whose term is below the high-water mark is dropped whole (it is
+//!   redelivered by the real leader);
+//! * an instruction already applied is re-acked `ACCEPTED`
+//!   ("duplicate-redelivery") and not applied again;
+//! * an instruction with a term below the mark is `REJECTED_STALE` (equal
+//!   terms are accepted, higher terms raise the mark);
+//! * a payload the shard cannot apply is `REJECTED_INVALID`, a handler error
+//!   `FAILED`, anything else `ACCEPTED`.
+//!
+//! Acks go out with the next report; if that report fails they are queued again.
+
+use bigfleet_mesh::MeshChannel;
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
+use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
+use bigfleet_proto::v1alpha1::instruct_ack::Outcome;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use std::collections::{HashSet, VecDeque};
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+/// Default `--report-interval`.
+pub const DEFAULT_REPORT_INTERVAL: Duration = Duration::from_secs(30);
+/// How many applied instruction ids are remembered for de-duplication.
+pub const DONE_MEMORY: usize = 10_000;
+/// Most shortfalls one report carries (the paper's per-shard bound).
+pub const MAX_SHORTFALLS: usize = 100;
+/// Deadline of one ReportShard call.
+pub const REPORT_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the client needs from the shard, and the hooks instructions act on.
+/// Implemented by the binary over the shard's own state.
+pub trait ShardView: Send + Sync + 'static {
+    /// The bounded inventory summary.
+    fn summary(&self) -> BoxFuture<'_, pb::ShardSummary>;
+    /// Unresolved shortfalls, priority desc then older first.
+    fn shortfalls(&self, limit: usize) -> Vec<pb::Shortfall>;
+    /// The coordinator-term high-water mark moved up (the shard echoes it in
+    /// operator acknowledgements).
+    fn observe_term(&self, term: i64);
+    /// Adds a topology domain to the shard's owned set (idempotent).
+    fn assign_domain(&self, key: &str, value: &str) -> Result<(), String>;
+    /// Removes a topology domain from the owned set (idempotent).
+    fn unassign_domain(&self, key: &str, value: &str) -> Result<(), String>;
+}
+
+/// Static facts of the reporting shard.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ClientConfig {
+    pub shard_id: String,
+    /// This process's fencing epoch (logged by the coordinator).
+    pub shard_epoch: i64,
+    /// The address operators dial; the coordinator registers it on first sight.
+    pub advertise_address: String,
+    pub report_interval: Duration,
+}
+
+/// Why one report failed.
+#[derive(Debug, thiserror::Error)]
+pub enum CoordError {
+    #[error("report_shard: {0}")]
+    Rpc(#[from] tonic::Status),
+}
+
+/// What one successful report brought back.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct ReportOutcome {
+    /// The reply's term was below the high-water mark: everything ignored.
+    pub stale_reply: bool,
+    /// Acks queued for the next report, one per instruction handled.
+    pub acks: Vec<pb::InstructAck>,
+}
+
+#[derive(Default)]
+struct State {
+    term_hwm: i64,
+    cycle: i64,
+    pending_acks: Vec<pb::InstructAck>,
+    done: HashSet<String>,
+    done_order: VecDeque<String>,
+}
+
+impl State {
+    fn remember(&mut self, id: &str) {
+        if self.done.insert(id.to_owned()) {
+            self.done_order.push_back(id.to_owned());
+            if self.done_order.len() > DONE_MEMORY
+                && let Some(old) = self.done_order.pop_front()
+            {
+                self.done.remove(&old);
+            }
+        }
+    }
+}
+
+/// The reporting client.
+pub struct CoordClient<V: ShardView> {
+    cfg: ClientConfig,
+    view: Arc<V>,
+    client: CoordinatorClient<MeshChannel>,
+    state: Mutex<State>,
+}
+
+fn ack(id: &str, outcome: Outcome, reason: &str) -> pb::InstructAck {
+    pb::InstructAck {
+        instruction_id: id.to_owned(),
+        outcome: outcome as i32,
+        reason: reason.to_owned(),
+    }
+}
+
+fn now_unix_nanos() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+}
+
+impl<V: ShardView> CoordClient<V> {
+    /// A client over a mesh channel (`bigfleet_mesh::dial_lazy`: connected on
+    /// first use, so an unreachable coordinator only makes reports fail).
+    pub fn new(cfg: ClientConfig, view: Arc<V>, channel: MeshChannel) -> Self {
+        CoordClient {
+            cfg,
+            view,
+            client: CoordinatorClient::new(channel)
+                .max_decoding_message_size(256 * 1024 * 1024)
+                .max_encoding_message_size(256 * 1024 * 1024),
+            state: Mutex::new(State::default()),
+        }
+    }
+
+    /// The coordinator-term high-water mark.
+    pub fn term_hwm(&self) -> i64 {
+        self.state.lock().term_hwm
+    }
+
+    /// Acks waiting for the next report.
+    pub fn pending_acks(&self) -> Vec<pb::InstructAck> {
+        self.state.lock().pending_acks.clone()
+    }
+
+    /// Reports now, then every `report_interval`, until `shutdown` resolves.
+    /// Failures are logged and retried on the next tick; they never stop the shard.
+    pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
+        let mut ticker = tokio::time::interval(self.cfg.report_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        loop {
+            tokio::select! {
+                biased;
+                () = &mut shutdown => return,
+                _ = ticker.tick() => {}
+            }
+            match self.report_once().await {
+                Ok(o) if o.stale_reply => {
+                    tracing::warn!(shard = %self.cfg.shard_id, "coordinator reply below the term high-water mark; ignored");
+                }
+                Ok(o) => {
+                    if !o.acks.is_empty() {
+                        tracing::info!(shard = %self.cfg.shard_id, instructions = o.acks.len(), "coordinator instructions handled");
+                    }
+                }
+                Err(e) => {
+                    tracing::warn!(shard = %self.cfg.shard_id, error = %e, "coordinator report failed; the shard carries on");
+                }
+            }
+        }
+    }
+
+    /// One ReportShard round trip.
+    pub async fn report_once(&self) -> Result<ReportOutcome, CoordError> {
+        let (cycle, acks) = {
+            let mut st = self.state.lock();
+            st.cycle += 1;
+            (st.cycle, std::mem::take(&mut st.pending_acks))
+        };
+        let summary = self.view.summary().await;
+        let report = pb::ShardReport {
+            shard_id: self.cfg.shard_id.clone(),
+            cycle,
+            timestamp_unix_nanos: now_unix_nanos(),
+            shard_epoch: self.cfg.shard_epoch,
+            summary: Some(summary),
+            shortfalls: self.view.shortfalls(MAX_SHORTFALLS),
+            instruction_acks: acks.clone(),
+            shard_address: self.cfg.advertise_address.clone(),
+        };
+        let mut req = tonic::Request::new(report);
+        req.set_timeout(REPORT_TIMEOUT);
+        let mut client = self.client.clone();
+        match client.report_shard(req).await {
+            Ok(reply) => Ok(self.handle_reply(&reply.into_inner())),
+            Err(status) => {
+                // Not delivered: the acks go out with the next report.
+                let mut st = self.state.lock();
+                let newer = std::mem::take(&mut st.pending_acks);
+                st.pending_acks = acks;
+                st.pending_acks.extend(newer);
+                Err(CoordError::Rpc(status))
+            }
+        }
+    }
+
+    /// Applies one reply's instructions with term fencing and de-duplication.
+    pub fn handle_reply(&self, reply: &pb::ReportAck) -> ReportOutcome {
+        let mut st = self.state.lock();
+        if reply.coordinator_term > 0 && reply.coordinator_term < st.term_hwm {
+            return ReportOutcome {
+                stale_reply: true,
+                acks: Vec::new(),
+            };
+        }
+        self.raise_term(&mut st, reply.coordinator_term);
+        let mut instructions: Vec<&pb::CoordinatorInstruction> =
+            reply.instructions.iter().collect();
+        instructions.sort_by_key(|i| i.sequence_number);
+        let mut acks = Vec::with_capacity(instructions.len());
+        for i in instructions {
+            let a = self.handle_instruction(&mut st, i);
+            acks.push(a);
+        }
+        st.pending_acks.extend(acks.iter().cloned());
+        ReportOutcome {
+            stale_reply: false,
+            acks,
+        }
+    }
+
+    fn raise_term(&self, st: &mut State, term: i64) {
+        if term > st.term_hwm {
+            st.term_hwm = term;
+            self.view.observe_term(term);
+        }
+    }
+
+    fn handle_instruction(
+        &self,
+        st: &mut State,
+        i: &pb::CoordinatorInstruction,
+    ) -> pb::InstructAck {
+        let id = i.instruction_id.as_str();
+        if id.is_empty() {
+            return ack(id, Outcome::RejectedInvalid, "empty instruction_id");
+        }
+        if st.done.contains(id) {
+            return ack(id, Outcome::Accepted, "duplicate-redelivery");
+        }
+        if i.coordinator_term < st.term_hwm {
+            return ack(
+                id,
+                Outcome::RejectedStale,
+                &format!(
+                    "term {} below high-water mark {}",
+                    i.coordinator_term, st.term_hwm
+                ),
+            );
+        }
+        self.raise_term(st, i.coordinator_term);
+        let result = match &i.payload {
+            Some(Payload::AssignDomain(d)) => {
+                self.view.assign_domain(&d.topology_key, &d.topology_value)
+            }
+            Some(Payload::UnassignDomain(d)) => self
+                .view
+                .unassign_domain(&d.topology_key, &d.topology_value),
+            Some(
+                Payload::ReassignSpeculative(_)
+                | Payload::CrossShardDrain(_)
+                | Payload::TransferOwnership(_),
+            ) => {
+                return ack(
+                    id,
+                    Outcome::RejectedInvalid,
+                    "instruction not supported by this shard",
+                );
+            }
+            None => return ack(id, Outcome::RejectedInvalid, "unknown or empty payload"),
+        };
+        match result {
+            Ok(()) => {
+                st.remember(id);
+                ack(id, Outcome::Accepted, "")
+            }
+            Err(e) => ack(id, Outcome::Failed, &e),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    #[derive(Default)]
+    pub(crate) struct FakeView {
+        pub domains: Mutex<BTreeSet<(String, String)>>,
+        pub assigns: Mutex<u32>,
+        pub term: Mutex<i64>,
+    }
+
+    impl ShardView for FakeView {
+        fn summary(&self) -> BoxFuture<'_, pb::ShardSummary> {
+            Box::pin(async {
+                pb::ShardSummary {
+                    total_machines: 3,
+                    ..Default::default()
+                }
+            })
+        }
+        fn shortfalls(&self, _limit: usize) -> Vec<pb::Shortfall> {
+            Vec::new()
+        }
+        fn observe_term(&self, term: i64) {
+            *self.term.lock() = term;
+        }
+        fn assign_domain(&self, key: &str, value: &str) -> Result<(), String> {
+            if key.is_empty() {
+                return Err("empty topology key".into());
+            }
+            *self.assigns.lock() += 1;
+            self.domains.lock().insert((key.into(), value.into()));
+            Ok(())
+        }
+        fn unassign_domain(&self, key: &str, value: &str) -> Result<(), String> {
+            self.domains.lock().remove(&(key.into(), value.into()));
+            Ok(())
+        }
+    }
+
+    fn client(view: Arc<FakeView>) -> CoordClient<FakeView> {
+        let channel = bigfleet_mesh::client_stack(
+            tonic::transport::Endpoint::from_static("http://127.0.0.1:1").connect_lazy(),
+            &bigfleet_mesh::ClientStackConfig::default(),
+        );
+        CoordClient::new(
+            ClientConfig {
+                shard_id: "s".into(),
+                shard_epoch: 1,
+                advertise_address: "a:7780".into(),
+                report_interval: DEFAULT_REPORT_INTERVAL,
+            },
+            view,
+            channel,
+        )
+    }
+
+    pub(crate) fn assign(id: &str, term: i64, seq: i64, key: &str) -> pb::CoordinatorInstruction {
+        pb::CoordinatorInstruction {
+            coordinator_term: term,
+            sequence_number: seq,
+            instruction_id: id.into(),
+            payload: Some(Payload::AssignDomain(pb::AssignDomain {
+                topology_key: key.into(),
+                topology_value: "r1".into(),
+            })),
+        }
+    }
+
+    fn outcomes(o: &ReportOutcome) -> Vec<(String, i32)> {
+        o.acks
+            .iter()
+            .map(|a| (a.instruction_id.clone(), a.outcome))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn fencing_dedup_and_outcomes() {
+        let view = Arc::new(FakeView::default());
+        let c = client(view.clone());
+        let o = c.handle_reply(&pb::ReportAck {
+            coordinator_term: 5,
+            acknowledged: true,
+            instructions: vec![
+                assign("b", 5, 2, "rack"),
+                assign("a", 5, 1, "rack"),
+                assign("bad", 5, 3, ""),
+                pb::CoordinatorInstruction {
+                    coordinator_term: 5,
+                    sequence_number: 4,
+                    instruction_id: "x".into(),
+                    payload: Some(Payload::CrossShardDrain(pb::CrossShardDrain::default())),
+                },
+                pb::CoordinatorInstruction {
+                    coordinator_term: 5,
+                    sequence_number: 5,
+                    instruction_id: "y".into(),
+                    payload: None,
+                },
+            ],
+        });
+        assert_eq!(
+            outcomes(&o),
+            [
+                ("a".to_owned(), Outcome::Accepted as i32),
+                ("b".to_owned(), Outcome::Accepted as i32),
+                ("bad".to_owned(), Outcome::Failed as i32),
+                ("x".to_owned(), Outcome::RejectedInvalid as i32),
+                ("y".to_owned(), Outcome::RejectedInvalid as i32),
+            ]
+        );
+        assert_eq!((c.term_hwm(), *view.term.lock()), (5, 5));
+        // Redelivered: re-acked, not re-applied.
+        let o = c.handle_reply(&pb::ReportAck {
+            coordinator_term: 5,
+            acknowledged: true,
+            instructions: vec![assign("a", 5, 1, "rack")],
+        });
+        assert_eq!(o.acks[0].outcome, Outcome::Accepted as i32);
+        assert_eq!(o.acks[0].reason, "duplicate-redelivery");
+        assert_eq!(*view.assigns.lock(), 2);
+        // A stale instruction inside a current reply.
+        let o = c.handle_reply(&pb::ReportAck {
+            coordinator_term: 6,
+            acknowledged: true,
+            instructions: vec![assign("old", 4, 9, "rack"), assign("new", 7, 10, "zone")],
+        });
+        assert_eq!(o.acks[0].outcome, Outcome::RejectedStale as i32);
+        assert_eq!(o.acks[1].outcome, Outcome::Accepted as i32);
+        assert_eq!(
+            c.term_hwm(),
+            7,
+            "an instruction's higher term raises the mark"
+        );
+        // A whole reply from an older term is dropped.
+        let o = c.handle_reply(&pb::ReportAck {
+            coordinator_term: 6,
+            acknowledged: true,
+            instructions: vec![assign("late", 6, 11, "rack")],
+        });
+        assert!(o.stale_reply && o.acks.is_empty());
+        assert_eq!(c.pending_acks().len(), 5 + 1 + 2);
+    }
+
+    #[test]
+    fn done_memory_is_bounded() {
+        let mut st = State::default();
+        for i in 0..DONE_MEMORY + 5 {
+            st.remember(&i.to_string());
+        }
+        assert_eq!(st.done.len(), DONE_MEMORY);
+        assert!(!st.done.contains("0"));
+        assert!(st.done.contains(&(DONE_MEMORY + 4).to_string()));
+    }
+}

@@ -1,1 +1,42 @@
-//! The shard cycle: inventory, NeedsTable, reconcile, engine invocation, rails, action ledger and the Decide service. Never depends on the coordinator (hard rule 1).
+//! The shard cycle: inventory, NeedsTable, reconcile, engine invocation,
+//! rails, action ledger and the Decide service. Never depends on the
+//! coordinator (hard rule 1): nothing here links the coordinator client or the
+//! coordinator proto module, which `tests/static_stability.rs` proves over
+//! `cargo metadata`. What the coordinator client needs (summary, shortfalls,
+//! owned domains, term high-water mark) is exposed as plain data on
+//! [`Decide`]; the binary adapts it.
+//!
+//! * [`Decide`] holds the shard's state and runs the cycle ([`Decide::run`]):
+//!   reconcile against the provider ([`reconcile`]) → NeedsTable snapshot →
+//!   `bigfleet_decision::run_cycle` → ledgers and AvailableCapacity hints →
+//!   [`rails`] → the bounded action queue ([`actions`]).
+//! * [`DecideService`] serves `bigfleet.mesh.v1.Decide` (roll-up ingest,
+//!   session events, the credit-based Work stream, Transition),
+//!   `bigfleet.v1alpha1.ShardRead` and `bigfleet.mesh.v1.ShardInfo`.
+//! * Session frames leave through a [`Publisher`] to the gateway's `Publish`
+//!   stream ([`publish::forward_to_gateway`]).
+
+pub mod actions;
+pub mod inventory;
+pub mod ledgers;
+pub mod metrics;
+pub mod needs;
+pub mod publish;
+pub mod rails;
+pub mod reconcile;
+pub mod service;
+pub mod shard;
+
+pub use metrics::ShardMetrics;
+pub use publish::{Publisher, SessionSink, forward_to_gateway};
+pub use rails::RailsConfig;
+pub use reconcile::{MachineSource, ProviderClient};
+pub use service::DecideService;
+pub use shard::{
+    CycleError, CycleReport, Decide, DecideConfig, DecideError, ReconcileStats, SummaryView,
+    machine_view,
+};
+
+/// gRPC message limit on every client and server (full-replacement roll-ups
+/// and 500K-machine Lists blow the 4 MiB default).
+pub const MAX_MESSAGE_SIZE: usize = 256 * 1024 * 1024;

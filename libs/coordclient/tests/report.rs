@@ -1,0 +1,334 @@
+//! The client against an in-test Coordinator server on 127.0.0.1:0.
+
+use bigfleet_coordclient::{ClientConfig, CoordClient, ShardView};
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
+use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServer};
+use bigfleet_proto::v1alpha1::instruct_ack::Outcome;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use std::collections::{BTreeSet, VecDeque};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tonic::{Request, Response, Status};
+
+/// Answers ReportShard from a script and records every report.
+#[derive(Default, Clone)]
+struct ScriptedCoordinator {
+    replies: Arc<Mutex<VecDeque<Result<pb::ReportAck, Status>>>>,
+    reports: Arc<Mutex<Vec<pb::ShardReport>>>,
+}
+
+fn unimplemented<T>() -> Result<Response<T>, Status> {
+    Err(Status::unimplemented("scripted coordinator"))
+}
+
+#[tonic::async_trait]
+impl Coordinator for ScriptedCoordinator {
+    async fn report_shard(
+        &self,
+        r: Request<pb::ShardReport>,
+    ) -> Result<Response<pb::ReportAck>, Status> {
+        self.reports.lock().push(r.into_inner());
+        let next = self.replies.lock().pop_front();
+        next.unwrap_or_else(|| {
+            Ok(pb::ReportAck {
+                coordinator_term: 0,
+                acknowledged: true,
+                instructions: vec![],
+            })
+        })
+        .map(Response::new)
+    }
+    async fn assign_domain(
+        &self,
+        _: Request<pb::AssignDomainRequest>,
+    ) -> Result<Response<pb::AssignDomainResponse>, Status> {
+        unimplemented()
+    }
+    async fn unassign_domain(
+        &self,
+        _: Request<pb::UnassignDomainRequest>,
+    ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
+        unimplemented()
+    }
+    async fn remove_shard(
+        &self,
+        _: Request<pb::RemoveShardRequest>,
+    ) -> Result<Response<pb::RemoveShardResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_shards(
+        &self,
+        _: Request<pb::ListShardsRequest>,
+    ) -> Result<Response<pb::ListShardsResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_domain_assignments(
+        &self,
+        _: Request<pb::ListDomainAssignmentsRequest>,
+    ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_shard_reports(
+        &self,
+        _: Request<pb::ListShardReportsRequest>,
+    ) -> Result<Response<pb::ListShardReportsResponse>, Status> {
+        unimplemented()
+    }
+    async fn join_raft_cluster(
+        &self,
+        _: Request<pb::JoinRaftClusterRequest>,
+    ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
+        unimplemented()
+    }
+    type SnapshotSaveStream = futures::stream::Empty<Result<pb::SnapshotSaveChunk, Status>>;
+    async fn snapshot_save(
+        &self,
+        _: Request<pb::SnapshotSaveRequest>,
+    ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
+        unimplemented()
+    }
+    async fn list_quotas(
+        &self,
+        _: Request<pb::ListQuotasRequest>,
+    ) -> Result<Response<pb::ListQuotasResponse>, Status> {
+        unimplemented()
+    }
+    async fn list_providers(
+        &self,
+        _: Request<pb::ListProvidersRequest>,
+    ) -> Result<Response<pb::ListProvidersResponse>, Status> {
+        unimplemented()
+    }
+}
+
+#[derive(Default)]
+struct View {
+    domains: Mutex<BTreeSet<(String, String)>>,
+    applied: Mutex<u32>,
+    term: Mutex<i64>,
+}
+
+impl ShardView for View {
+    fn summary(&self) -> BoxFuture<'_, pb::ShardSummary> {
+        Box::pin(async {
+            pb::ShardSummary {
+                total_machines: 10,
+                free_machines: 4,
+                provider_address: "unix:///p.sock".into(),
+                ..Default::default()
+            }
+        })
+    }
+    fn shortfalls(&self, limit: usize) -> Vec<pb::Shortfall> {
+        (0..3)
+            .map(|i| pb::Shortfall {
+                priority: 10 - i,
+                age_cycles: 1,
+                ..Default::default()
+            })
+            .take(limit)
+            .collect()
+    }
+    fn observe_term(&self, term: i64) {
+        *self.term.lock() = term;
+    }
+    fn assign_domain(&self, key: &str, value: &str) -> Result<(), String> {
+        *self.applied.lock() += 1;
+        self.domains.lock().insert((key.into(), value.into()));
+        Ok(())
+    }
+    fn unassign_domain(&self, key: &str, value: &str) -> Result<(), String> {
+        *self.applied.lock() += 1;
+        self.domains.lock().remove(&(key.into(), value.into()));
+        Ok(())
+    }
+}
+
+async fn serve(c: ScriptedCoordinator) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CoordinatorServer::new(c))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    addr
+}
+
+fn client_for(addr: &str, view: Arc<View>) -> CoordClient<View> {
+    let channel = bigfleet_mesh::client_stack(
+        tonic::transport::Endpoint::from_shared(addr.to_owned())
+            .unwrap()
+            .connect_timeout(Duration::from_millis(500))
+            .connect_lazy(),
+        &bigfleet_mesh::ClientStackConfig {
+            retry: bigfleet_mesh::RetryPolicy::none(),
+            ..Default::default()
+        },
+    );
+    CoordClient::new(
+        ClientConfig {
+            shard_id: "shard-7".into(),
+            shard_epoch: 3,
+            advertise_address: "shard-7.svc:7780".into(),
+            report_interval: Duration::from_millis(20),
+        },
+        view,
+        channel,
+    )
+}
+
+fn instruction(id: &str, term: i64, seq: i64, payload: Payload) -> pb::CoordinatorInstruction {
+    pb::CoordinatorInstruction {
+        coordinator_term: term,
+        sequence_number: seq,
+        instruction_id: id.into(),
+        payload: Some(payload),
+    }
+}
+
+fn assign(value: &str) -> Payload {
+    Payload::AssignDomain(pb::AssignDomain {
+        topology_key: "rack".into(),
+        topology_value: value.into(),
+    })
+}
+
+fn reply(
+    term: i64,
+    instructions: Vec<pb::CoordinatorInstruction>,
+) -> Result<pb::ReportAck, Status> {
+    Ok(pb::ReportAck {
+        coordinator_term: term,
+        acknowledged: true,
+        instructions,
+    })
+}
+
+fn acks_of(r: &pb::ShardReport) -> Vec<(String, i32, String)> {
+    r.instruction_acks
+        .iter()
+        .map(|a| (a.instruction_id.clone(), a.outcome, a.reason.clone()))
+        .collect()
+}
+
+#[tokio::test]
+async fn reports_carry_summary_shortfalls_and_address() {
+    let coord = ScriptedCoordinator::default();
+    let addr = serve(coord.clone()).await;
+    let c = client_for(&format!("http://{addr}"), Arc::new(View::default()));
+    c.report_once().await.unwrap();
+    c.report_once().await.unwrap();
+    let reports = coord.reports.lock().clone();
+    assert_eq!(reports.len(), 2);
+    let r = &reports[0];
+    assert_eq!(
+        (r.shard_id.as_str(), r.shard_epoch, r.cycle),
+        ("shard-7", 3, 1)
+    );
+    assert_eq!(reports[1].cycle, 2, "monotonic report counter");
+    assert_eq!(r.shard_address, "shard-7.svc:7780");
+    assert_eq!(r.summary.as_ref().unwrap().total_machines, 10);
+    assert_eq!(r.shortfalls.len(), 3);
+    assert!(r.timestamp_unix_nanos > 0);
+}
+
+#[tokio::test]
+async fn stale_terms_are_rejected_and_redeliveries_re_acked() {
+    let coord = ScriptedCoordinator::default();
+    {
+        let mut s = coord.replies.lock();
+        s.push_back(reply(5, vec![instruction("i1", 5, 1, assign("r1"))]));
+        // Redelivery of i1 (its ack is in this very report) plus a stale one.
+        s.push_back(reply(
+            5,
+            vec![
+                instruction("i1", 5, 1, assign("r1")),
+                instruction("i2", 4, 2, assign("r2")),
+            ],
+        ));
+        // A whole reply from a deposed leader.
+        s.push_back(reply(3, vec![instruction("i3", 3, 3, assign("r3"))]));
+    }
+    let addr = serve(coord.clone()).await;
+    let view = Arc::new(View::default());
+    let c = client_for(&format!("http://{addr}"), view.clone());
+    for _ in 0..4 {
+        c.report_once().await.unwrap();
+    }
+    let reports = coord.reports.lock().clone();
+    assert!(acks_of(&reports[0]).is_empty());
+    assert_eq!(
+        acks_of(&reports[1]),
+        [("i1".to_owned(), Outcome::Accepted as i32, String::new())]
+    );
+    assert_eq!(
+        acks_of(&reports[2]),
+        [
+            (
+                "i1".to_owned(),
+                Outcome::Accepted as i32,
+                "duplicate-redelivery".to_owned()
+            ),
+            (
+                "i2".to_owned(),
+                Outcome::RejectedStale as i32,
+                "term 4 below high-water mark 5".to_owned()
+            ),
+        ]
+    );
+    assert!(acks_of(&reports[3]).is_empty(), "stale reply dropped whole");
+    assert_eq!(*view.applied.lock(), 1, "applied exactly once");
+    assert_eq!(view.domains.lock().len(), 1);
+    assert_eq!((c.term_hwm(), *view.term.lock()), (5, 5));
+}
+
+#[tokio::test]
+async fn acks_are_requeued_after_a_failed_report() {
+    let coord = ScriptedCoordinator::default();
+    {
+        let mut s = coord.replies.lock();
+        s.push_back(reply(2, vec![instruction("u1", 2, 1, assign("r1"))]));
+        s.push_back(Err(Status::failed_precondition("coordinator: not leader")));
+        s.push_back(reply(2, vec![]));
+    }
+    let addr = serve(coord.clone()).await;
+    let c = client_for(&format!("http://{addr}"), Arc::new(View::default()));
+    c.report_once().await.unwrap();
+    assert!(c.report_once().await.is_err());
+    assert_eq!(c.pending_acks().len(), 1, "re-queued");
+    c.report_once().await.unwrap();
+    let reports = coord.reports.lock().clone();
+    assert_eq!(acks_of(&reports[1]).len(), 1, "sent, but not delivered");
+    assert_eq!(
+        acks_of(&reports[2]),
+        [("u1".to_owned(), Outcome::Accepted as i32, String::new())]
+    );
+    assert!(c.pending_acks().is_empty());
+}
+
+#[tokio::test]
+async fn an_unreachable_coordinator_only_fails_reports() {
+    let view = Arc::new(View::default());
+    let c = Arc::new(client_for("http://127.0.0.1:1", view));
+    let err = c.report_once().await.unwrap_err();
+    assert!(err.to_string().contains("report_shard"));
+    // run() keeps going and stops on shutdown.
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    let c2 = c.clone();
+    let task = tokio::spawn(async move {
+        c2.run(async {
+            let _ = rx.await;
+        })
+        .await;
+    });
+    tokio::time::sleep(Duration::from_millis(60)).await;
+    tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(5), task)
+        .await
+        .unwrap()
+        .unwrap();
+}

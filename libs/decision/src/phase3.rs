@@ -1,0 +1,76 @@
+//! Phase 3: shrink-only reclaim and idle release (ref §7).
+
+use crate::cycle::Ctx;
+use crate::intern::NONE;
+use crate::phase1::Phase1;
+use crate::phase2::Phase2;
+use crate::scoring::{RECLAIM_GRACE, ReleasePolicy};
+use bigfleet_model::{Action, MachineState};
+
+/// Reclaims every Configured machine Phase 1 left unclaimed, per ready cluster
+/// in ascending cluster id, least valuable first (ADR-0023); then releases
+/// unclaimed Idle machines whose hold expired, in machine id order. A machine
+/// Phase 2 already preempts is not reclaimed again (one action per machine).
+pub(crate) fn run(
+    ctx: &Ctx<'_>,
+    p1: &Phase1,
+    p2: &Phase2,
+    ready: &(dyn Fn(&str) -> bool + Sync),
+    policy: &ReleasePolicy,
+    now_unix_nanos: i64,
+) -> Vec<Action> {
+    let snap = &ctx.snap;
+    let mut out = Vec::new();
+    let mut clusters: Vec<u32> = (0..snap.cviews.len() as u32)
+        .filter(|&c| !snap.cviews[c as usize].bound[0].is_empty())
+        .collect();
+    clusters.sort_by(|a, b| snap.cluster_name(*a).cmp(snap.cluster_name(*b)));
+    for c in clusters {
+        let name = snap.cluster_name(c);
+        if !ready(name) {
+            continue;
+        }
+        // Keep order is price asc, reclamation penalty desc, id asc, so the
+        // kept (claimed) machines are roughly its prefix; emit the excess from
+        // the other end so a per-cycle reclaim cap drains the most expensive,
+        // least valuable machines first.
+        let mut excess: Vec<u32> = snap.cviews[c as usize].bound[0]
+            .iter()
+            .copied()
+            .filter(|&r| p1.owner[r as usize] == NONE && !p2.taken[r as usize])
+            .collect();
+        excess.sort_by(|a, b| {
+            let (ra, rb) = (snap.rec(*a), snap.rec(*b));
+            rb.price
+                .total_cmp(&ra.price)
+                .then(ra.asg_rp.total_cmp(&rb.asg_rp))
+                .then(snap.rank(*a).cmp(&snap.rank(*b)))
+        });
+        for r in excess {
+            out.push(Action::Reclaim {
+                machine_id: snap.id(r).to_owned(),
+                cluster: name.to_owned(),
+                grace: RECLAIM_GRACE,
+            });
+        }
+    }
+    for &r in snap.state_list(MachineState::Idle) {
+        if p1.owner[r as usize] != NONE {
+            continue;
+        }
+        let Some(hold) = policy.hold(snap.rec(r).cap) else {
+            continue;
+        };
+        let Some(since) = snap.idle_since(r) else {
+            continue;
+        };
+        let idle_for = i128::from(now_unix_nanos) - i128::from(since);
+        if idle_for < hold.as_nanos() as i128 {
+            continue;
+        }
+        out.push(Action::Release {
+            machine_id: snap.id(r).to_owned(),
+        });
+    }
+    out
+}

@@ -1,0 +1,788 @@
+//! The per-cycle inventory snapshot (ref §10.1).
+//!
+//! Gathered from the [`Fleet`]'s fixed-size records in machine id order (one
+//! pass, no string reads) plus sorts of `u32` index permutations. Machines are
+//! addressed by *rank* = position in id order, so every "ties end on ascending
+//! machine id" rule is an integer comparison.
+//!
+//! Matching is memoised by *shape*: the tuple (instance type, value of every
+//! attribute key the demand mentions). Machines with equal shapes match the
+//! same profiles, so a profile is evaluated once per shape, not per machine.
+//!
+//! Machines are also grouped by (state, cluster, shape, capacity): every member
+//! of a group matches the same profiles and covers the same minimum units,
+//! which turns per-machine scans in crediting and Same-domain scoring into
+//! per-group arithmetic.
+
+use crate::fleet::Fleet;
+use crate::intern::NONE;
+use crate::qty::{Dims, Qty};
+use bigfleet_model::{ClusterId, MachineId, MachineState, ResourceVector};
+use rustc_hash::FxHashMap;
+use smallvec::SmallVec;
+use std::cmp::Ordering;
+use std::collections::HashMap;
+use std::sync::OnceLock;
+
+/// The hot record of one machine, borrowed from the fleet (indexed by handle).
+pub(crate) use crate::fleet::FRec as Rec;
+
+/// Attribute tuple shared by machines that match exactly the same profiles.
+#[derive(Debug, Clone)]
+pub(crate) struct Shape {
+    /// The instance-type field (value symbol; `NONE` when empty).
+    pub itype: u32,
+}
+
+/// Machines with equal (state, cluster, shape, capacity), in walk order
+/// (keep order for bound states, id order otherwise).
+#[derive(Debug, Clone)]
+pub(crate) struct Group {
+    pub state: MachineState,
+    pub shape: u32,
+    pub alloc: u32,
+    pub members: Vec<u32>,
+}
+
+/// The bound states, in crediting order (index = slot in [`ClusterView::bound`]).
+pub(crate) const BOUND_STATES: [MachineState; 2] =
+    [MachineState::Configured, MachineState::Configuring];
+
+/// Per-cluster views.
+#[derive(Debug, Default, Clone)]
+pub(crate) struct ClusterView {
+    /// Configured and Configuring machines in keep-priority order.
+    pub bound: [Vec<u32>; 2],
+    /// In-flight Creating machines provisioned for this cluster, keep order.
+    pub creating: Vec<u32>,
+    /// Groups of Configured then Configuring machines.
+    pub groups: Vec<u32>,
+}
+
+/// The immutable inventory snapshot of one cycle, gathered from a [`Fleet`].
+pub struct Snapshot<'a> {
+    pub(crate) fleet: &'a Fleet,
+    /// Machine records by handle (fleet slot; dead slots included).
+    pub(crate) recs: &'a [Rec],
+    /// Shape of each fleet machine profile.
+    shape_of_profile: Vec<u32>,
+    /// Per handle: rank in machine id order (empty when slot == rank), group,
+    /// keep position.
+    rank: Vec<u32>,
+    group: Vec<u32>,
+    kpos: Vec<u32>,
+    live: usize,
+    /// Clusters the demand names that no machine is bound to (ids after the fleet's).
+    extra_clusters: Vec<&'a str>,
+    extra_cluster_ids: FxHashMap<&'a str, u32>,
+    /// Attribute keys the demand mentions; index = slot in shape attribute tuples.
+    pub(crate) keys: Vec<&'a str>,
+    pub(crate) shapes: Vec<Shape>,
+    /// Flat `shapes.len() × keys.len()` attribute values (`NONE` = absent).
+    pub(crate) shape_attrs: Vec<u32>,
+    pub(crate) dims: Dims<'a>,
+    /// Flat `allocs × dims` dense capacities (indexed by fleet alloc symbol).
+    pub(crate) alloc_dense: Vec<i64>,
+    pub(crate) by_state: [Vec<u32>; 9],
+    /// (state ordinal, instance type) → index into `type_lists`.
+    pub(crate) type_index: FxHashMap<(u8, u32), u32>,
+    pub(crate) type_lists: Vec<Vec<u32>>,
+    pub(crate) type_min_prio: Vec<i32>,
+    type_sorted: Vec<OnceLock<Vec<u32>>>,
+    idle_sorted: OnceLock<Vec<u32>>,
+    /// Speculative machines are listed lazily (see [`Self::state_list`]).
+    lazy_spec: bool,
+    spec_lists: OnceLock<SpecLists>,
+    pub(crate) min_prio: [i32; 9],
+    pub(crate) cviews: Vec<ClusterView>,
+    pub(crate) groups: Vec<Group>,
+    /// Idle and Speculative groups.
+    pub(crate) free_groups: Vec<u32>,
+    /// (cluster, stamped fingerprint, stamped group) of bound machines → ranks
+    /// in (Configured, Configuring) keep order. Built only for Same demand.
+    pub(crate) own_index: FxHashMap<(u32, u32, u32), Vec<u32>>,
+}
+
+/// Speculative machines in id order, all and per instance type.
+#[derive(Debug, Default)]
+struct SpecLists {
+    all: Vec<u32>,
+    by_type: FxHashMap<u32, Vec<u32>>,
+}
+
+/// Everything about the demand the snapshot must know up front.
+pub(crate) struct BuildSpec<'a> {
+    pub keys: Vec<&'a str>,
+    pub destinations: Option<&'a HashMap<MachineId, ClusterId>>,
+    /// Need aggregates and min units (their dimensions must exist).
+    pub demand_vectors: Vec<&'a ResourceVector>,
+    /// Clusters the demand names.
+    pub demand_clusters: Vec<&'a str>,
+    /// Build the own-machine index (only Same needs use it).
+    pub own_index: bool,
+    /// Build groups of Idle/Speculative machines (Same demand or verdicts).
+    pub free_groups: bool,
+    pub parallel: bool,
+}
+
+impl<'a> Snapshot<'a> {
+    pub(crate) fn build(fleet: &'a Fleet, spec: BuildSpec<'a>) -> Snapshot<'a> {
+        let n = fleet.len();
+        let nfc = fleet.clusters.len() as u32;
+        let mut extra_clusters: Vec<&'a str> = Vec::new();
+        let mut extra_cluster_ids: FxHashMap<&'a str, u32> = FxHashMap::default();
+        let mut cluster_id = |name: &'a str| -> u32 {
+            if let Some(c) = fleet.clusters.get(name) {
+                return c;
+            }
+            *extra_cluster_ids.entry(name).or_insert_with(|| {
+                extra_clusters.push(name);
+                nfc + extra_clusters.len() as u32 - 1
+            })
+        };
+        for c in &spec.demand_clusters {
+            cluster_id(c);
+        }
+
+        // Shapes: one per distinct (instance type, demand-key attributes) over
+        // the fleet's machine profiles.
+        let mut shapes: Vec<Shape> = Vec::new();
+        let mut shape_attrs: Vec<u32> = Vec::new();
+        let mut shape_map: FxHashMap<SmallVec<[u32; 6]>, u32> = FxHashMap::default();
+        let shape_of_profile: Vec<u32> = fleet
+            .profiles
+            .iter()
+            .map(|p| {
+                let mut key: SmallVec<[u32; 6]> = SmallVec::new();
+                key.push(p.itype);
+                key.extend(spec.keys.iter().map(|k| p.attribute(k)));
+                *shape_map.entry(key).or_insert_with_key(|key| {
+                    shapes.push(Shape { itype: p.itype });
+                    shape_attrs.extend_from_slice(&key[1..]);
+                    (shapes.len() - 1) as u32
+                })
+            })
+            .collect();
+
+        // Dimensions and dense capacities, per fleet capacity symbol.
+        let dims = Dims::collect(
+            fleet
+                .allocs
+                .iter()
+                .chain(spec.demand_vectors.iter().copied()),
+        );
+        let mut alloc_dense = Vec::with_capacity(fleet.allocs.len() * dims.len());
+        for a in &fleet.allocs {
+            alloc_dense.extend_from_slice(&dims.dense_capacity(a));
+        }
+
+        // Per-handle side arrays; records stay in the fleet.
+        let recs: &'a [Rec] = &fleet.recs;
+        let slots = recs.len();
+        let shape_of = |h: u32| shape_of_profile[recs[h as usize].profile as usize];
+        let mut rank = Vec::new();
+        if !fleet.identity {
+            rank = vec![NONE; slots];
+            for (k, &h) in fleet.order.iter().enumerate() {
+                rank[h as usize] = k as u32;
+            }
+        }
+        let rank_of = |h: u32| if rank.is_empty() { h } else { rank[h as usize] };
+        let mut group = vec![NONE; slots];
+        let mut kpos = vec![0u32; slots];
+        // In-flight Creating machines take their destination cluster (ADR-0022).
+        let mut creating_cluster: FxHashMap<u32, u32> = FxHashMap::default();
+        if let Some(dest) = spec.destinations.filter(|d| !d.is_empty()) {
+            for &h in &fleet.order {
+                if recs[h as usize].state == MachineState::Creating
+                    && let Some(c) = dest.get(&*fleet.ids[h as usize])
+                    && !c.is_empty()
+                {
+                    creating_cluster.insert(h, cluster_id(c));
+                }
+            }
+        }
+        let n_clusters = nfc as usize + extra_clusters.len();
+
+        // One pass over the machines in id order — in parallel chunks merged in
+        // chunk order, so every list stays in id order — building per-state
+        // lists, (state, instance type) lists with their minimum assigned
+        // priority, and per-cluster bound lists.
+        let ntypes = fleet.values.len() + 1;
+        // Speculative slots are most of a cloud fleet and only acquisition
+        // pools of short needs read them: list them on first use instead,
+        // unless Same scoring or verdicts need their groups now.
+        let lazy_spec = !spec.free_groups;
+        const TYPE_STATES: [MachineState; 3] = [
+            MachineState::Idle,
+            MachineState::Speculative,
+            MachineState::Configured,
+        ];
+        struct Part {
+            by_state: [Vec<u32>; 9],
+            min_prio: [i32; 9],
+            /// Dense (type, state) key → index into `types`.
+            type_slot: Vec<u32>,
+            types: Vec<(usize, Vec<u32>, i32)>,
+            bound: FxHashMap<u32, [Vec<BoundEntry>; 2]>,
+            creating: Vec<(u32, u32)>,
+        }
+        let pass = |chunk: &[u32]| -> Part {
+            let mut p = Part {
+                by_state: Default::default(),
+                min_prio: [i32::MAX; 9],
+                type_slot: vec![NONE; ntypes * 3],
+                types: Vec::new(),
+                bound: FxHashMap::default(),
+                creating: Vec::new(),
+            };
+            for &h in chunk {
+                if lazy_spec && fleet.states[h as usize] == MachineState::Speculative {
+                    continue;
+                }
+                let r = &recs[h as usize];
+                let s = r.state as usize;
+                p.by_state[s].push(h);
+                if r.asg_prio < p.min_prio[s] {
+                    p.min_prio[s] = r.asg_prio;
+                }
+                if let Some(si) = TYPE_STATES.iter().position(|t| *t == r.state) {
+                    let itype = shapes[shape_of(h) as usize].itype;
+                    let t = if itype == NONE {
+                        ntypes - 1
+                    } else {
+                        itype as usize
+                    };
+                    let k = t * 3 + si;
+                    if p.type_slot[k] == NONE {
+                        p.type_slot[k] = p.types.len() as u32;
+                        p.types.push((k, Vec::new(), i32::MAX));
+                    }
+                    let e = &mut p.types[p.type_slot[k] as usize];
+                    e.1.push(h);
+                    e.2 = e.2.min(r.asg_prio);
+                }
+                match r.state {
+                    MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
+                        p.bound.entry(r.cluster).or_default()
+                            [usize::from(r.state == MachineState::Configuring)]
+                        .push(BoundEntry {
+                            h,
+                            alloc: r.alloc,
+                            profile: r.profile,
+                            price: r.price,
+                            rp: r.asg_rp,
+                        });
+                    }
+                    MachineState::Creating => {
+                        if let Some(&c) = creating_cluster.get(&h) {
+                            p.creating.push((c, h));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            p
+        };
+        let parts: Vec<Part> = if spec.parallel && n >= 1 << 16 {
+            use rayon::prelude::*;
+            let chunk = (n / (rayon::current_num_threads() * 4)).max(1 << 15);
+            fleet.order.par_chunks(chunk).map(pass).collect()
+        } else {
+            vec![pass(&fleet.order)]
+        };
+        let mut by_state: [Vec<u32>; 9] = Default::default();
+        let mut type_index: FxHashMap<(u8, u32), u32> = FxHashMap::default();
+        let mut type_lists: Vec<Vec<u32>> = Vec::new();
+        let mut type_min_prio: Vec<i32> = Vec::new();
+        let mut min_prio = [i32::MAX; 9];
+        let mut cviews: Vec<ClusterView> = vec![ClusterView::default(); n_clusters];
+        let mut bound: Vec<[Vec<BoundEntry>; 2]> =
+            (0..n_clusters).map(|_| Default::default()).collect();
+        let mut type_slot: Vec<u32> = vec![NONE; ntypes * 3];
+        for mut p in parts {
+            for (st, list) in p.by_state.iter_mut().enumerate() {
+                if by_state[st].is_empty() {
+                    by_state[st] = std::mem::take(list);
+                } else {
+                    by_state[st].append(list);
+                }
+                min_prio[st] = min_prio[st].min(p.min_prio[st]);
+            }
+            for (k, mut list, mp) in p.types {
+                if type_slot[k] == NONE {
+                    let t = k / 3;
+                    let itype = if t == ntypes - 1 { NONE } else { t as u32 };
+                    type_slot[k] = type_lists.len() as u32;
+                    type_index.insert((TYPE_STATES[k % 3] as u8, itype), type_lists.len() as u32);
+                    type_lists.push(Vec::new());
+                    type_min_prio.push(i32::MAX);
+                }
+                let idx = type_slot[k] as usize;
+                type_lists[idx].append(&mut list);
+                type_min_prio[idx] = type_min_prio[idx].min(mp);
+            }
+            for (c, [mut a, mut b]) in p.bound {
+                let e = &mut bound[c as usize];
+                e[0].append(&mut a);
+                e[1].append(&mut b);
+            }
+            for (c, h) in p.creating {
+                cviews[c as usize].creating.push(h);
+            }
+        }
+
+        // Keep-priority order (price asc, reclamation penalty desc, id asc) from
+        // the entries' inline keys; the lists arrive in id order.
+        let sort_entries = |v: &mut Vec<BoundEntry>| keep_sort(v, &rank_of);
+        let sort_creating = |v: &mut Vec<u32>| {
+            v.sort_by(|a, b| {
+                keep_cmp(
+                    &recs[*a as usize],
+                    rank_of(*a),
+                    &recs[*b as usize],
+                    rank_of(*b),
+                )
+            })
+        };
+        if spec.parallel {
+            use rayon::prelude::*;
+            bound.par_iter_mut().for_each(|e| {
+                sort_entries(&mut e[0]);
+                sort_entries(&mut e[1]);
+            });
+            cviews
+                .par_iter_mut()
+                .for_each(|cv| sort_creating(&mut cv.creating));
+        } else {
+            for e in &mut bound {
+                sort_entries(&mut e[0]);
+                sort_entries(&mut e[1]);
+            }
+            for cv in &mut cviews {
+                sort_creating(&mut cv.creating);
+            }
+        }
+
+        // Groups and keep positions. Neighbours in keep order usually share
+        // (shape, capacity), so the previous group is tried before the map.
+        let mut groups: Vec<Group> = Vec::new();
+        let mut gmap: FxHashMap<(u8, u32, u32, u32), u32> = FxHashMap::default();
+        for (c, (cv, entries)) in cviews.iter_mut().zip(bound).enumerate() {
+            for (slot, list) in entries.into_iter().enumerate() {
+                let state = BOUND_STATES[slot];
+                let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
+                let mut handles = Vec::with_capacity(list.len());
+                for (pos, e) in list.iter().enumerate() {
+                    let sh = shape_of_profile[e.profile as usize];
+                    kpos[e.h as usize] = pos as u32;
+                    let g = if prev.2 != NONE && prev.0 == sh && prev.1 == e.alloc {
+                        prev.2
+                    } else {
+                        let k = (state as u8, c as u32, sh, e.alloc);
+                        let g = *gmap.entry(k).or_insert_with(|| {
+                            groups.push(Group {
+                                state,
+                                shape: sh,
+                                alloc: e.alloc,
+                                members: Vec::new(),
+                            });
+                            cv.groups.push((groups.len() - 1) as u32);
+                            (groups.len() - 1) as u32
+                        });
+                        prev = (sh, e.alloc, g);
+                        g
+                    };
+                    groups[g as usize].members.push(e.h);
+                    group[e.h as usize] = g;
+                    handles.push(e.h);
+                }
+                cv.bound[slot] = handles;
+            }
+        }
+        // Free-machine groups feed Same scoring, foldability and verdict supply
+        // counts only; plain demand never reads them.
+        let mut free_groups = Vec::new();
+        let free_states: &[MachineState] = if spec.free_groups {
+            &[MachineState::Idle, MachineState::Speculative]
+        } else {
+            &[]
+        };
+        for &st in free_states {
+            let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
+            for &h in &by_state[st as usize] {
+                let r = &recs[h as usize];
+                let sh = shape_of(h);
+                let g = if prev.2 != NONE && prev.0 == sh && prev.1 == r.alloc {
+                    prev.2
+                } else {
+                    let k = (r.state as u8, NONE, sh, r.alloc);
+                    let g = *gmap.entry(k).or_insert_with(|| {
+                        groups.push(Group {
+                            state: r.state,
+                            shape: sh,
+                            alloc: r.alloc,
+                            members: Vec::new(),
+                        });
+                        free_groups.push((groups.len() - 1) as u32);
+                        (groups.len() - 1) as u32
+                    });
+                    prev = (sh, r.alloc, g);
+                    g
+                };
+                groups[g as usize].members.push(h);
+                group[h as usize] = g;
+            }
+        }
+
+        let mut own_index: FxHashMap<(u32, u32, u32), Vec<u32>> = FxHashMap::default();
+        if spec.own_index {
+            for (c, cv) in cviews.iter().enumerate() {
+                for &h in cv.bound[0].iter().chain(cv.bound[1].iter()) {
+                    let r = &recs[h as usize];
+                    if r.fp == NONE {
+                        continue;
+                    }
+                    own_index
+                        .entry((c as u32, r.fp, r.gstamp))
+                        .or_default()
+                        .push(h);
+                }
+            }
+        }
+
+        let type_sorted = (0..type_lists.len()).map(|_| OnceLock::new()).collect();
+        Snapshot {
+            fleet,
+            recs,
+            shape_of_profile,
+            rank,
+            group,
+            kpos,
+            live: n,
+            extra_clusters,
+            extra_cluster_ids,
+            keys: spec.keys,
+            shapes,
+            shape_attrs,
+            dims,
+            alloc_dense,
+            by_state,
+            type_index,
+            type_lists,
+            type_min_prio,
+            type_sorted,
+            idle_sorted: OnceLock::new(),
+            lazy_spec,
+            spec_lists: OnceLock::new(),
+            min_prio,
+            cviews,
+            groups,
+            free_groups,
+            own_index,
+        }
+    }
+
+    /// Number of machines.
+    pub fn len(&self) -> usize {
+        self.live
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.live == 0
+    }
+
+    /// Size of per-handle arrays (live and dead fleet slots).
+    pub(crate) fn slots(&self) -> usize {
+        self.recs.len()
+    }
+
+    /// The machine id of a handle.
+    #[inline]
+    pub(crate) fn id(&self, h: u32) -> &'a str {
+        &self.fleet.ids[h as usize]
+    }
+
+    #[inline]
+    pub(crate) fn rec(&self, h: u32) -> &'a Rec {
+        &self.recs[h as usize]
+    }
+
+    /// Shape of a machine.
+    #[inline]
+    pub(crate) fn shape(&self, h: u32) -> u32 {
+        self.shape_of_profile[self.recs[h as usize].profile as usize]
+    }
+
+    /// Position in machine id order (the universal tie-break).
+    #[inline]
+    pub(crate) fn rank(&self, h: u32) -> u32 {
+        if self.rank.is_empty() {
+            h
+        } else {
+            self.rank[h as usize]
+        }
+    }
+
+    /// Group of an Idle, Speculative, Configured or Configuring machine.
+    #[inline]
+    pub(crate) fn group_of(&self, h: u32) -> u32 {
+        self.group[h as usize]
+    }
+
+    /// Position in the (cluster, state) keep order of a bound machine.
+    #[inline]
+    pub(crate) fn kpos(&self, h: u32) -> u32 {
+        self.kpos[h as usize]
+    }
+
+    /// Dense capacity of an interned allocation.
+    #[inline]
+    pub(crate) fn alloc(&self, alloc: u32) -> &[i64] {
+        let d = self.dims.len();
+        &self.alloc_dense[alloc as usize * d..(alloc as usize + 1) * d]
+    }
+
+    /// Dense capacity of a machine.
+    #[inline]
+    pub(crate) fn cap(&self, h: u32) -> &[i64] {
+        self.alloc(self.recs[h as usize].alloc)
+    }
+
+    /// Value of attribute slot `slot` for a shape (`NONE` when absent).
+    #[inline]
+    pub(crate) fn attr(&self, shape: u32, slot: usize) -> u32 {
+        self.shape_attrs[shape as usize * self.keys.len() + slot]
+    }
+
+    pub(crate) fn attrs(&self, shape: u32) -> &[u32] {
+        let k = self.keys.len();
+        &self.shape_attrs[shape as usize * k..(shape as usize + 1) * k]
+    }
+
+    pub(crate) fn cluster_name(&self, c: u32) -> &'a str {
+        let nfc = self.fleet.clusters.len() as u32;
+        if c < nfc {
+            self.fleet.clusters.resolve(c)
+        } else {
+            self.extra_clusters[(c - nfc) as usize]
+        }
+    }
+
+    /// Cluster id of a name the fleet or the demand knows.
+    pub(crate) fn cluster_id(&self, name: &str) -> Option<u32> {
+        self.fleet
+            .clusters
+            .get(name)
+            .or_else(|| self.extra_cluster_ids.get(name).copied())
+    }
+
+    pub(crate) fn value_name(&self, v: u32) -> &'a str {
+        self.fleet.values.resolve(v)
+    }
+
+    pub(crate) fn value_id(&self, s: &str) -> Option<u32> {
+        self.fleet.values.get(s)
+    }
+
+    pub(crate) fn dense(&self, v: &ResourceVector) -> Qty {
+        self.dims.dense(v)
+    }
+
+    fn spec_lists(&self) -> &SpecLists {
+        self.spec_lists.get_or_init(|| {
+            let mut sl = SpecLists::default();
+            for &h in &self.fleet.order {
+                if self.fleet.states[h as usize] == MachineState::Speculative {
+                    sl.all.push(h);
+                    let itype = self.shapes[self.shape(h) as usize].itype;
+                    sl.by_type.entry(itype).or_default().push(h);
+                }
+            }
+            sl
+        })
+    }
+
+    /// Machines of one state in id order.
+    pub(crate) fn state_list(&self, state: MachineState) -> &[u32] {
+        if state == MachineState::Speculative && self.lazy_spec {
+            return &self.spec_lists().all;
+        }
+        &self.by_state[state as usize]
+    }
+
+    /// The (state, instance type) list in id order (empty when none).
+    pub(crate) fn type_list(&self, state: MachineState, itype: u32) -> &[u32] {
+        if state == MachineState::Speculative && self.lazy_spec {
+            return self
+                .spec_lists()
+                .by_type
+                .get(&itype)
+                .map_or(&[], Vec::as_slice);
+        }
+        match self.type_index.get(&(state as u8, itype)) {
+            Some(&i) => &self.type_lists[i as usize],
+            None => &[],
+        }
+    }
+
+    /// Minimum assigned priority of (state, instance type); `i32::MAX` when empty.
+    pub(crate) fn type_min_prio(&self, state: MachineState, itype: u32) -> i32 {
+        match self.type_index.get(&(state as u8, itype)) {
+            Some(&i) => self.type_min_prio[i as usize],
+            None => i32::MAX,
+        }
+    }
+
+    /// Idle machines of one instance type sorted by price asc, id asc (built once).
+    pub(crate) fn idle_type_sorted(&self, itype: u32) -> &[u32] {
+        match self.type_index.get(&(MachineState::Idle as u8, itype)) {
+            Some(&i) => self.type_sorted[i as usize].get_or_init(|| {
+                let mut v = self.type_lists[i as usize].clone();
+                self.sort_price(&mut v);
+                v
+            }),
+            None => &[],
+        }
+    }
+
+    /// Every Idle machine sorted by price asc, id asc (built once).
+    pub(crate) fn idle_all_sorted(&self) -> &[u32] {
+        self.idle_sorted.get_or_init(|| {
+            let mut v = self.by_state[MachineState::Idle as usize].clone();
+            self.sort_price(&mut v);
+            v
+        })
+    }
+
+    pub(crate) fn sort_price(&self, v: &mut [u32]) {
+        v.sort_by(|a, b| {
+            self.recs[*a as usize]
+                .price
+                .total_cmp(&self.recs[*b as usize].price)
+                .then(self.rank(*a).cmp(&self.rank(*b)))
+        });
+    }
+
+    /// Idle-since stamp of a machine.
+    pub(crate) fn idle_since(&self, h: u32) -> Option<i64> {
+        let t = self.fleet.idle[h as usize];
+        (t != i64::MIN).then_some(t)
+    }
+
+    /// Approximate heap bytes held by the snapshot (for the memory report).
+    pub fn heap_bytes(&self) -> usize {
+        use std::mem::size_of;
+        let v32 = |v: &Vec<u32>| v.len() * size_of::<u32>();
+        let mut b = self.fleet.heap_bytes();
+        b += (self.rank.len() + self.group.len() + self.kpos.len()) * 4;
+        b += self.shapes.len() * size_of::<Shape>() + self.shape_attrs.len() * 4;
+        b += self.alloc_dense.len() * 8;
+        b += self.by_state.iter().map(v32).sum::<usize>();
+        b += self.type_lists.iter().map(v32).sum::<usize>();
+        b += self.type_index.len() * 16 + self.type_min_prio.len() * 4;
+        b += self
+            .type_sorted
+            .iter()
+            .filter_map(|o| o.get())
+            .map(v32)
+            .sum::<usize>();
+        b += self.idle_sorted.get().map(v32).unwrap_or(0);
+        for cv in &self.cviews {
+            b += v32(&cv.bound[0]) + v32(&cv.bound[1]) + v32(&cv.creating) + v32(&cv.groups);
+        }
+        b += self.groups.iter().map(|g| v32(&g.members)).sum::<usize>();
+        b += self.groups.len() * size_of::<Group>();
+        b += self
+            .own_index
+            .values()
+            .map(|v| v32(v) + size_of::<(u32, u32, u32, Vec<u32>)>())
+            .sum::<usize>();
+        b
+    }
+}
+
+/// A bound machine with its keep-order keys inline, so sorting and grouping
+/// read these entries sequentially instead of chasing records.
+#[derive(Debug, Clone, Copy)]
+struct BoundEntry {
+    h: u32,
+    alloc: u32,
+    profile: u32,
+    price: f64,
+    rp: f64,
+}
+
+fn entry_cmp(a: &BoundEntry, b: &BoundEntry, rank_of: &impl Fn(u32) -> u32) -> Ordering {
+    a.price
+        .total_cmp(&b.price)
+        .then(b.rp.total_cmp(&a.rp))
+        .then(rank_of(a.h).cmp(&rank_of(b.h)))
+}
+
+/// Sorts bound entries that are in id order into keep order. A cluster's bound
+/// machines carry few distinct (price, reclamation penalty) pairs, so a stable
+/// bucket pass over those keys (O(n), id order kept inside each bucket) replaces
+/// a comparison sort; many distinct keys fall back to sorting.
+fn keep_sort(v: &mut Vec<BoundEntry>, rank_of: &impl Fn(u32) -> u32) {
+    const MAX_KEYS: usize = 32;
+    if v.len() < 64 {
+        v.sort_by(|a, b| entry_cmp(a, b, rank_of));
+        return;
+    }
+    let mut keys: SmallVec<[(f64, f64); MAX_KEYS]> = SmallVec::new();
+    let mut slot_of: Vec<u8> = Vec::with_capacity(v.len());
+    let mut last = usize::MAX;
+    for e in v.iter() {
+        let same =
+            |x: &(f64, f64)| x.0.to_bits() == e.price.to_bits() && x.1.to_bits() == e.rp.to_bits();
+        let i = if last != usize::MAX && same(&keys[last]) {
+            last
+        } else if let Some(i) = keys.iter().position(same) {
+            i
+        } else if keys.len() < MAX_KEYS {
+            keys.push((e.price, e.rp));
+            keys.len() - 1
+        } else {
+            v.sort_by(|a, b| entry_cmp(a, b, rank_of));
+            return;
+        };
+        last = i;
+        slot_of.push(i as u8);
+    }
+    if keys.len() == 1 {
+        return;
+    }
+    let mut order: SmallVec<[usize; MAX_KEYS]> = (0..keys.len()).collect();
+    order.sort_by(|a, b| {
+        keys[*a]
+            .0
+            .total_cmp(&keys[*b].0)
+            .then(keys[*b].1.total_cmp(&keys[*a].1))
+    });
+    let mut start = [0usize; MAX_KEYS];
+    let mut counts = [0usize; MAX_KEYS];
+    for &s in &slot_of {
+        counts[s as usize] += 1;
+    }
+    let mut acc = 0;
+    for &k in &order {
+        start[k] = acc;
+        acc += counts[k];
+    }
+    let mut out = v.clone();
+    for (e, &s) in v.iter().zip(&slot_of) {
+        out[start[s as usize]] = *e;
+        start[s as usize] += 1;
+    }
+    *v = out;
+}
+
+/// Keep-priority order: price asc, assigned reclamation penalty desc, id asc.
+#[inline]
+pub(crate) fn keep_cmp(a: &Rec, ra: u32, b: &Rec, rb: u32) -> Ordering {
+    a.price
+        .total_cmp(&b.price)
+        .then(b.asg_rp.total_cmp(&a.asg_rp))
+        .then(ra.cmp(&rb))
+}

@@ -1,0 +1,255 @@
+//! Per-need verdicts (ADR-0061 + amendment): observation only, computed from
+//! the phases' results after they finished, so they cannot change any claim.
+
+use crate::cycle::Ctx;
+use crate::demand::Src;
+use crate::intern::NONE;
+use crate::phase1::Phase1;
+use crate::phase2::Phase2;
+use crate::qty::{self, Qty};
+use bigfleet_model::{MachineState, Need, ResourceVector};
+use rustc_hash::FxHashMap;
+use serde::Serialize;
+
+/// Why a need is unmet (wire enum `UnmetReason` ordinals).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+#[repr(u8)]
+pub enum UnmetReason {
+    /// Also used for satisfied needs.
+    Unspecified = 0,
+    /// Matching supply exists but is held by needs at least as important.
+    PriorityStarved = 1,
+    /// No machine in Idle, Speculative or Configured matches and fits MinUnit.
+    NoMatchingSupply = 2,
+    /// A Same gang whose best domain cannot hold it.
+    TopologyUnsatisfiable = 3,
+    /// Phase 2 found victims but they were not enough.
+    PreemptionExhausted = 4,
+}
+
+impl UnmetReason {
+    pub const fn ordinal(self) -> u8 {
+        self as u8
+    }
+}
+
+/// Matching, MinUnit-fitting machines per state, each count capped.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+pub struct MatchingSupply {
+    pub idle: u32,
+    pub configured: u32,
+    pub speculative: u32,
+    /// At least one count hit the cap.
+    pub capped: bool,
+}
+
+impl MatchingSupply {
+    pub fn is_empty(&self) -> bool {
+        self.idle == 0 && self.configured == 0 && self.speculative == 0
+    }
+}
+
+/// What Phase 2 picked for the need.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct PreemptionSummary {
+    pub victims_found: u32,
+    pub capacity_freed: ResourceVector,
+}
+
+/// One scored Same domain.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct DomainCoverage {
+    pub domain: String,
+    /// Capped coverage of the residual, 0..=1000.
+    pub coverage_per_mille: i32,
+    pub satisfiable: bool,
+}
+
+/// Which demand row(s) a verdict is about.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub enum VerdictSource {
+    /// A row of the input demand, by index.
+    Demand(usize),
+    /// A need NormalizeDemand folded from these input rows.
+    Folded { need: Need, members: Vec<usize> },
+}
+
+/// The engine's verdict on one (normalized) need this cycle.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct NeedVerdict {
+    pub source: VerdictSource,
+    pub satisfied: bool,
+    /// Phase 1's residual (empty when satisfied).
+    pub residual_deficit: ResourceVector,
+    pub claimed_machine_count: u32,
+    pub bootstrap_count: u32,
+    pub provision_count: u32,
+    pub same_domain: String,
+    pub same_satisfiable: bool,
+    pub acquisition_parked: bool,
+    pub parked_age_cycles: u32,
+    pub unmet_reason: UnmetReason,
+    /// Only when unsatisfied.
+    pub matching_supply: Option<MatchingSupply>,
+    /// Only when Phase 2 picked victims.
+    pub preemption: Option<PreemptionSummary>,
+    /// Best first, capped.
+    pub same_candidates: Vec<DomainCoverage>,
+}
+
+/// Index of a state in matching-supply counts.
+fn supply_slot(st: MachineState) -> Option<usize> {
+    match st {
+        MachineState::Idle => Some(0),
+        MachineState::Configured => Some(1),
+        MachineState::Speculative => Some(2),
+        _ => None,
+    }
+}
+
+/// Matching, MinUnit-fitting machines per state (Idle, Configured,
+/// Speculative), uncapped; one pass over the machine groups.
+fn matching_counts(ctx: &Ctx<'_>, cp_id: u32, mu: &[i64]) -> [u64; 3] {
+    let snap = &ctx.snap;
+    let cp = &ctx.profiles.cps[cp_id as usize];
+    let mut counts = [0u64; 3];
+    for g in &snap.groups {
+        let Some(k) = supply_slot(g.state) else {
+            continue;
+        };
+        if cp.matches(snap, g.shape) && qty::covers(snap.alloc(g.alloc), mu) {
+            counts[k] += g.members.len() as u64;
+        }
+    }
+    counts
+}
+
+fn capped(counts: [u64; 3], cap: u32) -> MatchingSupply {
+    let c = |v: u64| v.min(u64::from(cap)) as u32;
+    MatchingSupply {
+        idle: c(counts[0]),
+        configured: c(counts[1]),
+        speculative: c(counts[2]),
+        capped: counts.iter().any(|c| *c >= u64::from(cap)),
+    }
+}
+
+pub(crate) fn build(
+    ctx: &Ctx<'_>,
+    p1: &Phase1,
+    p2: &Phase2,
+    parked_ages: &[u32],
+    supply_cap: u32,
+) -> Vec<NeedVerdict> {
+    let snap = &ctx.snap;
+    let n = ctx.needs.len();
+    let unresolved: FxHashMap<u32, &Qty> =
+        p2.unresolved.iter().map(|u| (u.need, &u.deficit)).collect();
+    // Matching supply per distinct (profile, MinUnit) of unsatisfied needs.
+    let mut keys: Vec<(u32, Qty)> = (0..n)
+        .filter(|&i| !qty::is_zero(&p1.remaining[i]))
+        .map(|i| (ctx.needs[i].cp, ctx.needs[i].mu.clone()))
+        .collect();
+    keys.sort_unstable();
+    keys.dedup();
+    let supplies: Vec<[u64; 3]> = if ctx.parallel && keys.len() > 1 {
+        use rayon::prelude::*;
+        keys.par_iter()
+            .map(|(cp, mu)| matching_counts(ctx, *cp, mu))
+            .collect()
+    } else {
+        keys.iter()
+            .map(|(cp, mu)| matching_counts(ctx, *cp, mu))
+            .collect()
+    };
+    let supply: FxHashMap<(u32, &Qty), [u64; 3]> = keys
+        .iter()
+        .zip(supplies)
+        .map(|((cp, mu), s)| ((*cp, mu), s))
+        .collect();
+
+    (0..n)
+        .map(|i| {
+            let dn = &ctx.needs[i];
+            let cp = &ctx.profiles.cps[dn.cp as usize];
+            let claims = &p1.claims[i];
+            let count_state = |st: MachineState| {
+                claims.iter().filter(|&&r| snap.rec(r).state == st).count() as u32
+            };
+            let satisfied = qty::is_zero(&p1.remaining[i]);
+            let pre = &p2.preemption[i];
+            let counts = (!satisfied).then(|| supply[&(dn.cp, &dn.mu)]);
+            // Matching supply beyond what this need already holds: none means a
+            // stockout, not starvation (ADR-0025).
+            let held_elsewhere = counts.is_some_and(|c| {
+                let own = claims
+                    .iter()
+                    .filter(|&&r| supply_slot(snap.rec(r).state).is_some())
+                    .count() as u64;
+                c.iter().sum::<u64>() > own
+            });
+            let matching = counts.map(|c| capped(c, supply_cap));
+            let unmet_reason = if satisfied {
+                UnmetReason::Unspecified
+            } else if !held_elsewhere {
+                UnmetReason::NoMatchingSupply
+            } else if cp.has_same() && !p1.same_sat[i] {
+                UnmetReason::TopologyUnsatisfiable
+            } else if pre.victims > 0 && unresolved.contains_key(&(i as u32)) {
+                UnmetReason::PreemptionExhausted
+            } else {
+                UnmetReason::PriorityStarved
+            };
+            let source = match dn.src {
+                Src::Input(k) => VerdictSource::Demand(k as usize),
+                Src::Folded(f) => VerdictSource::Folded {
+                    need: ctx.folded[f as usize].clone(),
+                    members: ctx.fold_members[f as usize]
+                        .iter()
+                        .map(|m| *m as usize)
+                        .collect(),
+                },
+            };
+            let domain = p1.domain[i];
+            NeedVerdict {
+                source,
+                satisfied,
+                residual_deficit: if satisfied {
+                    ResourceVector::new()
+                } else {
+                    snap.dims.to_vector(&p1.remaining[i])
+                },
+                claimed_machine_count: claims.len() as u32,
+                bootstrap_count: count_state(MachineState::Idle),
+                provision_count: count_state(MachineState::Speculative),
+                same_domain: if domain == NONE {
+                    String::new()
+                } else {
+                    snap.value_name(domain).to_owned()
+                },
+                same_satisfiable: p1.same_sat[i],
+                acquisition_parked: dn.parked,
+                parked_age_cycles: parked_ages.get(i).copied().unwrap_or(0),
+                unmet_reason,
+                matching_supply: matching,
+                preemption: pre.freed.as_ref().map(|f| PreemptionSummary {
+                    victims_found: pre.victims,
+                    capacity_freed: snap.dims.to_vector(f),
+                }),
+                same_candidates: p1
+                    .candidates
+                    .get(i)
+                    .map(|cs| {
+                        cs.iter()
+                            .map(|c| DomainCoverage {
+                                domain: snap.value_name(c.value).to_owned(),
+                                coverage_per_mille: c.coverage_per_mille,
+                                satisfiable: c.satisfiable,
+                            })
+                            .collect()
+                    })
+                    .unwrap_or_default(),
+            }
+        })
+        .collect()
+}

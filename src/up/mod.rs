@@ -1,0 +1,469 @@
+//! `bigfleet up`: the whole mesh on one machine, as separate child processes (ADR-0005).
+//!
+//! A single-node coordinator, N shards (gateway + decide + execute over Unix sockets),
+//! one fake provider per shard seeded from a catalog, svc-inspect, and simulated operators
+//! sending realistic demand with churn. `up` waits for every child's `/readyz`, prints a
+//! progress line every second and the dashboard URL, reports a crashed child with its last
+//! log lines, and on Ctrl-C / SIGTERM (or after `--duration`) stops everything: SIGTERM to
+//! each child's process group, SIGKILL after a deadline.
+//!
+//! * [`mesh`] — the harness (also used by the end-to-end tests): plan, start, supervise.
+//! * [`child`] — one child process and its log.
+//! * [`progress`] — the progress view and the `--duration` summary.
+//! * [`operators`] — the simulated operators' demand.
+//! * [`pki`] — `--tls` certificates.
+//! * [`probe`] — `/readyz` and `/metrics` over plain HTTP.
+
+pub mod child;
+pub mod mesh;
+pub mod operators;
+pub mod pki;
+pub mod probe;
+pub mod progress;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::{Duration, Instant};
+
+use bigfleet_fake_provider::Catalog;
+use bigfleet_loadtest::OperatorHandle;
+
+use self::mesh::{Crash, FakeSeed, Mesh, MeshSpec, ProviderSpec};
+use self::progress::{Snapshot, Summary};
+
+/// Errors of `bigfleet up` and of the mesh harness.
+#[derive(Debug, thiserror::Error)]
+pub enum UpError {
+    #[error("{0}")]
+    Config(String),
+    #[error("{what}: {source}")]
+    Io {
+        what: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("starting {name}: {source}")]
+    Spawn {
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("{0}")]
+    ChildFailed(Box<Crash>),
+    #[error("not ready after {}: {children}\n{tails}", humantime::format_duration(*.timeout))]
+    NotReady {
+        children: String,
+        timeout: Duration,
+        tails: String,
+    },
+    #[error("tls: {0}")]
+    Tls(String),
+    #[error("catalog: {0}")]
+    Catalog(String),
+    #[error("{0}")]
+    Rpc(String),
+}
+
+/// Flags of `bigfleet up`.
+#[derive(Debug, Clone, clap::Args)]
+pub struct UpArgs {
+    /// Shards to run (each: session gateway + decide + execute, and its own fake provider).
+    #[arg(long, default_value_t = 1)]
+    pub shards: usize,
+
+    /// Clusters (`cluster-0` …); cluster i is served by shard i mod --shards.
+    #[arg(long, default_value_t = 4)]
+    pub clusters: usize,
+
+    /// Seed each fake provider with generated machines (this many in total, split over the
+    /// shards) instead of the built-in catalog.
+    #[arg(long, conflicts_with_all = ["catalog", "provider"])]
+    pub machines: Option<u64>,
+
+    /// Seed each fake provider from this catalog file (fake-provider catalog format).
+    #[arg(long, value_name = "FILE", conflicts_with = "provider")]
+    pub catalog: Option<PathBuf>,
+
+    /// Run every service with mTLS, from a throwaway CA with one certificate per role.
+    #[arg(long)]
+    pub tls: bool,
+
+    /// Exit after this long (e.g. `60s`), printing one line of JSON on stdout.
+    #[arg(long, value_parser = humantime::parse_duration)]
+    pub duration: Option<Duration>,
+
+    /// Once every service is ready, write a JSON document naming each endpoint here.
+    #[arg(long, value_name = "PATH")]
+    pub ports_file: Option<PathBuf>,
+
+    /// Run directory (logs, sockets, data). Default: a fresh temporary directory, removed
+    /// after a clean exit and kept when a child crashed.
+    #[arg(long, value_name = "DIR")]
+    pub data_dir: Option<PathBuf>,
+
+    /// Use this capacity provider (`http://host:port`, `unix:///path`) instead of the fake.
+    #[arg(long, value_name = "ADDR")]
+    pub provider: Option<String>,
+
+    /// Simulated operators to start (default: one per cluster); 0 leaves all demand to
+    /// external operators.
+    #[arg(long)]
+    pub operators: Option<usize>,
+
+    /// Period of each simulated operator's roll-ups.
+    #[arg(long, default_value = "5s", value_parser = humantime::parse_duration)]
+    pub rollup_interval: Duration,
+
+    /// Decide's cycle ticker.
+    #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
+    pub cycle_interval: Duration,
+
+    /// No progress lines on stderr.
+    #[arg(long)]
+    pub quiet: bool,
+}
+
+/// The per-shard fake-provider seeds `args` ask for. Built-in and generated catalogs bind
+/// their pre-configured machines to the clusters the shard actually serves.
+pub fn provider_spec(args: &UpArgs) -> Result<ProviderSpec, UpError> {
+    if let Some(addr) = &args.provider {
+        return Ok(ProviderSpec::External(addr.clone()));
+    }
+    if let Some(path) = &args.catalog {
+        // Validate up front: a bad file is a clear error here, not a crashed child.
+        Catalog::load(path).map_err(|e| UpError::Catalog(format!("{}: {e}", path.display())))?;
+        return Ok(ProviderSpec::Fake(vec![FakeSeed::File(path.clone())]));
+    }
+    let shards = args.shards.max(1);
+    let mut seeds = Vec::with_capacity(shards);
+    for shard in 0..shards {
+        let mut catalog = match args.machines {
+            None => Catalog::builtin(),
+            Some(total) => {
+                let share =
+                    total / shards as u64 + u64::from((shard as u64) < total % shards as u64);
+                Catalog::generated(share.max(1), shard as u64 + 1)
+            }
+        };
+        let served: Vec<String> = operators::clusters_of(shard, shards, args.clusters)
+            .into_iter()
+            .map(|i| format!("cluster-{i}"))
+            .collect();
+        if !served.is_empty() {
+            for pool in &mut catalog.pools {
+                pool.clusters.clone_from(&served);
+            }
+        }
+        seeds.push(FakeSeed::Catalog(Box::new(catalog)));
+    }
+    Ok(ProviderSpec::Fake(seeds))
+}
+
+/// Entry point of `bigfleet up`.
+pub async fn main(args: UpArgs) -> ExitCode {
+    match run(args).await {
+        Ok(true) => ExitCode::SUCCESS,
+        Ok(false) => ExitCode::FAILURE,
+        Err(e) => {
+            eprintln!("bigfleet up: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Resolves on SIGINT or SIGTERM.
+async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}
+
+/// Runs the mesh until a signal, `--duration` or a crash; `Ok(false)` after a crash.
+pub async fn run(args: UpArgs) -> Result<bool, UpError> {
+    if args.shards == 0 {
+        return Err(UpError::Config("--shards must be at least 1".into()));
+    }
+    let exe = std::env::current_exe().map_err(|source| UpError::Io {
+        what: "locating the bigfleet executable".into(),
+        source,
+    })?;
+    let (run_dir, temp) = match &args.data_dir {
+        Some(d) => (d.clone(), None),
+        None => {
+            let t = tempfile::Builder::new()
+                .prefix("bigfleet-up-")
+                .tempdir()
+                .map_err(|source| UpError::Io {
+                    what: "creating a run directory".into(),
+                    source,
+                })?;
+            (t.path().to_owned(), Some(t))
+        }
+    };
+    let mut spec = MeshSpec::new(exe, &run_dir);
+    spec.shards = args.shards;
+    spec.tls = args.tls;
+    spec.provider = provider_spec(&args)?;
+    spec.decide_flags = vec![
+        "--cycle-interval".into(),
+        humantime::format_duration(args.cycle_interval).to_string(),
+    ];
+    // The children log at info to their files unless the user says otherwise.
+    if std::env::var_os("RUST_LOG").is_none() {
+        spec.env.push(("RUST_LOG".into(), "info".into()));
+    }
+    let clusters = args.clusters;
+    let operator_count = args.operators.unwrap_or(clusters).min(clusters);
+
+    eprintln!(
+        "bigfleet up: starting {} shard(s), {} cluster(s), {} simulated operator(s){} in {}",
+        args.shards,
+        clusters,
+        operator_count,
+        if args.tls { ", mTLS" } else { "" },
+        run_dir.display()
+    );
+    let started = Instant::now();
+    let mut mesh = match Mesh::start(spec).await {
+        Ok(m) => m,
+        Err(e) => {
+            // Keep the logs of a failed start.
+            if let Some(t) = temp {
+                let kept = t.keep();
+                eprintln!("bigfleet up: logs kept in {}", kept.display());
+            }
+            return Err(e);
+        }
+    };
+    if let Some(path) = &args.ports_file {
+        let json = serde_json::to_string_pretty(mesh.ports()).map_err(|e| UpError::Io {
+            what: "encoding the ports file".into(),
+            source: std::io::Error::other(e),
+        })?;
+        write_atomically(path, &json)?;
+    }
+    let operators = operators::spawn(
+        &mesh,
+        clusters,
+        operator_count,
+        &operators::OperatorPlan {
+            rollup_interval: args.rollup_interval,
+            ..operators::OperatorPlan::default()
+        },
+    )?;
+    print_banner(&mesh, started.elapsed());
+
+    let (crashes, last) = supervise(&mut mesh, &operators, &args, started).await;
+    let operator_errors: u64 = operators.iter().map(|o| o.stats().errors()).sum();
+    for o in &operators {
+        o.stop();
+    }
+    for o in operators {
+        o.join().await;
+    }
+    let statuses = mesh.shutdown().await;
+    tracing::debug!(?statuses, "children stopped");
+
+    let clean = crashes.is_empty();
+    if args.duration.is_some()
+        && let Some(snap) = &last
+    {
+        let summary = Summary {
+            configured: snap.configured(),
+            shortfalls: snap.shortfalls,
+            machines_by_state: snap.machines_by_state.clone(),
+            configured_by_cluster: snap.configured_by_cluster.clone(),
+            needs: snap.needs,
+            needs_satisfied: snap.needs_satisfied,
+            actions_executed: snap.actions_executed,
+            actions_succeeded: snap.actions_succeeded,
+            cycles: snap.cycles,
+            errors: crashes.len() as u64 + operator_errors + snap.problems.len() as u64,
+            crashed: crashes.iter().map(|c| c.name.clone()).collect(),
+            elapsed_seconds: started.elapsed().as_secs_f64(),
+            shards: args.shards,
+            clusters,
+            operators: operator_count,
+            run_dir: run_dir.display().to_string(),
+        };
+        let line = serde_json::to_string(&summary).unwrap_or_else(|_| "{}".into());
+        let mut out = std::io::stdout().lock();
+        let _ = writeln!(out, "{line}");
+        let _ = out.flush();
+    }
+    match temp {
+        Some(t) if !clean => {
+            let kept = t.keep();
+            eprintln!("bigfleet up: logs kept in {}", kept.display());
+        }
+        Some(t) => drop(t),
+        None => {}
+    }
+    eprintln!("bigfleet up: stopped");
+    Ok(clean)
+}
+
+fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), UpError> {
+    let tmp = path.with_extension("tmp");
+    let io = |source| UpError::Io {
+        what: format!("writing {}", path.display()),
+        source,
+    };
+    std::fs::write(&tmp, text).map_err(io)?;
+    std::fs::rename(&tmp, path).map_err(io)
+}
+
+fn print_banner(mesh: &Mesh, took: Duration) {
+    let p = mesh.ports();
+    eprintln!(
+        "bigfleet up: ready in {:.1}s — logs in {}",
+        took.as_secs_f64(),
+        mesh.log_dir().display()
+    );
+    if let Some(i) = &p.inspect {
+        eprintln!("  dashboard     {}", i.dashboard);
+        eprintln!("  inspect gRPC  {}", i.grpc);
+    }
+    if let Some(c) = &p.coordinator {
+        eprintln!("  coordinator   {}", c.grpc);
+    }
+    for s in &p.shards {
+        eprintln!(
+            "  {}       gateway {} (operators dial this)",
+            s.id, s.gateway_grpc
+        );
+    }
+    eprintln!("  provider      {}", p.provider.target);
+    eprintln!("  Ctrl-C stops everything.");
+}
+
+/// The supervision loop: progress every second, crash detection, stop conditions.
+/// Returns the crashes seen and the last snapshot.
+async fn supervise(
+    mesh: &mut Mesh,
+    operators: &[OperatorHandle],
+    args: &UpArgs,
+    started: Instant,
+) -> (Vec<Crash>, Option<Snapshot>) {
+    let deadline = args.duration.map(|d| Instant::now() + d);
+    let mut crashes = Vec::new();
+    let mut previous: Option<(Snapshot, Instant)> = None;
+    let signal = stop_signal();
+    tokio::pin!(signal);
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        let stop = tokio::select! {
+            () = &mut signal => {
+                eprintln!("bigfleet up: stopping");
+                true
+            }
+            _ = tick.tick() => false,
+        };
+        let new = mesh.crashes();
+        for c in &new {
+            eprintln!("bigfleet up: {c}");
+        }
+        let crashed = !new.is_empty();
+        crashes.extend(new);
+        let finished = deadline.is_some_and(|d| Instant::now() >= d);
+        if stop || crashed || finished || !args.quiet {
+            let snap = progress::sample(mesh).await;
+            if !args.quiet {
+                let connected = operators.iter().filter(|o| o.is_connected()).count();
+                let prev = previous.as_ref().map(|(s, at)| (s, at.elapsed()));
+                eprintln!(
+                    "{}",
+                    progress::render(started.elapsed(), &snap, prev, (connected, operators.len()))
+                );
+            }
+            let last = snap.clone();
+            previous = Some((snap, Instant::now()));
+            if stop || crashed || finished {
+                if crashed {
+                    eprintln!("bigfleet up: a child crashed; stopping everything");
+                }
+                return (crashes, Some(last));
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[derive(Debug, Parser)]
+    struct T {
+        #[command(flatten)]
+        up: UpArgs,
+    }
+
+    fn parse(a: &[&str]) -> Result<UpArgs, clap::Error> {
+        T::try_parse_from(std::iter::once("up").chain(a.iter().copied())).map(|t| t.up)
+    }
+
+    #[test]
+    fn defaults_and_conflicts() {
+        let a = parse(&[]).unwrap();
+        assert_eq!((a.shards, a.clusters), (1, 4));
+        assert_eq!(a.operators, None);
+        assert!(!a.tls);
+        let a = parse(&["--duration", "60s", "--operators", "0"]).unwrap();
+        assert_eq!(a.duration, Some(Duration::from_secs(60)));
+        assert_eq!(a.operators, Some(0));
+        assert!(parse(&["--machines", "10", "--catalog", "x.json"]).is_err());
+        assert!(parse(&["--provider", "http://p:1", "--machines", "10"]).is_err());
+    }
+
+    #[test]
+    fn builtin_catalogs_bind_machines_to_the_shards_clusters() {
+        let a = parse(&["--shards", "2", "--clusters", "3"]).unwrap();
+        let ProviderSpec::Fake(seeds) = provider_spec(&a).unwrap() else {
+            panic!("fake expected")
+        };
+        assert_eq!(seeds.len(), 2);
+        let clusters = |s: &FakeSeed| match s {
+            FakeSeed::Catalog(c) => c.pools[0].clusters.clone(),
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(clusters(&seeds[0]), ["cluster-0", "cluster-2"]);
+        assert_eq!(clusters(&seeds[1]), ["cluster-1"]);
+    }
+
+    #[test]
+    fn generated_machines_are_split_over_shards() {
+        let a = parse(&["--shards", "3", "--machines", "100"]).unwrap();
+        let ProviderSpec::Fake(seeds) = provider_spec(&a).unwrap() else {
+            panic!("fake expected")
+        };
+        let total: u64 = seeds
+            .iter()
+            .map(|s| match s {
+                FakeSeed::Catalog(c) => c.machine_count(),
+                other => panic!("{other:?}"),
+            })
+            .sum();
+        assert_eq!(total, 100);
+    }
+
+    #[test]
+    fn a_bad_catalog_is_refused_before_anything_starts() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("c.json");
+        std::fs::write(&p, "{\"pools\": 3}").unwrap();
+        let a = parse(&["--catalog", p.to_str().unwrap()]).unwrap();
+        assert!(matches!(provider_spec(&a), Err(UpError::Catalog(_))));
+    }
+}

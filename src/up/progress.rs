@@ -1,0 +1,184 @@
+//! What `bigfleet up` shows every second and prints at the end: machines by state (the
+//! providers' `List`), needs met (each shard's `InspectNeeds`), shortfalls (decide's
+//! `bigfleet_shard_shortfalls`) and executed actions (execute's outcome counters).
+
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+use serde::Serialize;
+
+use super::mesh::{Mesh, count_by_state};
+
+/// One look at the mesh.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Snapshot {
+    /// Machines per state over every provider (`CONFIGURED`, `IDLE`, ...).
+    pub machines_by_state: BTreeMap<String, u64>,
+    /// Configured machines per cluster.
+    pub configured_by_cluster: BTreeMap<String, u64>,
+    /// Demand rows held by the shards and how many the last cycle satisfied.
+    pub needs: u64,
+    pub needs_satisfied: u64,
+    /// Unresolved shortfalls (decide's gauge, summed over shards).
+    pub shortfalls: u64,
+    /// Actions the execute workers finished (any outcome).
+    pub actions_executed: u64,
+    /// Of those, successful.
+    pub actions_succeeded: u64,
+    /// Decision cycles run, summed over shards.
+    pub cycles: u64,
+    /// What could not be read this time.
+    pub problems: Vec<String>,
+}
+
+impl Snapshot {
+    pub fn configured(&self) -> u64 {
+        self.machines_by_state
+            .get("CONFIGURED")
+            .copied()
+            .unwrap_or(0)
+    }
+
+    pub fn total_machines(&self) -> u64 {
+        self.machines_by_state.values().sum()
+    }
+}
+
+/// Reads the mesh (each source independently; failures become `problems`).
+pub async fn sample(mesh: &Mesh) -> Snapshot {
+    let mut snap = Snapshot::default();
+    let shards = mesh.ports().shards.len();
+    let mut all = Vec::new();
+    for i in 0..shards {
+        match mesh.list_machines(i).await {
+            Ok(m) => all.extend(m),
+            Err(e) => snap.problems.push(format!("provider of shard-{i}: {e}")),
+        }
+        match mesh.inspect_needs(i, "").await {
+            Ok((_, needs)) => {
+                snap.needs += needs.len() as u64;
+                snap.needs_satisfied += needs.iter().filter(|n| n.satisfied).count() as u64;
+            }
+            Err(e) => snap.problems.push(format!("shard-{i} InspectNeeds: {e}")),
+        }
+        match mesh.metrics(&format!("shard-{i}-decide")).await {
+            Ok(m) => {
+                snap.shortfalls += super::probe::sum(&m, "bigfleet_shard_shortfalls", &[]) as u64;
+                snap.cycles += super::probe::sum(&m, "bigfleet_shard_cycles_total", &[]) as u64;
+            }
+            Err(e) => snap.problems.push(format!("shard-{i}-decide: {e}")),
+        }
+        match mesh.metrics(&format!("shard-{i}-execute")).await {
+            Ok(m) => {
+                let name = "bigfleet_shard_action_execute_outcomes_total";
+                snap.actions_executed += super::probe::sum(&m, name, &[]) as u64;
+                snap.actions_succeeded +=
+                    super::probe::sum(&m, name, &[("outcome", "success")]) as u64;
+            }
+            Err(e) => snap.problems.push(format!("shard-{i}-execute: {e}")),
+        }
+    }
+    snap.machines_by_state = count_by_state(&all);
+    for m in &all {
+        if m.state == bigfleet_proto::v1alpha1::MachineState::Configured as i32 {
+            *snap
+                .configured_by_cluster
+                .entry(m.cluster.clone())
+                .or_default() += 1;
+        }
+    }
+    snap
+}
+
+/// One progress line: `elapsed`, the snapshot, actions per second since `previous`.
+pub fn render(
+    elapsed: Duration,
+    snap: &Snapshot,
+    previous: Option<(&Snapshot, Duration)>,
+    operators: (usize, usize),
+) -> String {
+    let st = |k: &str| snap.machines_by_state.get(k).copied().unwrap_or(0);
+    let transitional = st("CREATING") + st("CONFIGURING") + st("DRAINING") + st("DELETING");
+    let rate = match previous {
+        Some((p, dt)) if !dt.is_zero() => {
+            snap.actions_executed.saturating_sub(p.actions_executed) as f64 / dt.as_secs_f64()
+        }
+        _ => 0.0,
+    };
+    let mut line = format!(
+        "[{:>5}s] machines {}: configured {} · idle {} · speculative {} · in transition {} · failed {} | needs met {}/{} | shortfalls {} | actions {:.1}/s ({} total) | operators {}/{} connected",
+        elapsed.as_secs(),
+        snap.total_machines(),
+        st("CONFIGURED"),
+        st("IDLE"),
+        st("SPECULATIVE"),
+        transitional,
+        st("FAILED"),
+        snap.needs_satisfied,
+        snap.needs,
+        snap.shortfalls,
+        rate,
+        snap.actions_executed,
+        operators.0,
+        operators.1,
+    );
+    if !snap.problems.is_empty() {
+        line.push_str(&format!(" | unreadable: {}", snap.problems.len()));
+    }
+    line
+}
+
+/// The one-line JSON `bigfleet up --duration` prints at the end.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Summary {
+    /// Machines Configured at the end.
+    pub configured: u64,
+    pub shortfalls: u64,
+    pub machines_by_state: BTreeMap<String, u64>,
+    pub configured_by_cluster: BTreeMap<String, u64>,
+    pub needs: u64,
+    pub needs_satisfied: u64,
+    pub actions_executed: u64,
+    pub actions_succeeded: u64,
+    pub cycles: u64,
+    /// Crashed children + operator errors (failed connects, lost sessions, rejected or
+    /// unapplied roll-ups) + sources unreadable at the end.
+    pub errors: u64,
+    pub crashed: Vec<String>,
+    pub elapsed_seconds: f64,
+    pub shards: usize,
+    pub clusters: usize,
+    pub operators: usize,
+    pub run_dir: String,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn render_shows_rates_and_states() {
+        let mut a = Snapshot::default();
+        a.machines_by_state.insert("CONFIGURED".into(), 3);
+        a.machines_by_state.insert("IDLE".into(), 2);
+        a.machines_by_state.insert("CONFIGURING".into(), 1);
+        a.actions_executed = 10;
+        a.needs = 4;
+        a.needs_satisfied = 3;
+        let mut b = a.clone();
+        b.actions_executed = 30;
+        let line = render(
+            Duration::from_secs(7),
+            &b,
+            Some((&a, Duration::from_secs(2))),
+            (2, 3),
+        );
+        assert!(line.contains("machines 6"), "{line}");
+        assert!(line.contains("configured 3"), "{line}");
+        assert!(line.contains("in transition 1"), "{line}");
+        assert!(line.contains("needs met 3/4"), "{line}");
+        assert!(line.contains("actions 10.0/s (30 total)"), "{line}");
+        assert!(line.contains("operators 2/3"), "{line}");
+        assert_eq!(b.configured(), 3);
+    }
+}

@@ -1,0 +1,101 @@
+//! The command line of `bigfleet-session-gateway` (docs/flags.md is the contract).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bigfleet_identity::TlsFlags;
+use bigfleet_telemetry::LogArgs;
+
+/// Terminates cluster operators' `Shard/Session` streams for one shard.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "bigfleet-session-gateway", version, about)]
+pub struct Args {
+    /// This shard's id; remote execute workers must present bigfleet://shard/<id>/execute.
+    #[arg(long, env = "BIGFLEET_SHARD_ID", default_value = "shard-0")]
+    pub shard_id: String,
+
+    /// Public gRPC address (Session, ShardRead, ShardInfo, and Gateway for remote execute workers).
+    #[arg(long, env = "BIGFLEET_LISTEN", default_value = ":7780")]
+    pub listen: String,
+
+    /// Directory of the shard's Unix sockets: gateway.sock (served) and decide.sock (dialled).
+    #[arg(long, env = "BIGFLEET_SOCKET_DIR", default_value = "/run/bigfleet")]
+    pub socket_dir: PathBuf,
+
+    /// Concurrent sessions cap; new clusters beyond it get RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BIGFLEET_MAX_SESSIONS", default_value_t = 10_000)]
+    pub max_sessions: usize,
+
+    /// Per-cluster roll-ups per second (burst twice that, at least 1); 0 disables the limit.
+    #[arg(long, env = "BIGFLEET_ROLLUP_RATE", default_value_t = 2.0)]
+    pub rollup_rate: f64,
+
+    /// Requests in flight before new ones are shed with RESOURCE_EXHAUSTED.
+    #[arg(long, env = "BIGFLEET_MAX_CONCURRENT_REQUESTS", default_value_t = 4096)]
+    pub max_concurrent_requests: usize,
+
+    /// RequestBootstrap timeout when the caller sets none.
+    #[arg(long, env = "BIGFLEET_BOOTSTRAP_TIMEOUT", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub bootstrap_timeout: Duration,
+
+    /// Per-cluster outbound frames (distinct coalescing keys) before new ones are dropped.
+    #[arg(long, env = "BIGFLEET_OUTBOX_CAPACITY", default_value_t = 1024)]
+    pub outbox_capacity: usize,
+
+    /// HTTP address of /metrics, /healthz and /readyz; 0 disables.
+    #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8781")]
+    pub metrics_addr: String,
+
+    /// Graceful-shutdown deadline after SIGTERM.
+    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    #[command(flatten)]
+    pub tls: TlsFlags,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn defaults_match_the_flag_contract() {
+        let a = Args::try_parse_from(["gw"]).unwrap();
+        assert_eq!(a.shard_id, "shard-0");
+        assert_eq!(a.listen, ":7780");
+        assert_eq!(a.socket_dir, PathBuf::from("/run/bigfleet"));
+        assert_eq!(a.max_sessions, 10_000);
+        assert_eq!(a.rollup_rate, 2.0);
+        assert_eq!(a.max_concurrent_requests, 4096);
+        assert_eq!(a.bootstrap_timeout, Duration::from_secs(30));
+        assert_eq!(a.outbox_capacity, 1024);
+        assert_eq!(a.metrics_addr, ":8781");
+        assert_eq!(a.drain_timeout, Duration::from_secs(10));
+        assert!(a.tls.resolve().unwrap().is_none());
+    }
+
+    #[test]
+    fn flags_parse() {
+        let a = Args::try_parse_from([
+            "gw",
+            "--bootstrap-timeout",
+            "500ms",
+            "--max-sessions",
+            "3",
+            "--tls-cert",
+            "c",
+            "--tls-key",
+            "k",
+            "--tls-ca",
+            "ca",
+        ])
+        .unwrap();
+        assert_eq!(a.bootstrap_timeout, Duration::from_millis(500));
+        assert_eq!(a.max_sessions, 3);
+        assert!(a.tls.resolve().unwrap().is_some());
+    }
+}

@@ -1,0 +1,314 @@
+//! `bigfleet.mesh.v1.Gateway`: how decide and the execute workers reach operators.
+//!
+//! Served on `gateway.sock` (same-pod callers, no identity checks) and on the public port
+//! for remote execute workers, who must present `bigfleet://shard/<this shard>/execute`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_mesh::{IntoStatus, PeerIdentity, peer_of};
+use bigfleet_proto::mesh::v1::gateway_server::Gateway;
+use bigfleet_proto::mesh::v1::{
+    BootstrapError, PublishSummary, RequestBootstrapRequest, RequestBootstrapResponse,
+    SendReclaimRequest, SendReclaimResponse, SessionInfo, ShardEvent, StatusRequest,
+    StatusResponse, request_bootstrap_response, shard_event,
+};
+use bigfleet_proto::v1alpha1::{BootstrapRequest, ReclaimInstruction, shard_message};
+use tokio::time::Instant;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::core::Core;
+use crate::error::SessionError;
+use crate::outbox::Offer;
+use crate::session::{QueueError, Session};
+
+/// The internal Gateway service.
+#[derive(Debug, Clone)]
+pub struct GatewayService {
+    core: Arc<Core>,
+}
+
+impl GatewayService {
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+
+    /// Remote callers must be this shard's execute workers; same-pod (Unix socket) and
+    /// plaintext callers pass.
+    fn authorize<T>(&self, req: &Request<T>) -> Result<(), Status> {
+        match peer_of(req) {
+            None => Ok(()),
+            Some(peer) => peer.ensure(&PeerIdentity::ShardExecute(
+                self.core.settings.shard_id.clone(),
+            )),
+        }
+    }
+}
+
+/// A fresh correlation id: 16 hex characters from the thread-local CSPRNG, so ids cannot be
+/// guessed by an operator answering for requests it never received.
+pub fn new_request_id() -> String {
+    format!("{:016x}", rand::random::<u64>())
+}
+
+fn bootstrap_failure(
+    kind: BootstrapError,
+    message: impl Into<String>,
+    request_id: String,
+) -> RequestBootstrapResponse {
+    RequestBootstrapResponse {
+        outcome: Some(request_bootstrap_response::Outcome::Error(kind as i32)),
+        message: message.into(),
+        ttl_seconds: 0,
+        request_id,
+    }
+}
+
+/// Forgets a pending bootstrap request if the caller goes away (its deadline passed), so
+/// the entry does not linger until the session ends.
+struct PendingBootstrap<'a> {
+    session: &'a Session,
+    id: &'a str,
+}
+
+impl Drop for PendingBootstrap<'_> {
+    fn drop(&mut self) {
+        self.session.cancel_bootstrap(self.id);
+    }
+}
+
+#[tonic::async_trait]
+impl Gateway for GatewayService {
+    async fn request_bootstrap(
+        &self,
+        request: Request<RequestBootstrapRequest>,
+    ) -> Result<Response<RequestBootstrapResponse>, Status> {
+        self.authorize(&request)?;
+        let core = &self.core;
+        let req = request.into_inner();
+        let outcome = |label: &str| {
+            core.metrics
+                .request_bootstrap
+                .with_label_values(&[label])
+                .inc();
+        };
+        let no_session = |id: String| {
+            outcome("no_session");
+            Response::new(bootstrap_failure(
+                BootstrapError::NoSession,
+                format!("cluster {} has no session at this gateway", req.cluster_id),
+                id,
+            ))
+        };
+        let Some(session) = core.registry.get(&req.cluster_id) else {
+            return Ok(no_session(String::new()));
+        };
+        let timeout = match req.timeout_ms {
+            0 => core.settings.bootstrap_timeout,
+            ms => Duration::from_millis(u64::from(ms)),
+        };
+        let request_id = new_request_id();
+        let frame = shard_message::Payload::BootstrapRequest(BootstrapRequest {
+            request_id: request_id.clone(),
+            requirements: req.requirements.clone(),
+            cluster_id: req.cluster_id.clone(),
+        });
+        let rx = match session.begin_bootstrap(&request_id, frame) {
+            Ok(rx) => rx,
+            Err(QueueError::Closed) => return Ok(no_session(request_id)),
+            Err(QueueError::Full) => {
+                outcome("timeout");
+                return Ok(Response::new(bootstrap_failure(
+                    BootstrapError::Timeout,
+                    SessionError::NotReading(req.cluster_id.clone()).to_string(),
+                    request_id,
+                )));
+            }
+        };
+        let _pending = PendingBootstrap {
+            session: &session,
+            id: &request_id,
+        };
+        let started = Instant::now();
+        tracing::debug!(
+            cluster = %req.cluster_id,
+            machine = %req.machine_id,
+            need = %req.need_fingerprint,
+            request_id = %request_id,
+            "bootstrap requested"
+        );
+        let resp = match tokio::time::timeout(timeout, rx).await {
+            Ok(Ok(answer)) => {
+                core.metrics
+                    .request_bootstrap_seconds
+                    .observe(started.elapsed().as_secs_f64());
+                if answer.error.is_empty() {
+                    outcome("blob");
+                    RequestBootstrapResponse {
+                        outcome: Some(request_bootstrap_response::Outcome::Blob(answer.user_data)),
+                        message: String::new(),
+                        ttl_seconds: answer.ttl_seconds,
+                        request_id: request_id.clone(),
+                    }
+                } else {
+                    outcome("operator_error");
+                    bootstrap_failure(
+                        BootstrapError::OperatorError,
+                        answer.error,
+                        request_id.clone(),
+                    )
+                }
+            }
+            Ok(Err(_)) => {
+                outcome("timeout");
+                bootstrap_failure(
+                    BootstrapError::Timeout,
+                    "the session ended while waiting for the operator",
+                    request_id.clone(),
+                )
+            }
+            Err(_) => {
+                outcome("timeout");
+                bootstrap_failure(
+                    BootstrapError::Timeout,
+                    format!("the operator did not answer within {timeout:?}"),
+                    request_id.clone(),
+                )
+            }
+        };
+        Ok(Response::new(resp))
+    }
+
+    async fn send_reclaim(
+        &self,
+        request: Request<SendReclaimRequest>,
+    ) -> Result<Response<SendReclaimResponse>, Status> {
+        self.authorize(&request)?;
+        let req = request.into_inner();
+        let undelivered = Response::new(SendReclaimResponse {
+            delivered: false,
+            instruction_id: String::new(),
+        });
+        let Some(session) = self.core.registry.get(&req.cluster_id) else {
+            return Ok(undelivered);
+        };
+        let instruction_id = new_request_id();
+        let frame = shard_message::Payload::ReclaimInstruction(ReclaimInstruction {
+            instruction_id: instruction_id.clone(),
+            nodes: req.nodes,
+            grace_period_seconds: req.grace_period_seconds,
+            preemptor_priority: req.preemptor_priority,
+        });
+        match session.send_control(frame) {
+            Ok(()) => {
+                self.core.metrics.reclaims_sent.inc();
+                tracing::debug!(cluster = %req.cluster_id, machine = %req.machine_id, instruction_id = %instruction_id, "reclaim instruction sent");
+                Ok(Response::new(SendReclaimResponse {
+                    delivered: true,
+                    instruction_id,
+                }))
+            }
+            Err(QueueError::Closed) => Ok(undelivered),
+            Err(QueueError::Full) => Err(SessionError::NotReading(req.cluster_id).into_status()),
+        }
+    }
+
+    async fn publish(
+        &self,
+        request: Request<Streaming<ShardEvent>>,
+    ) -> Result<Response<PublishSummary>, Status> {
+        self.authorize(&request)?;
+        let core = &self.core;
+        let mut stream = request.into_inner();
+        let mut summary = PublishSummary::default();
+        loop {
+            let next = tokio::select! {
+                () = core.shutdown.cancelled() => break,
+                next = stream.message() => next,
+            };
+            let Some(event) = next? else { break };
+            summary.received += 1;
+            let (payload, frame_key) = match event.frame {
+                Some(shard_event::Frame::NodeStateUpdate(u)) => {
+                    let key = u.supersedes_key.clone();
+                    (shard_message::Payload::NodeStateUpdate(u), key)
+                }
+                Some(shard_event::Frame::AvailableCapacity(a)) => {
+                    let key = a.supersedes_key.clone();
+                    (shard_message::Payload::AvailableCapacity(a), key)
+                }
+                None => continue,
+            };
+            let key = if event.supersedes_key.is_empty() {
+                frame_key
+            } else {
+                event.supersedes_key
+            };
+            let Some(session) = core.registry.get(&event.cluster_id) else {
+                summary.dropped_no_session += 1;
+                core.metrics.dropped("no_session", 1);
+                continue;
+            };
+            match session.publish(&key, payload) {
+                Ok(Offer::Queued) => summary.queued += 1,
+                Ok(Offer::Coalesced) => {
+                    summary.queued += 1;
+                    summary.coalesced += 1;
+                    core.metrics.dropped("coalesced", 1);
+                }
+                Ok(Offer::Full) => {
+                    summary.dropped_outbox_full += 1;
+                    core.metrics.dropped("full", 1);
+                }
+                Err(_) => {
+                    summary.dropped_no_session += 1;
+                    core.metrics.dropped("no_session", 1);
+                }
+            }
+        }
+        Ok(Response::new(summary))
+    }
+
+    async fn status(
+        &self,
+        request: Request<StatusRequest>,
+    ) -> Result<Response<StatusResponse>, Status> {
+        self.authorize(&request)?;
+        let core = &self.core;
+        let sessions = if request.get_ref().include_sessions {
+            core.registry
+                .snapshot()
+                .iter()
+                .map(|s| SessionInfo {
+                    cluster_id: s.cluster.to_string(),
+                    session_id: s.id,
+                    opened_at_unix_nanos: s.opened_at_unix_nanos,
+                    last_rollup_unix_nanos: s
+                        .last_rollup_unix_nanos
+                        .load(std::sync::atomic::Ordering::Relaxed),
+                })
+                .collect()
+        } else {
+            Vec::new()
+        };
+        Ok(Response::new(StatusResponse {
+            active_sessions: u32::try_from(core.registry.count()).unwrap_or(u32::MAX),
+            shard_epoch: core.decide.epoch_term().0,
+            sessions,
+        }))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn request_ids_are_16_hex_and_fresh() {
+        let a = new_request_id();
+        let b = new_request_id();
+        assert_eq!(a.len(), 16);
+        assert!(a.bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(a, b);
+    }
+}

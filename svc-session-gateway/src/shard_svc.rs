@@ -1,0 +1,406 @@
+//! `bigfleet.v1alpha1.Shard/Session`: Hello first, identity binding, one session per
+//! cluster, the receive pump and the roll-up lane.
+
+use std::sync::Arc;
+
+use bigfleet_mesh::{IntoStatus, Peer, PeerIdentity, peer_of};
+use bigfleet_proto::mesh::v1::{
+    ApplyRollupRequest, RollupOutcome, SessionClosedRequest, SessionOpenedRequest,
+};
+use bigfleet_proto::v1alpha1::shard_server::Shard;
+use bigfleet_proto::v1alpha1::{OperatorMessage, operator_message};
+use tonic::{Code, Request, Response, Status, Streaming};
+
+use crate::core::Core;
+use crate::error::SessionError;
+use crate::session::{
+    ECHO_HELLO, ECHO_ROLLUP, ECHO_ROLLUP_NOT_APPLIED, ECHO_ROLLUP_REJECTED, LaneStep,
+    PendingRollup, REASON_CLIENT_CLOSED, REASON_ERROR, REASON_REPLACED, Session, SessionStream,
+};
+
+/// The public session service.
+#[derive(Debug, Clone)]
+pub struct ShardService {
+    core: Arc<Core>,
+}
+
+impl ShardService {
+    pub fn new(core: Arc<Core>) -> Self {
+        Self { core }
+    }
+
+    fn refuse(&self, reason: &str, err: SessionError) -> Status {
+        self.core.metrics.refused(reason);
+        err.into_status()
+    }
+
+    /// Binds the Hello's cluster to the client certificate (mTLS only).
+    fn bind_identity(&self, peer: Option<&Peer>, cluster: &str) -> Result<(), Status> {
+        let Some(peer) = peer else {
+            return Ok(()); // not behind the mesh stack: no TLS facts, nothing to bind
+        };
+        match peer.ensure(&PeerIdentity::Cluster(cluster.to_owned())) {
+            Ok(()) => Ok(()),
+            Err(denied) => {
+                self.core.metrics.identity_rejected.inc();
+                tracing::error!(
+                    cluster = %cluster,
+                    peer = %peer,
+                    reason = denied.message(),
+                    "session refused: client certificate does not match the hello (possible impersonation)"
+                );
+                Err(self.refuse(
+                    "identity",
+                    SessionError::Identity(denied.message().to_owned()),
+                ))
+            }
+        }
+    }
+}
+
+#[tonic::async_trait]
+impl Shard for ShardService {
+    type SessionStream = SessionStream;
+
+    async fn session(
+        &self,
+        request: Request<Streaming<OperatorMessage>>,
+    ) -> Result<Response<SessionStream>, Status> {
+        let core = &self.core;
+        let peer = peer_of(&request).cloned();
+        let mut inbound = request.into_inner();
+
+        // 1. Hello first.
+        let first = match tokio::time::timeout(core.settings.hello_timeout, inbound.message()).await
+        {
+            Err(_) => {
+                return Err(self.refuse(
+                    "hello_timeout",
+                    SessionError::HelloTimeout(core.settings.hello_timeout),
+                ));
+            }
+            Ok(Err(status)) => return Err(status),
+            Ok(Ok(None)) => return Err(self.refuse("invalid_hello", SessionError::NoHello)),
+            Ok(Ok(Some(msg))) => msg,
+        };
+        let hello = match first.payload {
+            Some(operator_message::Payload::Hello(h)) => h,
+            other => {
+                let got = payload_name(other.as_ref());
+                return Err(self.refuse("invalid_hello", SessionError::NotHello { got }));
+            }
+        };
+        if hello.cluster_id.is_empty() {
+            return Err(self.refuse("invalid_hello", SessionError::EmptyClusterId));
+        }
+        let cluster = hello.cluster_id;
+
+        // 2. The certificate must name that cluster.
+        self.bind_identity(peer.as_ref(), &cluster)?;
+        if core.shutdown.is_cancelled() {
+            return Err(self.refuse("shutdown", SessionError::ShuttingDown));
+        }
+
+        // 3. One session per cluster: install, replacing (and closing) an older one.
+        let session = Session::new(
+            core.registry.next_session_id(),
+            &cluster,
+            core.settings.outbox_capacity,
+            core.settings.rollup_rate,
+            core.metrics.clone(),
+        );
+        let mut guard = InstallGuard {
+            core: Arc::clone(core),
+            session: Arc::clone(&session),
+            armed: true,
+        };
+        match core.registry.install(Arc::clone(&session)) {
+            Err(cap) => {
+                guard.armed = false;
+                tracing::warn!(cluster = %cluster, max = cap.max_sessions, "session refused: at capacity");
+                return Err(self.refuse(
+                    "max_sessions",
+                    SessionError::AtCapacity {
+                        max_sessions: cap.max_sessions,
+                    },
+                ));
+            }
+            Ok(Some(old)) => {
+                session.inherit_rate_budget(&old);
+                tracing::info!(cluster = %cluster, old = old.id, new = session.id, "session replaced");
+                old.end(
+                    REASON_REPLACED,
+                    Some(
+                        SessionError::Replaced {
+                            cluster: cluster.clone(),
+                        }
+                        .into_status(),
+                    ),
+                );
+            }
+            Ok(None) => {}
+        }
+
+        // 4. Tell decide (which resyncs the cluster's node states through Publish), then ack.
+        let opened = core
+            .decide
+            .session_opened(SessionOpenedRequest {
+                cluster_id: cluster.clone(),
+                session_id: session.id,
+                protocol_version: hello.protocol_version.clone(),
+            })
+            .await;
+        let opened = match opened {
+            Ok(o) => o,
+            Err(status) => {
+                tracing::warn!(cluster = %cluster, error = %status.message(), "session refused: decide did not take SessionOpened");
+                // The guard removes the half-installed session.
+                return Err(self.refuse(
+                    "decide_unavailable",
+                    SessionError::DecideUnavailable(status.message().to_owned()),
+                ));
+            }
+        };
+        session.ack(ECHO_HELLO, opened.coordinator_term, opened.shard_epoch);
+        session.open_outbox();
+        guard.armed = false;
+        tracing::info!(
+            cluster = %cluster,
+            session = session.id,
+            protocol = %hello.protocol_version,
+            resync = opened.resync_machines,
+            "session open"
+        );
+
+        let outbound = session.outbound();
+        tokio::spawn(pump(Arc::clone(core), session, inbound));
+        Ok(Response::new(outbound))
+    }
+}
+
+/// Undoes a half-finished install if the handler fails or is cancelled (the client went
+/// away during SessionOpened).
+struct InstallGuard {
+    core: Arc<Core>,
+    session: Arc<Session>,
+    armed: bool,
+}
+
+impl Drop for InstallGuard {
+    fn drop(&mut self) {
+        if self.armed {
+            self.session.end(REASON_ERROR, None);
+            self.core.registry.remove(&self.session);
+            report_closed(&self.core, &self.session);
+        }
+    }
+}
+
+fn payload_name(p: Option<&operator_message::Payload>) -> &'static str {
+    match p {
+        None => "an empty frame",
+        Some(operator_message::Payload::Hello(_)) => "hello",
+        Some(operator_message::Payload::Rollup(_)) => "rollup",
+        Some(operator_message::Payload::BootstrapResponse(_)) => "bootstrap_response",
+        Some(operator_message::Payload::ReclaimAck(_)) => "reclaim_ack",
+    }
+}
+
+/// The receive pump: reads operator frames and never waits on slow work. Bootstrap answers,
+/// reclaim acks and re-Hellos are handled inline; roll-ups go to the session's lane.
+async fn pump(core: Arc<Core>, session: Arc<Session>, mut inbound: Streaming<OperatorMessage>) {
+    loop {
+        let next = tokio::select! {
+            biased;
+            () = session.closed.cancelled() => break,
+            next = inbound.message() => next,
+        };
+        match next {
+            Ok(Some(msg)) => {
+                if let Err(err) = handle_frame(&core, &session, msg) {
+                    tracing::warn!(cluster = %session.cluster, error = %err, "ending session");
+                    session.end(REASON_ERROR, Some(err.into_status()));
+                }
+            }
+            Ok(None) => {
+                session.end(REASON_CLIENT_CLOSED, None);
+            }
+            Err(status) => {
+                let reason = if status.code() == Code::Cancelled {
+                    REASON_CLIENT_CLOSED
+                } else {
+                    REASON_ERROR
+                };
+                tracing::debug!(cluster = %session.cluster, error = %status, "session stream failed");
+                session.end(reason, None);
+            }
+        }
+    }
+    let removed = core.registry.remove(&session);
+    tracing::info!(
+        cluster = %session.cluster,
+        session = session.id,
+        reason = session.end_reason(),
+        removed,
+        "session closed"
+    );
+    report_closed(&core, &session);
+}
+
+/// Tells decide a session ended, in the background (decide ignores it when a newer session
+/// of the cluster is already open).
+fn report_closed(core: &Arc<Core>, session: &Arc<Session>) {
+    let core = Arc::clone(core);
+    let req = SessionClosedRequest {
+        cluster_id: session.cluster.to_string(),
+        session_id: session.id,
+        reason: match session.end_reason() {
+            "" => REASON_ERROR.to_owned(),
+            r => r.to_owned(),
+        },
+    };
+    tokio::spawn(async move {
+        if let Err(status) = core.decide.session_closed(req).await {
+            tracing::debug!(error = %status.message(), "SessionClosed not delivered to decide");
+        }
+    });
+}
+
+fn handle_frame(
+    core: &Arc<Core>,
+    session: &Arc<Session>,
+    msg: OperatorMessage,
+) -> Result<(), SessionError> {
+    match msg.payload {
+        Some(operator_message::Payload::Hello(hello)) => {
+            if *hello.cluster_id != *session.cluster {
+                return Err(SessionError::ClusterChanged {
+                    session: session.cluster.to_string(),
+                    got: hello.cluster_id,
+                });
+            }
+            let (epoch, term) = core.decide.epoch_term();
+            session.ack(ECHO_HELLO, term, epoch);
+        }
+        Some(operator_message::Payload::Rollup(rollup)) => {
+            let now = crate::unix_nanos();
+            core.metrics.rollups_received.inc();
+            session
+                .last_rollup_unix_nanos
+                .store(now, std::sync::atomic::Ordering::Relaxed);
+            let (replaced, start) = session.offer_rollup(PendingRollup {
+                rollup,
+                received_at_unix_nanos: now,
+            });
+            if replaced {
+                core.metrics.rollups_replaced.inc();
+            }
+            if start {
+                tokio::spawn(lane(Arc::clone(core), Arc::clone(session)));
+            }
+        }
+        Some(operator_message::Payload::BootstrapResponse(resp)) => {
+            let id = resp.request_id.clone();
+            if !session.complete_bootstrap(resp) {
+                core.metrics.bootstrap_responses_unmatched.inc();
+                tracing::debug!(cluster = %session.cluster, request_id = %id, "bootstrap response dropped: no request waiting (late or unknown id)");
+            }
+        }
+        Some(operator_message::Payload::ReclaimAck(ack)) => {
+            core.metrics.reclaim_acks.inc();
+            tracing::debug!(
+                cluster = %session.cluster,
+                instruction_id = %ack.instruction_id,
+                nodes_started = ack.nodes_started,
+                "reclaim acknowledged"
+            );
+        }
+        None => {
+            tracing::debug!(cluster = %session.cluster, "empty operator frame ignored");
+        }
+    }
+    Ok(())
+}
+
+/// The roll-up lane worker: runs while the session has a roll-up queued, validates it at the
+/// trust boundary and hands it to decide. Newer roll-ups replace a queued one meanwhile, so
+/// a slow decide or the rate limit only ever costs staleness, never a backlog.
+async fn lane(core: Arc<Core>, session: Arc<Session>) {
+    loop {
+        match session.next_lane_step() {
+            LaneStep::Idle => return,
+            LaneStep::Wait(wait) => {
+                core.metrics.rollups_throttled.inc();
+                tokio::select! {
+                    () = tokio::time::sleep(wait) => {}
+                    () = session.closed.cancelled() => {}
+                }
+            }
+            LaneStep::Process(pending) => process_rollup(&core, &session, pending).await,
+        }
+    }
+}
+
+async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) {
+    let cluster = &*session.cluster;
+    let rollup = pending.rollup;
+    let reject = |reason: String| {
+        core.metrics
+            .rollups_rejected
+            .with_label_values(&[cluster])
+            .inc();
+        tracing::warn!(cluster = %cluster, error = %reason, "roll-up rejected; the cluster keeps its previous demand");
+        let (epoch, term) = core.decide.epoch_term();
+        session.ack(format!("{ECHO_ROLLUP_REJECTED}{reason}"), term, epoch);
+    };
+    if !rollup.cluster_id.is_empty() && rollup.cluster_id != cluster {
+        return reject(format!(
+            "cluster_id {:?} does not match the session's cluster {cluster:?}",
+            rollup.cluster_id
+        ));
+    }
+    if let Err(e) = bigfleet_conv::rollup_from_proto(&rollup) {
+        return reject(e.to_string());
+    }
+    let result = core
+        .decide
+        .apply_rollup(ApplyRollupRequest {
+            rollup: Some(rollup),
+            received_at_unix_nanos: pending.received_at_unix_nanos,
+            session_id: session.id,
+        })
+        .await;
+    match result {
+        Ok(resp) => {
+            if resp.outcome == RollupOutcome::Quarantined as i32 {
+                core.metrics.rollups_quarantined.inc();
+                tracing::info!(cluster = %cluster, detail = %resp.detail, "roll-up quarantined by decide");
+            } else {
+                core.metrics.rollups_accepted.inc();
+            }
+            session.ack(ECHO_ROLLUP, resp.coordinator_term, resp.shard_epoch);
+        }
+        Err(status) if status.code() == Code::InvalidArgument => {
+            reject(format!("decide: {}", status.message()));
+        }
+        Err(status) => {
+            core.metrics.rollup_apply_errors.inc();
+            tracing::warn!(cluster = %cluster, error = %status.message(), "roll-up not applied: decide unavailable");
+            let (epoch, term) = core.decide.epoch_term();
+            session.ack(
+                format!(
+                    "{ECHO_ROLLUP_NOT_APPLIED}decide unavailable: {}",
+                    status.message()
+                ),
+                term,
+                epoch,
+            );
+        }
+    }
+}
+
+/// Ends every session for the drain; used by [`crate::Running::shutdown`].
+pub(crate) fn end_all_for_shutdown(core: &Core) -> usize {
+    core.registry
+        .end_all(&SessionError::ShuttingDown.into_status())
+}

@@ -1,0 +1,201 @@
+//! A gateway and a Decide double over a Unix socket, plus a raw operator client.
+#![allow(dead_code)] // each test binary uses a different subset
+
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use bigfleet_identity::TlsContext;
+use bigfleet_loadtest::decide_stub::{DecideStub, StubConfig, StubState};
+use bigfleet_mesh::{ChannelConfig, RunningServer, Target};
+use bigfleet_proto::mesh::v1::gateway_client::GatewayClient;
+use bigfleet_proto::v1alpha1::shard_client::ShardClient;
+use bigfleet_proto::v1alpha1::{
+    Acknowledgement, Hello, OperatorMessage, ShardMessage, operator_message, shard_message,
+};
+use svc_session_gateway::{GatewayConfig, GatewaySettings, RollupRate, Running};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::transport::Channel;
+use tonic::{Status, Streaming};
+
+pub const EPOCH: i64 = 42;
+pub const TERM: i64 = 7;
+
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub stub: Arc<StubState>,
+    pub stub_server: Option<RunningServer>,
+    pub gateway: Option<Running>,
+    pub addr: SocketAddr,
+}
+
+pub struct Options {
+    pub settings: GatewaySettings,
+    pub stub: StubConfig,
+    pub tls: Option<TlsContext>,
+    pub listen: SocketAddr,
+}
+
+impl Default for Options {
+    fn default() -> Self {
+        Self {
+            settings: GatewaySettings {
+                // Most tests send roll-ups back to back; the rate limit has its own test.
+                rollup_rate: RollupRate {
+                    per_second: 0.0,
+                    burst: 1,
+                },
+                ..GatewaySettings::default()
+            },
+            stub: StubConfig {
+                shard_epoch: EPOCH,
+                coordinator_term: TERM,
+                ..StubConfig::default()
+            },
+            tls: None,
+            listen: SocketAddr::from(([127, 0, 0, 1], 0)),
+        }
+    }
+}
+
+impl Harness {
+    pub async fn start(opts: Options) -> Self {
+        let dir = bigfleet_testkit::temp_dir("bfgw").unwrap();
+        let stub = DecideStub::new(opts.stub);
+        let state = stub.state();
+        let stub_server = stub
+            .serve_unix(&dir.path().join("decide.sock"))
+            .await
+            .unwrap();
+        let mut cfg = GatewayConfig::new(dir.path());
+        cfg.settings = opts.settings;
+        cfg.tls = opts.tls;
+        cfg.listen = Some(opts.listen);
+        cfg.drain_timeout = Duration::from_secs(2);
+        let gateway = svc_session_gateway::start(cfg).await.unwrap();
+        let addr = gateway.public_addr().unwrap();
+        Self {
+            dir,
+            stub: state,
+            stub_server: Some(stub_server),
+            gateway: Some(gateway),
+            addr,
+        }
+    }
+
+    pub fn gw(&self) -> &Running {
+        self.gateway.as_ref().unwrap()
+    }
+
+    pub fn target(&self) -> String {
+        format!("http://{}", self.addr)
+    }
+
+    /// A Gateway client over gateway.sock (how decide and sidecar workers call it).
+    pub async fn gateway_client(&self) -> GatewayClient<Channel> {
+        let target = Target::Unix(self.gw().socket_path().to_path_buf());
+        let ch = bigfleet_mesh::connect(&target, &ChannelConfig::default())
+            .await
+            .unwrap();
+        GatewayClient::new(ch)
+    }
+
+    pub async fn stop(mut self) {
+        if let Some(g) = self.gateway.take() {
+            g.shutdown().await.unwrap();
+        }
+        if let Some(s) = self.stub_server.take() {
+            s.shutdown().await.unwrap();
+        }
+    }
+}
+
+/// The operator side of a session, frame by frame.
+pub struct RawSession {
+    pub tx: mpsc::Sender<OperatorMessage>,
+    pub rx: Streaming<ShardMessage>,
+}
+
+pub fn hello(cluster: &str) -> OperatorMessage {
+    OperatorMessage {
+        payload: Some(operator_message::Payload::Hello(Hello {
+            cluster_id: cluster.to_owned(),
+            protocol_version: "v1alpha1".to_owned(),
+        })),
+    }
+}
+
+pub fn msg(p: operator_message::Payload) -> OperatorMessage {
+    OperatorMessage { payload: Some(p) }
+}
+
+pub async fn channel(target: &str, tls: Option<&TlsContext>) -> Channel {
+    let cfg = ChannelConfig::default().with_tls(tls.map(|t| t.client_config().unwrap()));
+    bigfleet_mesh::connect(&target.parse().unwrap(), &cfg)
+        .await
+        .unwrap()
+}
+
+/// Opens a session whose first frame is `first`.
+pub async fn open_with(channel: Channel, first: OperatorMessage) -> Result<RawSession, Status> {
+    let (tx, rx) = mpsc::channel(64);
+    tx.send(first).await.unwrap();
+    let mut client = ShardClient::new(channel);
+    let resp = client.session(ReceiverStream::new(rx)).await?;
+    Ok(RawSession {
+        tx,
+        rx: resp.into_inner(),
+    })
+}
+
+/// Opens a plaintext session for `cluster` and reads the hello ack.
+pub async fn open(target: &str, cluster: &str) -> RawSession {
+    let mut s = open_with(channel(target, None).await, hello(cluster))
+        .await
+        .unwrap();
+    let ack = s.next_ack().await;
+    assert_eq!(ack.echo, "hello");
+    s
+}
+
+impl RawSession {
+    pub async fn send(&self, m: OperatorMessage) {
+        self.tx.send(m).await.unwrap();
+    }
+
+    /// The next frame (fails the test after 5 s).
+    pub async fn next(&mut self) -> Result<Option<ShardMessage>, Status> {
+        tokio::time::timeout(Duration::from_secs(5), self.rx.message())
+            .await
+            .expect("no frame within 5 s")
+    }
+
+    pub async fn next_payload(&mut self) -> shard_message::Payload {
+        self.next()
+            .await
+            .unwrap()
+            .expect("stream ended")
+            .payload
+            .expect("empty frame")
+    }
+
+    pub async fn next_ack(&mut self) -> Acknowledgement {
+        match self.next_payload().await {
+            shard_message::Payload::Ack(a) => a,
+            other => panic!("expected an ack, got {other:?}"),
+        }
+    }
+}
+
+/// Polls `f` until it holds (fails the test after 5 s).
+pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while !f() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}

@@ -1,0 +1,137 @@
+//! Identity binding under mTLS: the Hello's cluster must be the certificate's.
+
+mod common;
+
+use bigfleet_identity::{TlsContext, TlsFiles};
+use bigfleet_proto::mesh::v1::StatusRequest;
+use bigfleet_proto::mesh::v1::gateway_client::GatewayClient;
+use bigfleet_testkit::{LeafSpec, TestCa};
+use common::*;
+use tonic::Code;
+
+struct Pki {
+    ca: TestCa,
+    dir: tempfile::TempDir,
+}
+
+impl Pki {
+    fn new() -> Self {
+        Self {
+            ca: TestCa::new("gateway test ca").unwrap(),
+            dir: tempfile::tempdir().unwrap(),
+        }
+    }
+
+    fn context(&self, stem: &str, spec: &LeafSpec) -> TlsContext {
+        let cert = self.ca.issue(spec).unwrap();
+        let paths = self.ca.write_bundle(self.dir.path(), stem, &cert).unwrap();
+        TlsContext::load(&TlsFiles::new(paths.cert, paths.key, paths.ca)).unwrap()
+    }
+
+    fn role(&self, role: &str) -> TlsContext {
+        self.context(
+            &bigfleet_testkit::role_file_stem(role),
+            &LeafSpec::role(role),
+        )
+    }
+}
+
+async fn mtls_harness(pki: &Pki) -> Harness {
+    Harness::start(Options {
+        tls: Some(pki.role("shard/shard-0")),
+        ..Options::default()
+    })
+    .await
+}
+
+fn https(h: &Harness) -> String {
+    format!("https://{}", h.addr)
+}
+
+#[tokio::test]
+async fn the_certificate_must_name_the_hello_cluster() {
+    let pki = Pki::new();
+    let h = mtls_harness(&pki).await;
+    let rejected = || h.gw().metrics().identity_rejected.get();
+
+    // Matching identity: accepted.
+    let a = pki.role("cluster/cluster-a");
+    let mut s = open_with(channel(&https(&h), Some(&a)).await, hello("cluster-a"))
+        .await
+        .unwrap();
+    assert_eq!(s.next_ack().await.echo, "hello");
+
+    // Certificate for cluster-a, Hello for cluster-b.
+    let err = open_with(channel(&https(&h), Some(&a)).await, hello("cluster-b"))
+        .await
+        .err()
+        .expect("impersonation must be refused");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(
+        err.message().contains("bigfleet://cluster/cluster-b"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(rejected(), 1);
+
+    // No identity SAN at all.
+    let none = pki.context("none", &LeafSpec::loopback("no identity"));
+    let err = open_with(channel(&https(&h), Some(&none)).await, hello("cluster-a"))
+        .await
+        .err()
+        .expect("a certificate without identity must be refused");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert!(
+        err.message().contains("exactly one bigfleet:// URI SAN"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(rejected(), 2);
+
+    // Two identity SANs.
+    let two = pki.context(
+        "two",
+        &LeafSpec::role("cluster/cluster-a").with_uri("bigfleet://cluster/cluster-b"),
+    );
+    let err = open_with(channel(&https(&h), Some(&two)).await, hello("cluster-a"))
+        .await
+        .err()
+        .expect("an ambiguous certificate must be refused");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(rejected(), 3);
+
+    // Another role entirely (a readonly dashboard certificate) cannot open sessions.
+    let ro = pki.role("readonly");
+    let err = open_with(channel(&https(&h), Some(&ro)).await, hello("cluster-a"))
+        .await
+        .err()
+        .expect("readonly may not open a session");
+    assert_eq!(err.code(), Code::PermissionDenied);
+    assert_eq!(rejected(), 4);
+
+    // The accepted session is unaffected by the refusals.
+    assert_eq!(h.gw().active_sessions(), 1);
+    s.send(hello("cluster-a")).await;
+    assert_eq!(s.next_ack().await.echo, "hello");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_public_gateway_service_is_for_this_shards_execute_workers_only() {
+    let pki = Pki::new();
+    let h = mtls_harness(&pki).await;
+    let status = |ctx: TlsContext| {
+        let target = https(&h);
+        async move {
+            GatewayClient::new(channel(&target, Some(&ctx)).await)
+                .status(StatusRequest::default())
+                .await
+        }
+    };
+    assert!(status(pki.role("shard/shard-0/execute")).await.is_ok());
+    let err = status(pki.role("shard/shard-1/execute")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "another shard's worker");
+    let err = status(pki.role("cluster/cluster-a")).await.unwrap_err();
+    assert_eq!(err.code(), Code::PermissionDenied, "an operator");
+    h.stop().await;
+}

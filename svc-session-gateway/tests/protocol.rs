@@ -1,0 +1,689 @@
+//! The session protocol against a real gateway and a Decide double over a Unix socket.
+
+mod common;
+
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+use bigfleet_loadtest::Demand;
+use bigfleet_loadtest::decide_stub::StubConfig;
+use bigfleet_proto::mesh::v1::DescribeShardRequest;
+use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
+use bigfleet_proto::mesh::v1::{
+    BootstrapError, RequestBootstrapRequest, SendReclaimRequest, ShardEvent, StatusRequest,
+    request_bootstrap_response, shard_event,
+};
+use bigfleet_proto::v1alpha1::{
+    BootstrapBlobResponse, ClusterCapacityNeeds, NodeStateUpdate, ReclaimAck, operator_message,
+    shard_message,
+};
+use common::*;
+use svc_session_gateway::{GatewaySettings, RollupRate};
+use tokio::sync::Semaphore;
+use tonic::Code;
+
+fn rollup(cluster: &str, ts: i64) -> bigfleet_proto::v1alpha1::OperatorMessage {
+    let mut r = Demand::typical().rollup(cluster, ts);
+    r.timestamp_unix_nanos = ts;
+    msg(operator_message::Payload::Rollup(r))
+}
+
+#[tokio::test]
+async fn first_frame_must_be_a_hello() {
+    let h = Harness::start(Options::default()).await;
+    let err = open_with(channel(&h.target(), None).await, rollup("a", 1))
+        .await
+        .err()
+        .expect("a roll-up first must be refused");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("must be a Hello"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(h.gw().active_sessions(), 0);
+    assert_eq!(h.stub.opened.load(Ordering::SeqCst), 0);
+    assert_eq!(
+        h.gw()
+            .metrics()
+            .sessions_refused
+            .with_label_values(&["invalid_hello"])
+            .get(),
+        1
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn hello_with_an_empty_cluster_id_is_refused() {
+    let h = Harness::start(Options::default()).await;
+    let err = open_with(channel(&h.target(), None).await, hello(""))
+        .await
+        .err()
+        .expect("empty cluster id must be refused");
+    assert_eq!(err.code(), Code::InvalidArgument);
+    assert!(
+        err.message().contains("empty cluster_id"),
+        "{}",
+        err.message()
+    );
+    assert_eq!(h.gw().active_sessions(), 0);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn hello_is_acked_with_term_and_epoch_and_rehello_is_reacked() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open_with(channel(&h.target(), None).await, hello("a"))
+        .await
+        .unwrap();
+    let ack = s.next_ack().await;
+    assert_eq!(
+        (ack.echo.as_str(), ack.coordinator_term, ack.shard_epoch),
+        ("hello", TERM, EPOCH)
+    );
+    assert_eq!(
+        h.stub.open_sessions().len(),
+        1,
+        "decide heard SessionOpened"
+    );
+    s.send(hello("a")).await;
+    let again = s.next_ack().await;
+    assert_eq!((again.echo.as_str(), again.shard_epoch), ("hello", EPOCH));
+    // A Hello for another cluster on the same stream ends it.
+    s.send(hello("b")).await;
+    let err = s.next().await.unwrap_err();
+    assert_eq!(err.code(), Code::InvalidArgument);
+    eventually("the session to be removed", || {
+        h.gw().active_sessions() == 0
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_new_session_replaces_the_old_and_the_old_cleanup_keeps_the_new() {
+    let h = Harness::start(Options::default()).await;
+    let mut old = open(&h.target(), "a").await;
+    let old_id = h.stub.open_sessions()["a"];
+    let mut new = open(&h.target(), "a").await;
+    let new_id = h.stub.open_sessions()["a"];
+    assert!(new_id > old_id);
+
+    let err = old.next().await.unwrap_err();
+    assert_eq!(err.code(), Code::Aborted, "{err:?}");
+    assert!(err.message().contains("replaced"), "{}", err.message());
+
+    // The old session's cleanup (decide hears its close) must not evict the new one.
+    eventually("the old close to reach decide", || {
+        h.stub.closes().iter().any(|c| c.session_id == old_id)
+    })
+    .await;
+    let close = h
+        .stub
+        .closes()
+        .into_iter()
+        .find(|c| c.session_id == old_id)
+        .unwrap();
+    assert_eq!(close.reason, "replaced");
+    let mut gw = h.gateway_client().await;
+    let status = gw
+        .status(StatusRequest {
+            include_sessions: true,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(status.active_sessions, 1);
+    assert_eq!(status.sessions[0].session_id, new_id);
+    assert_eq!(status.shard_epoch, EPOCH);
+    assert_eq!(
+        h.stub.open_sessions()["a"],
+        new_id,
+        "decide ignored the stale close"
+    );
+
+    // The new session works.
+    new.send(rollup("a", 5)).await;
+    assert_eq!(new.next_ack().await.echo, "rollup");
+    assert_eq!(h.stub.rollup("a").unwrap().timestamp_unix_nanos, 5);
+    let m = h.gw().metrics();
+    assert_eq!(
+        m.session_lifecycle.with_label_values(&["replaced"]).get(),
+        1
+    );
+    assert_eq!(
+        m.session_lifecycle.with_label_values(&["installed"]).get(),
+        2
+    );
+    assert_eq!(m.session_lifecycle.with_label_values(&["removed"]).get(), 0);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn rollups_are_replaced_in_the_lane_while_decide_is_slow() {
+    let gate = Arc::new(Semaphore::new(0));
+    let h = Harness::start(Options {
+        stub: StubConfig {
+            shard_epoch: EPOCH,
+            coordinator_term: TERM,
+            apply_gate: Some(Arc::clone(&gate)),
+            ..StubConfig::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let mut s = open(&h.target(), "a").await;
+    s.send(rollup("a", 1)).await;
+    eventually("decide to be busy with roll-up 1", || {
+        h.stub.apply_started.load(Ordering::SeqCst) == 1
+    })
+    .await;
+    for ts in 2..=5 {
+        s.send(rollup("a", ts)).await;
+    }
+    let m = h.gw().metrics().clone();
+    eventually("all roll-ups to be read", || m.rollups_received.get() == 5).await;
+    // The pump is not blocked by the slow lane: a re-Hello is answered right away.
+    s.send(hello("a")).await;
+    assert_eq!(s.next_ack().await.echo, "hello");
+
+    gate.add_permits(10);
+    assert_eq!(s.next_ack().await.echo, "rollup");
+    assert_eq!(s.next_ack().await.echo, "rollup");
+    assert_eq!(
+        h.stub.applied.load(Ordering::SeqCst),
+        2,
+        "1 and the newest only"
+    );
+    assert_eq!(h.stub.rollup("a").unwrap().timestamp_unix_nanos, 5);
+    assert_eq!(m.rollups_replaced.get(), 3, "2, 3 and 4 were replaced");
+    assert_eq!(m.rollups_accepted.get(), 2);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_bad_rollup_is_rejected_whole_and_the_previous_demand_is_kept() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    s.send(rollup("a", 1)).await;
+    assert_eq!(s.next_ack().await.echo, "rollup");
+
+    let mut bad = Demand::typical().rollup("a", 2);
+    bad.needs[1].interruption_penalty_bucket = 99;
+    s.send(msg(operator_message::Payload::Rollup(bad))).await;
+    let ack = s.next_ack().await;
+    assert!(ack.echo.starts_with("rollup rejected: "), "{}", ack.echo);
+    assert!(
+        ack.echo.contains("needs[1].interruption_penalty_bucket"),
+        "{}",
+        ack.echo
+    );
+    assert_eq!(
+        h.stub.rollup("a").unwrap().timestamp_unix_nanos,
+        1,
+        "last-known-good kept"
+    );
+    assert_eq!(h.stub.applied.load(Ordering::SeqCst), 1, "never forwarded");
+
+    let mut bad_qty = Demand::typical().rollup("a", 3);
+    bad_qty.needs[0]
+        .aggregate_resources
+        .insert("cpu".into(), "lots".into());
+    s.send(msg(operator_message::Payload::Rollup(bad_qty)))
+        .await;
+    assert!(s.next_ack().await.echo.starts_with("rollup rejected: "));
+
+    // A roll-up for another cluster on this session is a forgery.
+    s.send(rollup("b", 4)).await;
+    assert!(s.next_ack().await.echo.contains("does not match"));
+    assert!(h.stub.rollup("b").is_none());
+
+    let m = h.gw().metrics();
+    assert_eq!(m.rollups_rejected.with_label_values(&["a"]).get(), 3);
+    // The stream stayed up: the next good roll-up is applied.
+    s.send(rollup("a", 5)).await;
+    assert_eq!(s.next_ack().await.echo, "rollup");
+    assert_eq!(h.stub.rollup("a").unwrap().timestamp_unix_nanos, 5);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_per_cluster_rate_limit_delays_and_coalesces() {
+    let h = Harness::start(Options {
+        settings: GatewaySettings {
+            rollup_rate: RollupRate {
+                per_second: 5.0,
+                burst: 1,
+            },
+            ..GatewaySettings::default()
+        },
+        ..Options::default()
+    })
+    .await;
+    let mut s = open(&h.target(), "a").await;
+    // The first roll-up spends the only token; the rest arrive before it refills.
+    s.send(rollup("a", 1)).await;
+    assert_eq!(s.next_ack().await.echo, "rollup");
+    for ts in 2..=6 {
+        s.send(rollup("a", ts)).await;
+    }
+    let m = h.gw().metrics().clone();
+    eventually("the newest roll-up to be applied", || {
+        h.stub
+            .rollup("a")
+            .is_some_and(|r| r.timestamp_unix_nanos == 6)
+    })
+    .await;
+    assert!(m.rollups_throttled.get() >= 1);
+    assert!(h.stub.applied.load(Ordering::SeqCst) < 6);
+    assert_eq!(s.next_ack().await.echo, "rollup");
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_reported() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    let mut gw = h.gateway_client().await;
+
+    // No session.
+    let r = gw
+        .request_bootstrap(RequestBootstrapRequest {
+            cluster_id: "nobody".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.outcome,
+        Some(request_bootstrap_response::Outcome::Error(
+            BootstrapError::NoSession as i32
+        ))
+    );
+
+    // Matched by id: an answer with another id is dropped, the right one completes it.
+    let mut caller = gw.clone();
+    let call = tokio::spawn(async move {
+        caller
+            .request_bootstrap(RequestBootstrapRequest {
+                cluster_id: "a".into(),
+                timeout_ms: 5_000,
+                machine_id: "m-1".into(),
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let req = match s.next_payload().await {
+        shard_message::Payload::BootstrapRequest(r) => r,
+        other => panic!("expected a bootstrap request, got {other:?}"),
+    };
+    assert_eq!(req.request_id.len(), 16);
+    assert_eq!(req.cluster_id, "a");
+    let answer = |id: &str, data: &[u8], error: &str| {
+        msg(operator_message::Payload::BootstrapResponse(
+            BootstrapBlobResponse {
+                request_id: id.into(),
+                user_data: data.to_vec(),
+                ttl_seconds: 600,
+                error: error.into(),
+            },
+        ))
+    };
+    s.send(answer("0000000000000000", b"wrong", "")).await;
+    s.send(answer(&req.request_id, b"#cloud-config", "")).await;
+    let r = call.await.unwrap();
+    assert_eq!(
+        r.outcome,
+        Some(request_bootstrap_response::Outcome::Blob(
+            b"#cloud-config".to_vec()
+        ))
+    );
+    assert_eq!(
+        (r.ttl_seconds, r.request_id.as_str()),
+        (600, req.request_id.as_str())
+    );
+    let m = h.gw().metrics().clone();
+    eventually("the wrong answer to be counted", || {
+        m.bootstrap_responses_unmatched.get() == 1
+    })
+    .await;
+
+    // Timeout, then the late answer is dropped.
+    let r = gw
+        .request_bootstrap(RequestBootstrapRequest {
+            cluster_id: "a".into(),
+            timeout_ms: 100,
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        r.outcome,
+        Some(request_bootstrap_response::Outcome::Error(
+            BootstrapError::Timeout as i32
+        ))
+    );
+    let late = match s.next_payload().await {
+        shard_message::Payload::BootstrapRequest(r) => r,
+        other => panic!("expected a bootstrap request, got {other:?}"),
+    };
+    assert_eq!(late.request_id, r.request_id);
+    s.send(answer(&late.request_id, b"too late", "")).await;
+    eventually("the late answer to be dropped", || {
+        m.bootstrap_responses_unmatched.get() == 2
+    })
+    .await;
+
+    // Operator-reported error.
+    let mut caller = gw.clone();
+    let call = tokio::spawn(async move {
+        caller
+            .request_bootstrap(RequestBootstrapRequest {
+                cluster_id: "a".into(),
+                timeout_ms: 5_000,
+                ..Default::default()
+            })
+            .await
+            .unwrap()
+            .into_inner()
+    });
+    let req = match s.next_payload().await {
+        shard_message::Payload::BootstrapRequest(r) => r,
+        other => panic!("expected a bootstrap request, got {other:?}"),
+    };
+    assert_ne!(req.request_id, late.request_id, "fresh id per request");
+    s.send(answer(
+        &req.request_id,
+        b"",
+        "kubelet 1.20 outside the skew window",
+    ))
+    .await;
+    let r = call.await.unwrap();
+    assert_eq!(
+        r.outcome,
+        Some(request_bootstrap_response::Outcome::Error(
+            BootstrapError::OperatorError as i32
+        ))
+    );
+    assert!(r.message.contains("skew"));
+    assert_eq!(m.request_bootstrap_seconds.get_sample_count(), 2);
+    assert_eq!(m.request_bootstrap.with_label_values(&["timeout"]).get(), 1);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn reclaim_instructions_reach_the_operator_and_acks_are_counted() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    let mut gw = h.gateway_client().await;
+    let resp = gw
+        .send_reclaim(SendReclaimRequest {
+            cluster_id: "a".into(),
+            nodes: vec!["m-9".into()],
+            grace_period_seconds: 30,
+            preemptor_priority: 1_000_000,
+            machine_id: "m-9".into(),
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(resp.delivered);
+    let ins = match s.next_payload().await {
+        shard_message::Payload::ReclaimInstruction(i) => i,
+        other => panic!("expected a reclaim instruction, got {other:?}"),
+    };
+    assert_eq!(ins.instruction_id, resp.instruction_id);
+    assert_eq!(
+        (ins.nodes.as_slice(), ins.grace_period_seconds),
+        (&["m-9".to_owned()][..], 30)
+    );
+    s.send(msg(operator_message::Payload::ReclaimAck(ReclaimAck {
+        instruction_id: ins.instruction_id,
+        nodes_started: 1,
+    })))
+    .await;
+    let m = h.gw().metrics().clone();
+    eventually("the ack to be counted", || m.reclaim_acks.get() == 1).await;
+    let none = gw
+        .send_reclaim(SendReclaimRequest {
+            cluster_id: "nobody".into(),
+            ..Default::default()
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(!none.delivered);
+    h.stop().await;
+}
+
+fn node_event(cluster: &str, machine: &str, state: i32) -> ShardEvent {
+    let key = format!("node:{machine}");
+    ShardEvent {
+        cluster_id: cluster.into(),
+        supersedes_key: key.clone(),
+        frame: Some(shard_event::Frame::NodeStateUpdate(NodeStateUpdate {
+            supersedes_key: key,
+            machine_id: machine.into(),
+            cluster_id: cluster.into(),
+            state,
+            ..Default::default()
+        })),
+    }
+}
+
+#[tokio::test]
+async fn published_frames_reach_the_operator_newest_per_key_and_ghosts_are_dropped() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    let mut gw = h.gateway_client().await;
+    // Many updates for few machines; state = sequence number so "newest" is checkable.
+    let mut events = Vec::new();
+    for i in 0..400 {
+        events.push(node_event("a", &format!("m-{}", i % 4), i + 1));
+    }
+    events.push(node_event("ghost", "m-x", 3));
+    let summary = gw
+        .publish(tokio_stream::iter(events))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(summary.received, 401);
+    assert_eq!(summary.dropped_no_session, 1);
+    assert_eq!(summary.queued, 400);
+    assert_eq!(summary.dropped_outbox_full, 0);
+
+    // Read until every machine's final state has arrived; per key, states only increase.
+    let mut last = std::collections::HashMap::<String, i32>::new();
+    let mut frames = 0;
+    while last.values().filter(|&&v| v > 396).count() < 4 {
+        match s.next_payload().await {
+            shard_message::Payload::NodeStateUpdate(u) => {
+                frames += 1;
+                let prev = last.insert(u.machine_id.clone(), u.state).unwrap_or(0);
+                assert!(
+                    u.state > prev,
+                    "out of order for {}: {prev} then {}",
+                    u.machine_id,
+                    u.state
+                );
+            }
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    assert_eq!(
+        frames as u64,
+        400 - summary.coalesced,
+        "every queued frame not coalesced arrives"
+    );
+    assert_eq!(
+        h.gw()
+            .metrics()
+            .outbox_dropped
+            .with_label_values(&["no_session"])
+            .get(),
+        1
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn the_session_cap_answers_resource_exhausted() {
+    let h = Harness::start(Options {
+        settings: GatewaySettings {
+            max_sessions: 2,
+            ..Options::default().settings
+        },
+        ..Options::default()
+    })
+    .await;
+    let _a = open(&h.target(), "a").await;
+    let _b = open(&h.target(), "b").await;
+    let err = open_with(channel(&h.target(), None).await, hello("c"))
+        .await
+        .err()
+        .expect("third cluster over the cap");
+    assert_eq!(err.code(), Code::ResourceExhausted);
+    assert!(
+        err.message().contains("--max-sessions"),
+        "{}",
+        err.message()
+    );
+    // Replacing an existing cluster's session is still allowed.
+    let _a2 = open(&h.target(), "a").await;
+    assert_eq!(h.gw().active_sessions(), 2);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn shutdown_ends_sessions_with_unavailable_and_tells_decide() {
+    let mut h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    let gw = h.gateway.take().unwrap();
+    gw.shutdown().await.unwrap();
+    let err = s.next().await.unwrap_err();
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert!(err.message().contains("shutting down"));
+    eventually("decide to hear the close", || {
+        h.stub.closes().iter().any(|c| c.reason == "shutdown")
+    })
+    .await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_session_fails_cleanly_when_decide_is_down() {
+    let mut h = Harness::start(Options::default()).await;
+    h.stub_server.take().unwrap().shutdown().await.unwrap();
+    let err = open_with(channel(&h.target(), None).await, hello("a"))
+        .await
+        .err()
+        .expect("no decide, no session");
+    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    assert_eq!(
+        h.gw().active_sessions(),
+        0,
+        "the half-open session was removed"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn shard_info_adds_the_gateways_sessions() {
+    let h = Harness::start(Options::default()).await;
+    let _a = open(&h.target(), "a").await;
+    let mut info = ShardInfoClient::new(channel(&h.target(), None).await);
+    let d = info
+        .describe(DescribeShardRequest {})
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(d.sessions, 1);
+    assert_eq!(d.shard_id, "shard-0");
+    assert_eq!(
+        d.shard_epoch, EPOCH,
+        "the stub serves no ShardInfo: gateway's own view"
+    );
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn empty_rollups_are_valid_full_replacements() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    s.send(msg(operator_message::Payload::Rollup(
+        ClusterCapacityNeeds {
+            cluster_id: "a".into(),
+            timestamp_unix_nanos: 9,
+            needs: vec![],
+        },
+    )))
+    .await;
+    let ack = s.next_ack().await;
+    assert_eq!(
+        (ack.echo.as_str(), ack.shard_epoch, ack.coordinator_term),
+        ("rollup", EPOCH, TERM)
+    );
+    assert!(h.stub.rollup("a").unwrap().needs.is_empty());
+    tokio::time::sleep(Duration::from_millis(1)).await;
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn a_rollup_larger_than_tonics_default_limit_goes_through() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "big").await;
+    let needs: Vec<_> = (0..60_000)
+        .map(|i| bigfleet_loadtest::NeedSpec::cpu(1 + i % 7, 1 + i % 5, 4, i as i32))
+        .collect();
+    let r = Demand::new(needs).rollup("big", 1);
+    let size = prost::Message::encoded_len(&r);
+    assert!(
+        size > 4 * 1024 * 1024,
+        "{size} bytes is not over the 4 MiB default"
+    );
+    s.send(msg(operator_message::Payload::Rollup(r))).await;
+    let ack = tokio::time::timeout(Duration::from_secs(30), s.next_ack())
+        .await
+        .unwrap();
+    assert_eq!(ack.echo, "rollup");
+    assert_eq!(h.stub.rollup("big").unwrap().needs.len(), 60_000);
+    h.stop().await;
+}
+
+#[tokio::test]
+async fn inspect_needs_is_proxied_to_decide() {
+    use bigfleet_proto::v1alpha1::InspectNeedsRequest;
+    use bigfleet_proto::v1alpha1::inspect_needs_response::Frame;
+    use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    s.send(rollup("a", 1)).await;
+    assert_eq!(s.next_ack().await.echo, "rollup");
+    let mut read = ShardReadClient::new(channel(&h.target(), None).await);
+    let mut stream = read
+        .inspect_needs(InspectNeedsRequest {
+            cluster_id: "a".into(),
+            limit: 2,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    let mut frames = Vec::new();
+    while let Some(f) = stream.message().await.unwrap() {
+        frames.push(f.frame.unwrap());
+    }
+    assert!(matches!(frames[0], Frame::Header(ref hd) if hd.total_needs == 3 && hd.cycle == 0));
+    assert_eq!(frames.len(), 3, "header + limit 2");
+    assert!(
+        frames[1..]
+            .iter()
+            .all(|f| matches!(f, Frame::Need(v) if v.cluster_id == "a"))
+    );
+    h.stop().await;
+}

@@ -1,0 +1,877 @@
+//! The shard's authoritative machine inventory.
+//!
+//! Built for 500K machines in a few hundred MB: each machine is a fixed-size
+//! record whose repeated strings (clusters, fingerprints, groups, provider
+//! names) are interned symbols and whose hardware description (type, zone,
+//! capacity type, resources, labels) and allocatable vector are shared table
+//! entries; the id index stores hashes, not a second copy of every id. A full
+//! [`Machine`] is materialised only on the slow paths that need one.
+//!
+//! Next to the records it maintains the engine's compact
+//! [`bigfleet_decision::Fleet`] (upserted on every change, so a cycle reads a
+//! ready inventory), idle-since stamps, reconcile marks and per-bucket counters
+//! so summaries, gauges and AvailableCapacity hints never walk every machine.
+
+use bigfleet_decision::Fleet;
+use bigfleet_model::machine::{
+    META_ASSIGNED_GROUP, META_ASSIGNED_INTERRUPTION_PENALTY, META_ASSIGNED_NEED_FINGERPRINT,
+    META_ASSIGNED_PRIORITY, META_ASSIGNED_RECLAMATION_PENALTY,
+};
+use bigfleet_model::{
+    CapacityType, Host, Machine, MachineProfile, MachineState, PenaltyBucket, ResourceVector,
+    bucket_for_dollars,
+};
+use rustc_hash::{FxHashMap, FxHasher};
+use smallvec::SmallVec;
+use std::collections::BTreeMap;
+use std::hash::{Hash, Hasher};
+
+/// One cell of the inventory's count index.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct BucketKey {
+    pub state: MachineState,
+    pub capacity_type: CapacityType,
+    /// Bucket of the assigned interruption penalty (Zero when unassigned).
+    pub interruption_bucket: PenaltyBucket,
+    pub instance_type: String,
+    pub zone: String,
+}
+
+/// Coarse counts for reports (the coordinator's `ShardSummary`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct InventorySummary {
+    pub total: u64,
+    /// Idle + Speculative.
+    pub free: u64,
+    pub by_state: BTreeMap<MachineState, u64>,
+    pub by_instance_type: BTreeMap<String, u64>,
+    pub by_zone: BTreeMap<String, u64>,
+}
+
+/// Matching free supply for an AvailableCapacity hint.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct FreeSupply {
+    pub idle: u64,
+    pub speculative: u64,
+    /// Cheapest matching Idle machine, USD/h.
+    pub cheapest_idle_price: Option<f64>,
+}
+
+/// A machine's binding and assignment as the shard holds them.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Assigned<'a> {
+    pub cluster: &'a str,
+    pub state: MachineState,
+    pub priority: i32,
+    pub interruption_penalty_dollars: f64,
+    pub reclamation_penalty_dollars: f64,
+    pub need_fingerprint: &'a str,
+    pub group: &'a str,
+}
+
+/// The five well-known `shard_metadata` keys, in mask-bit order.
+const META_KEYS: [&str; 5] = [
+    META_ASSIGNED_PRIORITY,
+    META_ASSIGNED_INTERRUPTION_PENALTY,
+    META_ASSIGNED_RECLAMATION_PENALTY,
+    META_ASSIGNED_NEED_FINGERPRINT,
+    META_ASSIGNED_GROUP,
+];
+
+/// Symbol of the empty string.
+const EMPTY: u32 = 0;
+/// `idle_since` value meaning "not idle / unknown".
+const NOT_IDLE: i64 = i64::MIN;
+
+/// Owned string interning with stable ids; id 0 is "".
+#[derive(Debug)]
+struct Syms {
+    map: FxHashMap<Box<str>, u32>,
+    strs: Vec<Box<str>>,
+}
+
+impl Default for Syms {
+    fn default() -> Self {
+        let mut s = Syms {
+            map: FxHashMap::default(),
+            strs: Vec::new(),
+        };
+        s.intern("");
+        s
+    }
+}
+
+impl Syms {
+    fn intern(&mut self, s: &str) -> u32 {
+        if let Some(&id) = self.map.get(s) {
+            return id;
+        }
+        let id = u32::try_from(self.strs.len()).expect("fewer than 2^32 symbols");
+        self.map.insert(s.into(), id);
+        self.strs.push(s.into());
+        id
+    }
+
+    fn get(&self, s: &str) -> Option<u32> {
+        self.map.get(s).copied()
+    }
+
+    fn resolve(&self, id: u32) -> &str {
+        &self.strs[id as usize]
+    }
+}
+
+/// A table of shared values with stable ids (profiles, allocatable vectors).
+#[derive(Debug)]
+struct Table<T> {
+    index: FxHashMap<u64, SmallVec<[u32; 1]>>,
+    items: Vec<T>,
+}
+
+impl<T> Default for Table<T> {
+    fn default() -> Self {
+        Table {
+            index: FxHashMap::default(),
+            items: Vec::new(),
+        }
+    }
+}
+
+impl<T: PartialEq + Clone> Table<T> {
+    fn intern(&mut self, hash: u64, v: &T) -> u32 {
+        let slots = self.index.entry(hash).or_default();
+        if let Some(&id) = slots.iter().find(|&&id| self.items[id as usize] == *v) {
+            return id;
+        }
+        let id = u32::try_from(self.items.len()).expect("fewer than 2^32 table entries");
+        self.items.push(v.clone());
+        slots.push(id);
+        id
+    }
+}
+
+fn hash_of(f: impl FnOnce(&mut FxHasher)) -> u64 {
+    let mut h = FxHasher::default();
+    f(&mut h);
+    h.finish()
+}
+
+fn profile_hash(p: &MachineProfile) -> u64 {
+    hash_of(|h| {
+        p.instance_type.hash(h);
+        p.zone.hash(h);
+        p.capacity_type.hash(h);
+        p.resources.hash(h);
+        p.labels.hash(h);
+    })
+}
+
+fn id_hash(id: &str) -> u64 {
+    hash_of(|h| id.hash(h))
+}
+
+/// `shard_metadata` entries kept verbatim.
+type ExtraMeta = Box<[(Box<str>, Box<str>)]>;
+
+/// One machine, compactly (see the module docs).
+#[derive(Debug, Clone)]
+struct Rec {
+    id: Box<str>,
+    /// `None` together with `host_ref_is_id` set means "the machine id".
+    host_ref: Option<Box<str>>,
+    last_error: Option<Box<str>>,
+    /// `shard_metadata` entries that cannot be rebuilt from the assigned fields.
+    extra_meta: Option<ExtraMeta>,
+    price: f64,
+    prob: f64,
+    asg_ip: f64,
+    asg_rp: f64,
+    asg_prio: i32,
+    host_provider: u32,
+    cluster: u32,
+    profile: u32,
+    alloc: u32,
+    fp: u32,
+    group: u32,
+    state: MachineState,
+    host_ref_is_id: bool,
+    /// Which of [`META_KEYS`] were present with exactly their re-encoded value.
+    meta_mask: u8,
+}
+
+/// Counter cell: (state, interruption bucket, profile id).
+type Cell = (MachineState, PenaltyBucket, u32);
+
+/// The inventory. Not synchronised: the owner wraps it in a lock.
+#[derive(Debug, Default)]
+pub struct Inventory {
+    recs: Vec<Rec>,
+    idle_since: Vec<i64>,
+    /// Reconcile generation that last saw each machine (removal walk).
+    seen: Vec<u32>,
+    index: FxHashMap<u64, SmallVec<[u32; 1]>>,
+    syms: Syms,
+    profiles: Table<MachineProfile>,
+    allocs: Table<ResourceVector>,
+    cells: FxHashMap<Cell, u64>,
+    /// Idle prices per profile: price bits → count. Prices are finite and
+    /// non-negative (ingest validates), so bit order is numeric order.
+    idle_prices: FxHashMap<u32, BTreeMap<u64, u64>>,
+    configured_by_cluster: FxHashMap<u32, u64>,
+    fleet: Fleet,
+}
+
+impl Inventory {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn len(&self) -> usize {
+        self.recs.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.recs.is_empty()
+    }
+
+    /// The engine's compact view of the same machines.
+    pub fn fleet(&self) -> &Fleet {
+        &self.fleet
+    }
+
+    /// Position of a machine (valid until the next removal).
+    pub fn position(&self, id: &str) -> Option<usize> {
+        self.index
+            .get(&id_hash(id))?
+            .iter()
+            .copied()
+            .find(|&p| &*self.recs[p as usize].id == id)
+            .map(|p| p as usize)
+    }
+
+    pub fn contains(&self, id: &str) -> bool {
+        self.position(id).is_some()
+    }
+
+    pub fn state_at(&self, pos: usize) -> MachineState {
+        self.recs[pos].state
+    }
+
+    /// The id at a position, if the position exists.
+    pub fn id_at(&self, pos: usize) -> Option<&str> {
+        self.recs.get(pos).map(|r| &*r.id)
+    }
+
+    /// What reconcile needs to keep the shard's own assignment: cluster,
+    /// state, priority, both penalties, fingerprint, group.
+    pub fn assignment_at(&self, pos: usize) -> Assigned<'_> {
+        let r = &self.recs[pos];
+        Assigned {
+            cluster: self.syms.resolve(r.cluster),
+            state: r.state,
+            priority: r.asg_prio,
+            interruption_penalty_dollars: r.asg_ip,
+            reclamation_penalty_dollars: r.asg_rp,
+            need_fingerprint: self.syms.resolve(r.fp),
+            group: self.syms.resolve(r.group),
+        }
+    }
+
+    pub fn state_of(&self, id: &str) -> Option<MachineState> {
+        self.position(id).map(|p| self.recs[p].state)
+    }
+
+    pub fn cluster_of(&self, id: &str) -> Option<&str> {
+        self.position(id)
+            .map(|p| self.syms.resolve(self.recs[p].cluster))
+    }
+
+    /// A full copy of one machine.
+    pub fn get(&self, id: &str) -> Option<Machine> {
+        self.position(id).map(|p| self.materialize(p))
+    }
+
+    pub fn idle_since_of(&self, id: &str) -> Option<i64> {
+        let t = self.idle_since[self.position(id)?];
+        (t != NOT_IDLE).then_some(t)
+    }
+
+    /// Machine ids, in storage order.
+    pub fn ids(&self) -> impl Iterator<Item = &str> {
+        self.recs.iter().map(|r| &*r.id)
+    }
+
+    fn materialize(&self, pos: usize) -> Machine {
+        let r = &self.recs[pos];
+        let reference = match (&r.host_ref, r.host_ref_is_id) {
+            (Some(h), _) => h.to_string(),
+            (None, true) => r.id.to_string(),
+            (None, false) => String::new(),
+        };
+        let mut m = Machine {
+            id: r.id.to_string(),
+            state: r.state,
+            host: Host {
+                provider: self.syms.resolve(r.host_provider).to_owned(),
+                reference,
+            },
+            cluster: self.syms.resolve(r.cluster).to_owned(),
+            profile: self.profiles.items[r.profile as usize].clone(),
+            price_per_hour: r.price,
+            interruption_probability: r.prob,
+            last_error: r.last_error.as_deref().unwrap_or_default().to_owned(),
+            assigned_priority: r.asg_prio,
+            assigned_interruption_penalty_dollars: r.asg_ip,
+            assigned_reclamation_penalty_dollars: r.asg_rp,
+            assigned_need_fingerprint: self.syms.resolve(r.fp).to_owned(),
+            assigned_group: self.syms.resolve(r.group).to_owned(),
+            allocatable: self.allocs.items[r.alloc as usize].clone(),
+            shard_metadata: BTreeMap::new(),
+        };
+        if r.meta_mask != 0 {
+            let encoded = m.encode_shard_metadata();
+            for (bit, key) in META_KEYS.iter().enumerate() {
+                if r.meta_mask & (1 << bit) != 0 {
+                    m.shard_metadata
+                        .insert((*key).to_owned(), encoded[*key].clone());
+                }
+            }
+        }
+        for (k, v) in r.extra_meta.iter().flat_map(|e| e.iter()) {
+            m.shard_metadata.insert(k.to_string(), v.to_string());
+        }
+        m
+    }
+
+    /// `like` is the record being replaced: when the hardware description
+    /// did not change (the common case: a state change), its table entries are
+    /// reused without hashing.
+    fn compact(&mut self, m: &Machine, like: Option<usize>) -> Rec {
+        let prev = like.map(|p| (self.recs[p].profile, self.recs[p].alloc));
+        let profile = match prev {
+            Some((id, _)) if self.profiles.items[id as usize] == m.profile => id,
+            _ => self.profiles.intern(profile_hash(&m.profile), &m.profile),
+        };
+        let alloc = match prev {
+            Some((_, id)) if self.allocs.items[id as usize] == m.allocatable => id,
+            _ => self
+                .allocs
+                .intern(hash_of(|h| m.allocatable.hash(h)), &m.allocatable),
+        };
+        let (host_ref, host_ref_is_id) = if m.host.reference.is_empty() {
+            (None, false)
+        } else if m.host.reference == m.id {
+            (None, true)
+        } else {
+            (Some(m.host.reference.as_str().into()), false)
+        };
+        let mut meta_mask = 0u8;
+        let mut extra: Vec<(Box<str>, Box<str>)> = Vec::new();
+        if !m.shard_metadata.is_empty() {
+            let encoded = m.encode_shard_metadata();
+            for (k, v) in &m.shard_metadata {
+                match META_KEYS.iter().position(|key| key == k) {
+                    Some(bit) if encoded[k.as_str()] == *v => meta_mask |= 1 << bit,
+                    _ => extra.push((k.as_str().into(), v.as_str().into())),
+                }
+            }
+        }
+        Rec {
+            id: m.id.as_str().into(),
+            host_ref,
+            last_error: (!m.last_error.is_empty()).then(|| m.last_error.as_str().into()),
+            extra_meta: (!extra.is_empty()).then(|| extra.into_boxed_slice()),
+            price: m.price_per_hour,
+            prob: m.interruption_probability,
+            asg_ip: m.assigned_interruption_penalty_dollars,
+            asg_rp: m.assigned_reclamation_penalty_dollars,
+            asg_prio: m.assigned_priority,
+            host_provider: self.syms.intern(&m.host.provider),
+            cluster: self.syms.intern(&m.cluster),
+            profile,
+            alloc,
+            fp: self.syms.intern(&m.assigned_need_fingerprint),
+            group: self.syms.intern(&m.assigned_group),
+            state: m.state,
+            host_ref_is_id,
+            meta_mask,
+        }
+    }
+
+    /// Adds a machine it does not hold yet, or replaces the record it holds.
+    /// Returns the previous state when it replaced one.
+    pub fn upsert(&mut self, machine: Machine, now_unix_nanos: i64) -> Option<MachineState> {
+        let pos = self.position(&machine.id);
+        self.upsert_at(pos, machine, now_unix_nanos)
+    }
+
+    /// [`Inventory::upsert`] when the caller already knows the position
+    /// (`None` for a machine not held yet).
+    pub fn upsert_at(
+        &mut self,
+        pos: Option<usize>,
+        machine: Machine,
+        now_unix_nanos: i64,
+    ) -> Option<MachineState> {
+        debug_assert_eq!(pos, self.position(&machine.id));
+        let rec = self.compact(&machine, pos);
+        match pos {
+            Some(p) => {
+                let before = self.recs[p].state;
+                self.account(p, -1);
+                self.recs[p] = rec;
+                self.restamp(p, before, now_unix_nanos);
+                self.account(p, 1);
+                self.fleet.upsert_with_idle_since(&machine, self.idle_of(p));
+                Some(before)
+            }
+            None => {
+                let p = self.recs.len();
+                self.index
+                    .entry(id_hash(&machine.id))
+                    .or_default()
+                    .push(p as u32);
+                self.recs.push(rec);
+                self.idle_since
+                    .push(if machine.state == MachineState::Idle {
+                        now_unix_nanos
+                    } else {
+                        NOT_IDLE
+                    });
+                self.seen.push(0);
+                self.account(p, 1);
+                self.fleet.upsert_with_idle_since(&machine, self.idle_of(p));
+                None
+            }
+        }
+    }
+
+    fn idle_of(&self, p: usize) -> Option<i64> {
+        let t = self.idle_since[p];
+        (t != NOT_IDLE).then_some(t)
+    }
+
+    /// Mutates one machine (a materialised copy, stored back), keeping every
+    /// index right. Returns the closure's result, or `None` when unknown.
+    pub fn update<R>(
+        &mut self,
+        id: &str,
+        now_unix_nanos: i64,
+        f: impl FnOnce(&mut Machine) -> R,
+    ) -> Option<R> {
+        let p = self.position(id)?;
+        let mut m = self.materialize(p);
+        let r = f(&mut m);
+        debug_assert_eq!(m.id, id, "update must not change the id");
+        self.upsert_at(Some(p), m, now_unix_nanos);
+        Some(r)
+    }
+
+    /// Idle-since: stamped on entry into Idle, kept while Idle, cleared otherwise.
+    fn restamp(&mut self, p: usize, before: MachineState, now: i64) {
+        let after = self.recs[p].state;
+        self.idle_since[p] = match (before == MachineState::Idle, after == MachineState::Idle) {
+            (_, false) => NOT_IDLE,
+            (false, true) => now,
+            (true, true) if self.idle_since[p] == NOT_IDLE => now,
+            (true, true) => self.idle_since[p],
+        };
+    }
+
+    /// Marks the machine at `pos` as listed in reconcile generation `generation`.
+    pub fn mark_seen(&mut self, pos: usize, generation: u32) {
+        self.seen[pos] = generation;
+    }
+
+    /// The removal walk: drops every machine not seen in `generation` for
+    /// which `keep` is false. Returns the removed records.
+    pub fn remove_unseen(&mut self, generation: u32, keep: impl Fn(&str) -> bool) -> Vec<Machine> {
+        let mut removed = Vec::new();
+        // Descending, so the record swapped into `p` was already checked.
+        for p in (0..self.recs.len()).rev() {
+            if self.seen[p] != generation && !keep(&self.recs[p].id) {
+                removed.push(self.remove_at(p));
+            }
+        }
+        removed
+    }
+
+    /// Removes machines by id (unknown ids are ignored).
+    pub fn remove(&mut self, ids: &[&str]) -> Vec<Machine> {
+        ids.iter()
+            .filter_map(|id| self.position(id).map(|p| self.remove_at(p)))
+            .collect()
+    }
+
+    fn remove_at(&mut self, p: usize) -> Machine {
+        let m = self.materialize(p);
+        self.account(p, -1);
+        self.fleet.remove(&m.id);
+        let h = id_hash(&m.id);
+        if let Some(slots) = self.index.get_mut(&h) {
+            slots.retain(|s| *s as usize != p);
+            if slots.is_empty() {
+                self.index.remove(&h);
+            }
+        }
+        let last = self.recs.len() - 1;
+        if p != last {
+            let moved = id_hash(&self.recs[last].id);
+            if let Some(slots) = self.index.get_mut(&moved) {
+                for s in slots.iter_mut() {
+                    if *s as usize == last {
+                        *s = p as u32;
+                    }
+                }
+            }
+        }
+        self.recs.swap_remove(p);
+        self.idle_since.swap_remove(p);
+        self.seen.swap_remove(p);
+        m
+    }
+
+    /// Adds (`sign = 1`) or removes (`-1`) machine `p`'s contribution to the counters.
+    fn account(&mut self, p: usize, sign: i64) {
+        let r = &self.recs[p];
+        let cell = (r.state, bucket_for_dollars(r.asg_ip), r.profile);
+        bump(&mut self.cells, cell, sign);
+        if r.state == MachineState::Idle {
+            let prices = self.idle_prices.entry(r.profile).or_default();
+            bump(prices, r.price.max(0.0).to_bits(), sign);
+            if prices.is_empty() {
+                self.idle_prices.remove(&r.profile);
+            }
+        }
+        if r.state == MachineState::Configured {
+            bump(&mut self.configured_by_cluster, r.cluster, sign);
+        }
+    }
+
+    /// Per-bucket counts (state, capacity type, interruption bucket, type, zone).
+    pub fn buckets(&self) -> Vec<(BucketKey, u64)> {
+        let mut out: FxHashMap<BucketKey, u64> = FxHashMap::default();
+        for (&(state, ipb, profile), &n) in &self.cells {
+            let p = &self.profiles.items[profile as usize];
+            *out.entry(BucketKey {
+                state,
+                capacity_type: p.capacity_type,
+                interruption_bucket: ipb,
+                instance_type: p.instance_type.clone(),
+                zone: p.zone.clone(),
+            })
+            .or_default() += n;
+        }
+        out.into_iter().collect()
+    }
+
+    /// Configured machines bound to `cluster` (the reclaim cap's C).
+    pub fn configured_in(&self, cluster: &str) -> u64 {
+        self.syms
+            .get(cluster)
+            .and_then(|c| self.configured_by_cluster.get(&c))
+            .copied()
+            .unwrap_or(0)
+    }
+
+    /// Machines in `state`.
+    pub fn count_state(&self, state: MachineState) -> u64 {
+        self.cells
+            .iter()
+            .filter(|(k, _)| k.0 == state)
+            .map(|(_, v)| *v)
+            .sum()
+    }
+
+    pub fn summary(&self) -> InventorySummary {
+        let mut s = InventorySummary::default();
+        for (&(state, _, profile), &n) in &self.cells {
+            let p = &self.profiles.items[profile as usize];
+            s.total += n;
+            if matches!(state, MachineState::Idle | MachineState::Speculative) {
+                s.free += n;
+            }
+            *s.by_state.entry(state).or_default() += n;
+            *s.by_instance_type
+                .entry(p.instance_type.clone())
+                .or_default() += n;
+            *s.by_zone.entry(p.zone.clone()).or_default() += n;
+        }
+        s
+    }
+
+    /// Idle and Speculative machines whose instance type is one of `types`
+    /// (every type when `None`), and the cheapest such Idle price.
+    pub fn free_supply(&self, types: Option<&[String]>) -> FreeSupply {
+        let wanted = |profile: u32| {
+            let t = &self.profiles.items[profile as usize].instance_type;
+            types.is_none_or(|ts| ts.iter().any(|x| x == t))
+        };
+        let mut out = FreeSupply::default();
+        for (&(state, _, profile), &n) in &self.cells {
+            match state {
+                MachineState::Idle if wanted(profile) => out.idle += n,
+                MachineState::Speculative if wanted(profile) => out.speculative += n,
+                _ => {}
+            }
+        }
+        for (&profile, prices) in &self.idle_prices {
+            if !wanted(profile) {
+                continue;
+            }
+            if let Some((&bits, _)) = prices.iter().next() {
+                let p = f64::from_bits(bits);
+                out.cheapest_idle_price =
+                    Some(out.cheapest_idle_price.map_or(p, |c: f64| c.min(p)));
+            }
+        }
+        out
+    }
+
+    /// Machines bound to `cluster` (resync after a session opens).
+    pub fn bound_to(&self, cluster: &str) -> Vec<Machine> {
+        let Some(c) = self.syms.get(cluster).filter(|&c| c != EMPTY) else {
+            return Vec::new();
+        };
+        (0..self.recs.len())
+            .filter(|&p| self.recs[p].cluster == c)
+            .map(|p| self.materialize(p))
+            .collect()
+    }
+}
+
+fn bump<K: Eq + Hash>(map: &mut impl CountMap<K>, key: K, sign: i64) {
+    map.bump(key, sign);
+}
+
+/// The map types the counters live in.
+trait CountMap<K> {
+    fn bump(&mut self, key: K, sign: i64);
+}
+
+impl<K: Eq + Hash> CountMap<K> for FxHashMap<K, u64> {
+    fn bump(&mut self, key: K, sign: i64) {
+        if sign > 0 {
+            *self.entry(key).or_default() += sign as u64;
+        } else if let Some(v) = self.get_mut(&key) {
+            *v = v.saturating_sub(sign.unsigned_abs());
+            if *v == 0 {
+                self.remove(&key);
+            }
+        }
+    }
+}
+
+impl<K: Ord> CountMap<K> for BTreeMap<K, u64> {
+    fn bump(&mut self, key: K, sign: i64) {
+        if sign > 0 {
+            *self.entry(key).or_default() += sign as u64;
+        } else if let Some(v) = self.get_mut(&key) {
+            *v = v.saturating_sub(sign.unsigned_abs());
+            if *v == 0 {
+                self.remove(&key);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+pub(crate) mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    pub(crate) fn machine(id: &str, state: MachineState) -> Machine {
+        let mut m = Machine {
+            id: id.into(),
+            state,
+            price_per_hour: 1.0,
+            ..Machine::default()
+        };
+        m.profile.instance_type = "m5".into();
+        m.profile.zone = "z1".into();
+        m.profile.capacity_type = CapacityType::OnDemand;
+        if !matches!(state, MachineState::Speculative | MachineState::Creating) {
+            m.host = Host {
+                provider: "fake".into(),
+                reference: id.into(),
+            };
+        }
+        if matches!(state, MachineState::Configured | MachineState::Draining) {
+            m.cluster = "c1".into();
+        }
+        if state == MachineState::Failed {
+            m.last_error = "x".into();
+        }
+        m
+    }
+
+    /// Recomputes every counter from scratch and compares; checks the index.
+    fn check_counters(inv: &Inventory) {
+        let mut fresh = Inventory::new();
+        let all: Vec<Machine> = (0..inv.len()).map(|p| inv.materialize(p)).collect();
+        for m in &all {
+            fresh.upsert(m.clone(), 0);
+        }
+        let norm = |i: &Inventory| {
+            let mut b = i.buckets();
+            b.sort_by(|a, b| format!("{:?}", a.0).cmp(&format!("{:?}", b.0)));
+            b
+        };
+        assert_eq!(norm(inv), norm(&fresh));
+        assert_eq!(inv.summary(), fresh.summary());
+        assert_eq!(inv.free_supply(None), fresh.free_supply(None));
+        for (p, m) in all.iter().enumerate() {
+            assert_eq!(inv.position(&m.id), Some(p));
+            assert_eq!(inv.fleet.idle_since(&m.id), inv.idle_of(p));
+            assert_eq!(
+                inv.configured_in(&m.cluster),
+                fresh.configured_in(&m.cluster)
+            );
+        }
+        assert_eq!(inv.fleet.len(), inv.len());
+        let hashed: usize = inv.index.values().map(SmallVec::len).sum();
+        assert_eq!(hashed, inv.len());
+    }
+
+    #[test]
+    fn records_round_trip_exactly() {
+        let mut m = machine("a", MachineState::Configured);
+        m.host.reference = "i-123".into();
+        m.assigned_priority = 7;
+        m.assigned_interruption_penalty_dollars = f64::INFINITY;
+        m.assigned_need_fingerprint = "fp".into();
+        m.assigned_group = "g\0x".into();
+        m.profile.labels.insert("rack".into(), "r1".into());
+        m.allocatable = ResourceVector::from_milli([("cpu", 3_500)]);
+        m.shard_metadata = m.encode_shard_metadata();
+        // Not reproducible from the assigned fields: kept verbatim.
+        m.shard_metadata
+            .insert(META_ASSIGNED_PRIORITY.into(), "007".into());
+        m.shard_metadata.insert("x/opaque".into(), "\tv".into());
+        let mut inv = Inventory::new();
+        inv.upsert(m.clone(), 0);
+        assert_eq!(inv.get("a").unwrap(), m);
+        let mut f = machine("f", MachineState::Failed);
+        f.host = Host::default();
+        inv.upsert(f.clone(), 0);
+        assert_eq!(inv.get("f").unwrap(), f);
+    }
+
+    #[test]
+    fn upsert_update_remove_keep_counters() {
+        let mut inv = Inventory::new();
+        inv.upsert(machine("b", MachineState::Idle), 10);
+        inv.upsert(machine("a", MachineState::Configured), 10);
+        inv.upsert(machine("c", MachineState::Speculative), 10);
+        assert_eq!(inv.idle_since_of("b"), Some(10));
+        assert_eq!(inv.configured_in("c1"), 1);
+        check_counters(&inv);
+
+        inv.update("b", 20, |m| {
+            m.state = MachineState::Configuring;
+            m.cluster = "c1".into();
+        });
+        assert_eq!(inv.idle_since_of("b"), None);
+        inv.update("b", 30, |m| m.state = MachineState::Configured);
+        assert_eq!(inv.configured_in("c1"), 2);
+        check_counters(&inv);
+
+        inv.update("a", 40, |m| {
+            m.state = MachineState::Idle;
+            m.cluster.clear();
+        });
+        assert_eq!(inv.idle_since_of("a"), Some(40));
+        // Staying Idle keeps the original stamp.
+        inv.update("a", 50, |m| m.price_per_hour = 0.5);
+        assert_eq!(inv.idle_since_of("a"), Some(40));
+        assert_eq!(inv.free_supply(None).cheapest_idle_price, Some(0.5));
+        check_counters(&inv);
+
+        let removed = inv.remove(&["a", "zzz"]);
+        assert_eq!(removed.len(), 1);
+        assert_eq!(inv.len(), 2);
+        assert!(inv.get("a").is_none());
+        check_counters(&inv);
+    }
+
+    #[test]
+    fn free_supply_filters_by_pinned_types() {
+        let mut inv = Inventory::new();
+        let mut big = machine("g1", MachineState::Idle);
+        big.profile.instance_type = "p4".into();
+        big.price_per_hour = 30.0;
+        inv.upsert(big, 0);
+        inv.upsert(machine("m1", MachineState::Idle), 0);
+        inv.upsert(machine("m2", MachineState::Speculative), 0);
+        let all = inv.free_supply(None);
+        assert_eq!((all.idle, all.speculative), (2, 1));
+        assert_eq!(all.cheapest_idle_price, Some(1.0));
+        let p4 = inv.free_supply(Some(&["p4".to_owned()]));
+        assert_eq!((p4.idle, p4.speculative), (1, 0));
+        assert_eq!(p4.cheapest_idle_price, Some(30.0));
+        let none = inv.free_supply(Some(&["x".to_owned()]));
+        assert_eq!(none, FreeSupply::default());
+    }
+
+    #[test]
+    fn removal_walk_spares_seen_and_kept() {
+        let mut inv = Inventory::new();
+        for id in ["a", "b", "c", "d", "e"] {
+            inv.upsert(machine(id, MachineState::Idle), 0);
+        }
+        for id in ["a", "c"] {
+            let p = inv.position(id).unwrap();
+            inv.mark_seen(p, 7);
+        }
+        let mut removed: Vec<String> = inv
+            .remove_unseen(7, |id| id == "d")
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        removed.sort();
+        assert_eq!(removed, ["b", "e"]);
+        let mut left: Vec<&str> = inv.ids().collect();
+        left.sort_unstable();
+        assert_eq!(left, ["a", "c", "d"]);
+        check_counters(&inv);
+    }
+
+    #[test]
+    fn summary_counts_free_and_dimensions() {
+        let mut inv = Inventory::new();
+        inv.upsert(machine("a", MachineState::Idle), 0);
+        inv.upsert(machine("b", MachineState::Speculative), 0);
+        let mut c = machine("c", MachineState::Configured);
+        c.profile.zone = "z2".into();
+        inv.upsert(c, 0);
+        let s = inv.summary();
+        assert_eq!((s.total, s.free), (3, 2));
+        assert_eq!(s.by_zone["z1"], 2);
+        assert_eq!(s.by_zone["z2"], 1);
+        assert_eq!(s.by_instance_type["m5"], 3);
+        assert_eq!(inv.bound_to("c1").len(), 1);
+        assert!(inv.bound_to("").is_empty());
+    }
+
+    proptest! {
+        #[test]
+        fn counters_match_recount_after_any_ops(ops in proptest::collection::vec((0u8..6, 0u8..20, 0u8..9), 1..80)) {
+            let mut inv = Inventory::new();
+            for (op, id, st) in ops {
+                let id = format!("m{id}");
+                let state = MachineState::from_ordinal(i32::from(st.max(1))).unwrap();
+                match op {
+                    0..=2 => { inv.upsert(machine(&id, state), 1); }
+                    3 => { inv.update(&id, 2, |m| { m.state = state; m.price_per_hour = f64::from(st); }); }
+                    4 => { inv.remove(&[id.as_str()]); }
+                    _ => {
+                        let generation = u32::from(st) + 1;
+                        for p in 0..inv.len() / 2 { inv.mark_seen(p, generation); }
+                        inv.remove_unseen(generation, |_| false);
+                    }
+                }
+                check_counters(&inv);
+            }
+        }
+    }
+}

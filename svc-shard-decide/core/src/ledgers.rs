@@ -1,0 +1,475 @@
+//! Cross-cycle state the engine does not keep: shortfalls, per-need verdicts,
+//! AvailableCapacity de-duplication and provisioning-latency clocks.
+
+use bigfleet_decision::{NeedVerdict, ShortfallSeed, VerdictSource};
+use bigfleet_model::{Need, PenaltyBucket, Profile, ResourceVector};
+use rustc_hash::FxHashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Most shortfalls reported (the paper's per-shard bound).
+pub const SHORTFALL_REPORT_LIMIT: usize = 100;
+
+/// One unresolved demand, keyed by profile fingerprint.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ShortfallEntry {
+    pub profile: Arc<Profile>,
+    pub deficit: ResourceVector,
+    /// Consecutive cycles unresolved (1 on first sight).
+    pub age_cycles: u32,
+    pub interruption_bucket: PenaltyBucket,
+}
+
+/// The shortfall ledger: entries age while present and vanish when resolved.
+#[derive(Debug, Default)]
+pub struct ShortfallLedger {
+    entries: FxHashMap<String, ShortfallEntry>,
+}
+
+/// Labels of the `shortfalls_aged{bucket}` gauge.
+pub const AGE_BUCKETS: [&str; 4] = ["1-9", "10-59", "60-299", "300+"];
+
+impl ShortfallLedger {
+    /// Records one cycle's seeds (already summed per fingerprint by the engine).
+    pub fn record(&mut self, seeds: &[ShortfallSeed]) {
+        let mut next = FxHashMap::with_capacity_and_hasher(seeds.len(), Default::default());
+        for s in seeds {
+            let fp = s.profile.fingerprint();
+            let age = self
+                .entries
+                .get(fp)
+                .map_or(1, |e| e.age_cycles.saturating_add(1));
+            next.insert(
+                fp.to_owned(),
+                ShortfallEntry {
+                    profile: s.profile.clone(),
+                    deficit: s.deficit.clone(),
+                    age_cycles: age,
+                    interruption_bucket: s.profile.interruption_bucket(),
+                },
+            );
+        }
+        self.entries = next;
+    }
+
+    pub fn len(&self) -> usize {
+        self.entries.len()
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.entries.is_empty()
+    }
+
+    /// The report: priority desc, then older first, then fingerprint; at most `limit`.
+    pub fn top(&self, limit: usize) -> Vec<ShortfallEntry> {
+        let mut all: Vec<&ShortfallEntry> = self.entries.values().collect();
+        all.sort_by(|a, b| {
+            b.profile
+                .priority()
+                .cmp(&a.profile.priority())
+                .then(b.age_cycles.cmp(&a.age_cycles))
+                .then_with(|| a.profile.fingerprint().cmp(b.profile.fingerprint()))
+        });
+        all.into_iter().take(limit).cloned().collect()
+    }
+
+    /// Entry counts per [`AGE_BUCKETS`] label.
+    pub fn aged(&self) -> [u64; 4] {
+        let mut out = [0u64; 4];
+        for e in self.entries.values() {
+            let i = match e.age_cycles {
+                0..=9 => 0,
+                10..=59 => 1,
+                60..=299 => 2,
+                _ => 3,
+            };
+            out[i] += 1;
+        }
+        out
+    }
+}
+
+/// One row of the need-verdict ledger.
+#[derive(Debug, Clone, PartialEq)]
+pub struct VerdictRow {
+    /// The demand snapshot the cycle ran on, shared by every row, so rows do
+    /// not copy 50K needs.
+    demand: Arc<Vec<Need>>,
+    pub verdict: NeedVerdict,
+    /// Consecutive cycles this need has been unmet (0 when satisfied).
+    pub age_cycles_unmet: u32,
+}
+
+impl VerdictRow {
+    /// The need the verdict is about (a folded need for folded gangs).
+    pub fn need(&self) -> &Need {
+        match &self.verdict.source {
+            VerdictSource::Demand(k) => &self.demand[*k],
+            VerdictSource::Folded { need, .. } => need,
+        }
+    }
+}
+
+/// One cycle's verdicts, in NeedsTable snapshot order. Built whole, then
+/// swapped in, so readers never see a half-built table.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct VerdictTable {
+    /// 0 before the first cycle.
+    pub cycle: u64,
+    pub computed_at_unix_nanos: i64,
+    pub rows: Vec<VerdictRow>,
+}
+
+fn unmet_key(n: &Need) -> (String, String, String) {
+    (
+        n.cluster.clone(),
+        n.fingerprint().to_owned(),
+        n.group.clone(),
+    )
+}
+
+impl VerdictTable {
+    /// Builds the next table from the engine's verdicts over `demand` (the
+    /// snapshot the cycle ran on), carrying unmet ages over from `prev`.
+    pub fn build(
+        prev: &VerdictTable,
+        cycle: u64,
+        now_unix_nanos: i64,
+        demand: &Arc<Vec<Need>>,
+        verdicts: Vec<NeedVerdict>,
+    ) -> VerdictTable {
+        let prev_age: FxHashMap<(String, String, String), u32> = prev
+            .rows
+            .iter()
+            .filter(|r| r.age_cycles_unmet > 0)
+            .map(|r| (unmet_key(r.need()), r.age_cycles_unmet))
+            .collect();
+        let mut rows: Vec<VerdictRow> = verdicts
+            .into_iter()
+            .filter(|v| match &v.source {
+                VerdictSource::Demand(k) => *k < demand.len(),
+                VerdictSource::Folded { .. } => true,
+            })
+            .map(|v| {
+                let mut row = VerdictRow {
+                    demand: Arc::clone(demand),
+                    verdict: v,
+                    age_cycles_unmet: 0,
+                };
+                if !row.verdict.satisfied {
+                    row.age_cycles_unmet =
+                        prev_age.get(&unmet_key(row.need())).copied().unwrap_or(0) + 1;
+                }
+                row
+            })
+            .collect();
+        rows.sort_by(|a, b| bigfleet_model::snapshot_order(a.need(), b.need()));
+        VerdictTable {
+            cycle,
+            computed_at_unix_nanos: now_unix_nanos,
+            rows,
+        }
+    }
+
+    /// Rows of `cluster` ("" = all), and their count before `limit` (0 = no cap).
+    pub fn select(&self, cluster: &str, limit: usize) -> (usize, Vec<&VerdictRow>) {
+        let matching = self
+            .rows
+            .iter()
+            .filter(|r| cluster.is_empty() || r.need().cluster == cluster);
+        let total = matching.clone().count();
+        let take = if limit == 0 { usize::MAX } else { limit };
+        (total, matching.take(take).collect())
+    }
+
+    pub fn unmet(&self) -> usize {
+        self.rows.iter().filter(|r| !r.verdict.satisfied).count()
+    }
+}
+
+/// The (count, confidence, cost) of one hint.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct HintValue {
+    pub count: i32,
+    /// Wire ordinal of `AvailableCapacityUpdate.Confidence`.
+    pub confidence: i32,
+    pub cost_per_hour: f64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct HintState {
+    last: HintValue,
+    emitted_at: Instant,
+}
+
+/// AvailableCapacity de-duplication per (cluster, fingerprint): a hint goes
+/// out only when its value changed and the key's last emit is at least
+/// `interval` old.
+#[derive(Debug)]
+pub struct HintCache {
+    interval: Duration,
+    clusters: FxHashMap<String, FxHashMap<String, HintState>>,
+}
+
+impl HintCache {
+    pub fn new(interval: Duration) -> Self {
+        HintCache {
+            interval,
+            clusters: FxHashMap::default(),
+        }
+    }
+
+    /// Whether to emit `value` for (cluster, fingerprint) now; records the emit.
+    pub fn should_emit(&mut self, cluster: &str, fp: &str, value: HintValue, now: Instant) -> bool {
+        let per = self.clusters.entry(cluster.to_owned()).or_default();
+        match per.get_mut(fp) {
+            Some(st) => {
+                if st.last == value || now.duration_since(st.emitted_at) < self.interval {
+                    return false;
+                }
+                *st = HintState {
+                    last: value,
+                    emitted_at: now,
+                };
+                true
+            }
+            None => {
+                per.insert(
+                    fp.to_owned(),
+                    HintState {
+                        last: value,
+                        emitted_at: now,
+                    },
+                );
+                true
+            }
+        }
+    }
+
+    /// Drops keys of `cluster` whose fingerprint is no longer demanded.
+    pub fn retain(&mut self, cluster: &str, keep: impl Fn(&str) -> bool) {
+        if let Some(per) = self.clusters.get_mut(cluster) {
+            per.retain(|fp, _| keep(fp));
+        }
+    }
+
+    /// Forgets a cluster (its session ended), so a reconnecting operator gets
+    /// fresh hints while other clusters keep their state.
+    pub fn forget(&mut self, cluster: &str) {
+        self.clusters.remove(cluster);
+    }
+
+    pub fn keys(&self) -> usize {
+        self.clusters.values().map(FxHashMap::len).sum()
+    }
+}
+
+/// First sighting of each (cluster, fingerprint) in accepted roll-ups, for the
+/// provisioning-latency histogram. Observe-once: a Configured machine takes
+/// the stamp out, and the next roll-up still demanding it puts a fresh one in.
+#[derive(Debug, Default)]
+pub struct ProvisioningClock {
+    first_seen: FxHashMap<String, FxHashMap<String, i64>>,
+}
+
+impl ProvisioningClock {
+    /// Stamps new fingerprints of `cluster` and prunes those no longer demanded.
+    pub fn observe_demand<'a>(
+        &mut self,
+        cluster: &str,
+        fingerprints: impl IntoIterator<Item = &'a str>,
+        now_unix_nanos: i64,
+    ) {
+        let old = self.first_seen.remove(cluster).unwrap_or_default();
+        let next: FxHashMap<String, i64> = fingerprints
+            .into_iter()
+            .map(|fp| {
+                (
+                    fp.to_owned(),
+                    old.get(fp).copied().unwrap_or(now_unix_nanos),
+                )
+            })
+            .collect();
+        if !next.is_empty() {
+            self.first_seen.insert(cluster.to_owned(), next);
+        }
+    }
+
+    /// Time since the first sighting, once; `None` when not tracked.
+    pub fn observe_configured(
+        &mut self,
+        cluster: &str,
+        fp: &str,
+        now_unix_nanos: i64,
+    ) -> Option<Duration> {
+        let since = self.first_seen.get_mut(cluster)?.remove(fp)?;
+        Some(Duration::from_nanos(
+            u64::try_from(now_unix_nanos.saturating_sub(since)).unwrap_or(0),
+        ))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bigfleet_decision::UnmetReason;
+
+    fn profile(prio: i32, tag: &str) -> Arc<Profile> {
+        Arc::new(Profile::new(
+            vec![bigfleet_model::Requirement::new(
+                "t",
+                bigfleet_model::Operator::In,
+                [tag],
+            )],
+            vec![],
+            prio,
+            PenaltyBucket::B8,
+            PenaltyBucket::Zero,
+        ))
+    }
+
+    fn seed(prio: i32, tag: &str) -> ShortfallSeed {
+        ShortfallSeed {
+            profile: profile(prio, tag),
+            deficit: ResourceVector::from_milli([("cpu", 1000)]),
+        }
+    }
+
+    #[test]
+    fn shortfalls_age_and_vanish() {
+        let mut l = ShortfallLedger::default();
+        l.record(&[seed(1, "a"), seed(5, "b")]);
+        l.record(&[seed(1, "a")]);
+        l.record(&[seed(1, "a"), seed(9, "c")]);
+        let top = l.top(10);
+        let got: Vec<_> = top
+            .iter()
+            .map(|e| (e.profile.priority(), e.age_cycles))
+            .collect();
+        assert_eq!(got, [(9, 1), (1, 3)]);
+        assert_eq!(top[0].interruption_bucket, PenaltyBucket::B8);
+        assert_eq!(l.aged(), [2, 0, 0, 0]);
+        assert_eq!(l.top(1).len(), 1);
+        l.record(&[]);
+        assert!(l.is_empty());
+    }
+
+    #[test]
+    fn shortfall_report_is_bounded_and_ordered() {
+        let mut l = ShortfallLedger::default();
+        let seeds: Vec<_> = (0..150).map(|i| seed(i, &format!("t{i}"))).collect();
+        l.record(&seeds);
+        let top = l.top(SHORTFALL_REPORT_LIMIT);
+        assert_eq!(top.len(), 100);
+        assert_eq!(top[0].profile.priority(), 149);
+        assert_eq!(top[99].profile.priority(), 50);
+    }
+
+    #[test]
+    fn aged_buckets_boundaries() {
+        let mut l = ShortfallLedger::default();
+        for _ in 0..10 {
+            l.record(&[seed(1, "a")]);
+        }
+        assert_eq!(l.aged(), [0, 1, 0, 0]);
+    }
+
+    fn verdict(k: usize, satisfied: bool) -> NeedVerdict {
+        NeedVerdict {
+            source: VerdictSource::Demand(k),
+            satisfied,
+            residual_deficit: ResourceVector::new(),
+            claimed_machine_count: 0,
+            bootstrap_count: 0,
+            provision_count: 0,
+            same_domain: String::new(),
+            same_satisfiable: false,
+            acquisition_parked: false,
+            parked_age_cycles: 0,
+            unmet_reason: if satisfied {
+                UnmetReason::Unspecified
+            } else {
+                UnmetReason::NoMatchingSupply
+            },
+            matching_supply: None,
+            preemption: None,
+            same_candidates: vec![],
+        }
+    }
+
+    #[test]
+    fn verdict_table_ages_unmet_and_selects() {
+        let mut a = Need::new("a", profile(1, "x"));
+        a.arrival_unix_nanos = 1;
+        let mut b = Need::new("b", profile(1, "y"));
+        b.arrival_unix_nanos = 2;
+        let demand = Arc::new(vec![a, b]);
+        let t1 = VerdictTable::build(
+            &VerdictTable::default(),
+            1,
+            10,
+            &demand,
+            vec![verdict(1, false), verdict(0, true)],
+        );
+        // Snapshot order, not verdict order.
+        assert_eq!(t1.rows[0].need().cluster, "a");
+        let t2 = VerdictTable::build(
+            &t1,
+            2,
+            20,
+            &demand,
+            vec![verdict(0, true), verdict(1, false)],
+        );
+        assert_eq!(t2.rows[1].age_cycles_unmet, 2);
+        assert_eq!(t2.rows[0].age_cycles_unmet, 0);
+        assert_eq!(t2.unmet(), 1);
+        let (total, rows) = t2.select("b", 0);
+        assert_eq!((total, rows.len()), (1, 1));
+        let (total, rows) = t2.select("", 1);
+        assert_eq!((total, rows.len()), (2, 1));
+    }
+
+    #[test]
+    fn hints_coalesce_and_rate_limit() {
+        let mut c = HintCache::new(Duration::from_secs(5));
+        let t0 = Instant::now();
+        let v = |n| HintValue {
+            count: n,
+            confidence: 4,
+            cost_per_hour: 1.0,
+        };
+        assert!(c.should_emit("a", "fp", v(1), t0));
+        // Unchanged: never re-sent.
+        assert!(!c.should_emit("a", "fp", v(1), t0 + Duration::from_secs(60)));
+        // Changed but too soon after the last emit.
+        let t1 = t0 + Duration::from_secs(1);
+        assert!(!c.should_emit("a", "fp", v(2), t1));
+        assert!(c.should_emit("a", "fp", v(2), t0 + Duration::from_secs(6)));
+        // Other keys are independent.
+        assert!(c.should_emit("b", "fp", v(2), t1));
+        c.forget("a");
+        assert!(c.should_emit("a", "fp", v(2), t1));
+        c.retain("a", |_| false);
+        assert_eq!(c.keys(), 1);
+    }
+
+    #[test]
+    fn provisioning_clock_observes_once() {
+        let mut p = ProvisioningClock::default();
+        p.observe_demand("a", ["fp1", "fp2"], 100);
+        p.observe_demand("a", ["fp1", "fp2"], 200);
+        assert_eq!(
+            p.observe_configured("a", "fp1", 1_100),
+            Some(Duration::from_nanos(1_000))
+        );
+        assert_eq!(p.observe_configured("a", "fp1", 1_200), None);
+        // Re-observed demand restarts the clock.
+        p.observe_demand("a", ["fp1"], 2_000);
+        assert_eq!(
+            p.observe_configured("a", "fp1", 2_500),
+            Some(Duration::from_nanos(500))
+        );
+        // fp2 was pruned when no longer demanded.
+        assert_eq!(p.observe_configured("a", "fp2", 3_000), None);
+    }
+}

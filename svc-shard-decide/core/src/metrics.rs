@@ -1,0 +1,269 @@
+//! The shard metric catalog (ref wire-and-ops §9.2), registered once per process.
+
+use bigfleet_telemetry::{MetricsRegistry, TelemetryError};
+use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
+
+/// 1 ms doubling up to ~16 s.
+fn cycle_buckets() -> Vec<f64> {
+    (0..15).map(|i| 0.001 * f64::from(1u32 << i)).collect()
+}
+
+/// 10 ms doubling up to ~5.5 min: machine-lifecycle latencies.
+fn lifecycle_buckets() -> Vec<f64> {
+    (0..16).map(|i| 0.01 * f64::from(1u32 << i)).collect()
+}
+
+/// Every shard metric decide owns. Cheap to clone (handles are shared).
+#[derive(Clone)]
+pub struct ShardMetrics {
+    pub cycle_duration: Histogram,
+    pub cycle_phase_duration: HistogramVec,
+    pub provisioning_latency: Histogram,
+    pub configure_phase: Histogram,
+    pub drain_phase: Histogram,
+    pub inventory_machines: IntGaugeVec,
+    pub demand_machines: IntGaugeVec,
+    pub shortfalls: IntGauge,
+    pub shortfalls_aged: IntGaugeVec,
+    pub actions_total: IntCounterVec,
+    pub action_execute_outcomes: IntCounterVec,
+    pub actions_deferred: IntCounter,
+    pub actions_dropped: IntCounter,
+    pub actions_deduped: IntCounter,
+    pub action_queue_depth: IntGauge,
+    pub execute_inflight: IntGauge,
+    pub reclaims_capped: IntCounter,
+    pub rollup_quarantined: IntGaugeVec,
+    pub actions_suppressed: IntCounterVec,
+    pub actuation_paused: IntGauge,
+    pub actions_dryrun: IntCounterVec,
+    pub idle_releases: IntCounter,
+    pub machines_rejected: IntCounterVec,
+    pub rollups_rejected: IntCounterVec,
+    pub active_sessions: IntGauge,
+    pub session_lifecycle: IntCounterVec,
+    // Decide-specific (not in the reference catalog).
+    pub cycles_total: IntCounter,
+    pub reconcile_errors: IntCounter,
+    pub events_dropped: IntCounter,
+    pub work_streams: IntGauge,
+}
+
+impl ShardMetrics {
+    pub fn register(r: &MetricsRegistry) -> Result<Self, TelemetryError> {
+        let m = ShardMetrics {
+            cycle_duration: r.histogram(
+                "bigfleet_shard_cycle_duration_seconds",
+                "Duration of one decision cycle.",
+                &cycle_buckets(),
+            )?,
+            cycle_phase_duration: r.histogram_vec(
+                "bigfleet_shard_cycle_phase_duration_seconds",
+                "Duration of each phase of a cycle.",
+                &["phase"],
+                &cycle_buckets(),
+            )?,
+            provisioning_latency: r.histogram(
+                "bigfleet_shard_provisioning_latency_seconds",
+                "First roll-up sighting of a (cluster, fingerprint) to a machine Configured for it.",
+                &lifecycle_buckets(),
+            )?,
+            configure_phase: r.histogram(
+                "bigfleet_shard_configure_phase_seconds",
+                "Idle->Configuring to Configured.",
+                &lifecycle_buckets(),
+            )?,
+            drain_phase: r.histogram(
+                "bigfleet_shard_drain_phase_seconds",
+                "Configured->Draining to Idle.",
+                &lifecycle_buckets(),
+            )?,
+            inventory_machines: r.int_gauge_vec(
+                "bigfleet_shard_inventory_machines",
+                "Machines in the inventory.",
+                &["state", "capacity_type", "interruption_penalty_bucket"],
+            )?,
+            demand_machines: r.int_gauge_vec(
+                "bigfleet_shard_demand_machines",
+                "Need rows per interruption penalty bucket.",
+                &["interruption_penalty_bucket"],
+            )?,
+            shortfalls: r.int_gauge("bigfleet_shard_shortfalls", "Unresolved shortfalls.")?,
+            shortfalls_aged: r.int_gauge_vec(
+                "bigfleet_shard_shortfalls_aged",
+                "Unresolved shortfalls by age in cycles.",
+                &["bucket"],
+            )?,
+            actions_total: r.int_counter_vec(
+                "bigfleet_shard_actions_total",
+                "Actions emitted for execution.",
+                &["kind"],
+            )?,
+            action_execute_outcomes: r.int_counter_vec(
+                "bigfleet_shard_action_execute_outcomes_total",
+                "Executed actions by outcome.",
+                &["kind", "outcome"],
+            )?,
+            actions_deferred: r.int_counter(
+                "bigfleet_shard_actions_deferred_total",
+                "Actions cut by --max-actions-per-cycle.",
+            )?,
+            actions_dropped: r.int_counter(
+                "bigfleet_shard_actions_dropped_total",
+                "Actions dropped because the action queue was full.",
+            )?,
+            actions_deduped: r.int_counter(
+                "bigfleet_shard_actions_deduped_total",
+                "Actions skipped: already in flight or no longer applicable.",
+            )?,
+            action_queue_depth: r.int_gauge(
+                "bigfleet_shard_action_queue_depth",
+                "Actions waiting for a worker.",
+            )?,
+            execute_inflight: r.int_gauge(
+                "bigfleet_shard_execute_inflight",
+                "Actions handed to workers and not yet done.",
+            )?,
+            reclaims_capped: r.int_counter(
+                "bigfleet_shard_reclaims_capped_total",
+                "Reclaims deferred by the per-cluster reclaim cap.",
+            )?,
+            rollup_quarantined: r.int_gauge_vec(
+                "bigfleet_shard_rollup_quarantined",
+                "Consecutive held roll-ups per cluster.",
+                &["cluster"],
+            )?,
+            actions_suppressed: r.int_counter_vec(
+                "bigfleet_shard_actions_suppressed_total",
+                "Actions suppressed by the kill switch.",
+                &["kind"],
+            )?,
+            actuation_paused: r.int_gauge(
+                "bigfleet_shard_actuation_paused",
+                "1 while the kill switch is on.",
+            )?,
+            actions_dryrun: r.int_counter_vec(
+                "bigfleet_shard_actions_dryrun_total",
+                "Actions reported but not executed in dry-run mode.",
+                &["kind"],
+            )?,
+            idle_releases: r.int_counter(
+                "bigfleet_shard_idle_releases_total",
+                "Idle machines released back to Speculative.",
+            )?,
+            machines_rejected: r.int_counter_vec(
+                "bigfleet_shard_machines_rejected_total",
+                "Provider records rejected at ingest.",
+                &["reason"],
+            )?,
+            rollups_rejected: r.int_counter_vec(
+                "bigfleet_shard_rollups_rejected_total",
+                "Roll-ups rejected at decide's ingest.",
+                &["cluster"],
+            )?,
+            active_sessions: r.int_gauge(
+                "bigfleet_shard_active_sessions",
+                "Operator sessions decide knows to be live.",
+            )?,
+            session_lifecycle: r.int_counter_vec(
+                "bigfleet_shard_session_lifecycle_total",
+                "Session events reported by the gateway.",
+                &["event"],
+            )?,
+            cycles_total: r.int_counter("bigfleet_shard_cycles_total", "Decision cycles run.")?,
+            reconcile_errors: r.int_counter(
+                "bigfleet_shard_reconcile_errors_total",
+                "Failed provider reconciles (the cycle skips deciding).",
+            )?,
+            events_dropped: r.int_counter(
+                "bigfleet_shard_events_dropped_total",
+                "Session frames dropped before reaching the gateway.",
+            )?,
+            work_streams: r.int_gauge(
+                "bigfleet_shard_work_streams",
+                "Connected execute-worker streams.",
+            )?,
+        };
+        Ok(m)
+    }
+
+    /// A private registry, for tests and embedded use.
+    pub fn unregistered() -> Self {
+        Self::register(&MetricsRegistry::new()).expect("fresh registry")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::collections::BTreeSet;
+
+    /// The ref catalog (wire-and-ops §9.2) minus the gateway's session
+    /// security counter and the OCC / dead metrics of the reference engine.
+    const CATALOG: &[&str] = &[
+        "bigfleet_shard_cycle_duration_seconds",
+        "bigfleet_shard_cycle_phase_duration_seconds",
+        "bigfleet_shard_provisioning_latency_seconds",
+        "bigfleet_shard_configure_phase_seconds",
+        "bigfleet_shard_drain_phase_seconds",
+        "bigfleet_shard_inventory_machines",
+        "bigfleet_shard_demand_machines",
+        "bigfleet_shard_shortfalls",
+        "bigfleet_shard_shortfalls_aged",
+        "bigfleet_shard_actions_total",
+        "bigfleet_shard_action_execute_outcomes_total",
+        "bigfleet_shard_actions_deferred_total",
+        "bigfleet_shard_actions_dropped_total",
+        "bigfleet_shard_actions_deduped_total",
+        "bigfleet_shard_action_queue_depth",
+        "bigfleet_shard_execute_inflight",
+        "bigfleet_shard_reclaims_capped_total",
+        "bigfleet_shard_rollup_quarantined",
+        "bigfleet_shard_actions_suppressed_total",
+        "bigfleet_shard_actuation_paused",
+        "bigfleet_shard_actions_dryrun_total",
+        "bigfleet_shard_idle_releases_total",
+        "bigfleet_shard_machines_rejected_total",
+        "bigfleet_shard_rollups_rejected_total",
+        "bigfleet_shard_active_sessions",
+        "bigfleet_shard_session_lifecycle_total",
+    ];
+
+    #[test]
+    fn the_catalog_is_registered_under_its_reference_names() {
+        let registry = MetricsRegistry::new();
+        let m = ShardMetrics::register(&registry).unwrap();
+        // Label vectors only show up once a child exists.
+        m.cycle_phase_duration
+            .with_label_values(&["engine"])
+            .observe(0.1);
+        m.inventory_machines
+            .with_label_values(&["idle", "x", "y"])
+            .set(1);
+        m.demand_machines.with_label_values(&["b"]).set(1);
+        m.shortfalls_aged.with_label_values(&["1-9"]).set(1);
+        m.actions_total.with_label_values(&["Reclaim"]).inc();
+        m.action_execute_outcomes
+            .with_label_values(&["Reclaim", "success"])
+            .inc();
+        m.rollup_quarantined.with_label_values(&["c"]).set(1);
+        m.actions_suppressed.with_label_values(&["Reclaim"]).inc();
+        m.actions_dryrun.with_label_values(&["Reclaim"]).inc();
+        m.machines_rejected.with_label_values(&["price"]).inc();
+        m.rollups_rejected.with_label_values(&["c"]).inc();
+        m.session_lifecycle.with_label_values(&["installed"]).inc();
+        let names: BTreeSet<String> = registry
+            .prometheus()
+            .gather()
+            .iter()
+            .map(|f| f.name().to_owned())
+            .collect();
+        let missing: Vec<_> = CATALOG.iter().filter(|n| !names.contains(**n)).collect();
+        assert!(missing.is_empty(), "not registered: {missing:?}");
+        let text = registry.encode_text().unwrap();
+        assert!(text.contains("bigfleet_shard_cycle_duration_seconds_bucket{le=\"0.001\"}"));
+        assert!(text.contains("bigfleet_shard_cycle_duration_seconds_bucket{le=\"16.384\"}"));
+        // A second registration of the same catalog is refused, not duplicated.
+        assert!(ShardMetrics::register(&registry).is_err());
+    }
+}

@@ -1,0 +1,203 @@
+//! The NeedsTable: each cluster's latest full-replacement demand.
+
+use bigfleet_model::{ClusterId, Need, snapshot_order};
+use rustc_hash::FxHashMap;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+/// Demand rows per cluster plus first-seen arrival stamps.
+#[derive(Debug, Default)]
+pub struct NeedsTable {
+    /// Ordered by cluster id so the flattened snapshot breaks the last sort
+    /// tie (cluster asc) for free.
+    clusters: BTreeMap<ClusterId, Vec<Need>>,
+    /// First time each (cluster, fingerprint) was seen in an applied roll-up.
+    /// Survives re-sends of the same demand (the age clock keeps running) and
+    /// is pruned when the fingerprint leaves the cluster's demand.
+    first_seen: FxHashMap<ClusterId, FxHashMap<String, i64>>,
+    snapshot: Option<Arc<Vec<Need>>>,
+    rows: usize,
+}
+
+impl NeedsTable {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Replaces `cluster`'s demand with `needs` (nothing merges). Needs whose
+    /// fingerprint is new to the cluster get `received_at` as arrival; known
+    /// fingerprints keep their first-seen time. An empty list withdraws the
+    /// cluster. Returns the rows now in force for the cluster.
+    pub fn replace(&mut self, cluster: &str, mut needs: Vec<Need>, received_at: i64) -> usize {
+        self.snapshot = None;
+        let seen = self.first_seen.entry(cluster.to_owned()).or_default();
+        let mut next: FxHashMap<String, i64> = FxHashMap::default();
+        for n in &mut needs {
+            let fp = n.fingerprint();
+            let arrival = next
+                .get(fp)
+                .or_else(|| seen.get(fp))
+                .copied()
+                .unwrap_or(received_at);
+            next.insert(fp.to_owned(), arrival);
+            n.arrival_unix_nanos = arrival;
+            n.cluster = cluster.to_owned();
+            n.acquisition_parked = false;
+        }
+        let old = match needs.is_empty() {
+            true => {
+                self.first_seen.remove(cluster);
+                self.clusters.remove(cluster)
+            }
+            false => {
+                *seen = next;
+                self.clusters.insert(cluster.to_owned(), needs)
+            }
+        };
+        self.rows = self.rows - old.map_or(0, |v| v.len()) + self.rows_of(cluster);
+        self.rows_of(cluster)
+    }
+
+    pub fn rows_of(&self, cluster: &str) -> usize {
+        self.clusters.get(cluster).map_or(0, Vec::len)
+    }
+
+    /// One cluster's rows in roll-up order (empty when it has none).
+    pub fn needs_of(&self, cluster: &str) -> &[Need] {
+        self.clusters.get(cluster).map_or(&[], Vec::as_slice)
+    }
+
+    /// Total rows over every cluster.
+    pub fn len(&self) -> usize {
+        self.rows
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.rows == 0
+    }
+
+    /// Clusters with demand.
+    pub fn clusters(&self) -> impl Iterator<Item = (&str, &[Need])> {
+        self.clusters
+            .iter()
+            .map(|(c, n)| (c.as_str(), n.as_slice()))
+    }
+
+    /// All rows, stable-sorted priority desc, arrival asc, cluster asc (ties
+    /// keep each cluster's roll-up order). Cached until the next replace.
+    pub fn snapshot(&mut self) -> Arc<Vec<Need>> {
+        if let Some(s) = &self.snapshot {
+            return s.clone();
+        }
+        let flat: Vec<&Need> = self.clusters.values().flatten().collect();
+        // Sort a permutation, then gather once: moving ~100-byte rows around
+        // during the sort costs far more than sorting indices.
+        let mut perm: Vec<u32> = (0..flat.len() as u32).collect();
+        perm.sort_by(|&a, &b| snapshot_order(flat[a as usize], flat[b as usize]));
+        let snap = Arc::new(perm.iter().map(|&i| flat[i as usize].clone()).collect());
+        self.snapshot = Some(Arc::clone(&snap));
+        snap
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bigfleet_model::{PenaltyBucket, Profile};
+
+    fn need(prio: i32, tag: &str) -> Need {
+        let req =
+            bigfleet_model::Requirement::new("tag", bigfleet_model::Operator::In, [tag.to_owned()]);
+        Need::new(
+            "",
+            Profile::new(
+                vec![req],
+                vec![],
+                prio,
+                PenaltyBucket::Zero,
+                PenaltyBucket::Zero,
+            ),
+        )
+    }
+
+    fn order(s: &[Need]) -> Vec<(String, String)> {
+        s.iter()
+            .map(|n| {
+                (
+                    n.cluster.clone(),
+                    n.profile.requirements()[0].values()[0].clone(),
+                )
+            })
+            .collect()
+    }
+
+    #[test]
+    fn snapshot_orders_priority_arrival_cluster() {
+        let mut t = NeedsTable::new();
+        t.replace("b", vec![need(5, "b1"), need(9, "b2")], 100);
+        t.replace("a", vec![need(5, "a1"), need(5, "a2")], 100);
+        t.replace("c", vec![need(5, "c1")], 50);
+        let s = t.snapshot();
+        let got = order(&s);
+        let want = [
+            ("b", "b2"),
+            ("c", "c1"),
+            ("a", "a1"),
+            ("a", "a2"),
+            ("b", "b1"),
+        ];
+        assert_eq!(
+            got,
+            want.map(|(c, n)| (c.to_owned(), n.to_owned())).to_vec()
+        );
+        assert_eq!(t.len(), 5);
+    }
+
+    #[test]
+    fn arrival_is_first_seen_per_fingerprint() {
+        let mut t = NeedsTable::new();
+        t.replace("a", vec![need(1, "x")], 100);
+        t.replace("a", vec![need(1, "x"), need(1, "y")], 200);
+        let s = t.snapshot();
+        let arrivals: Vec<_> = s.iter().map(|n| n.arrival_unix_nanos).collect();
+        assert_eq!(arrivals, [100, 200]);
+        // Withdrawn then re-requested: a fresh arrival.
+        t.replace("a", vec![need(1, "y")], 300);
+        t.replace("a", vec![need(1, "x"), need(1, "y")], 400);
+        let s = t.snapshot();
+        let mut arrivals: Vec<_> = s
+            .iter()
+            .map(|n| {
+                (
+                    n.profile.requirements()[0].values()[0].clone(),
+                    n.arrival_unix_nanos,
+                )
+            })
+            .collect();
+        arrivals.sort();
+        assert_eq!(arrivals, [("x".to_owned(), 400), ("y".to_owned(), 200)]);
+    }
+
+    #[test]
+    fn full_replacement_and_withdrawal() {
+        let mut t = NeedsTable::new();
+        assert_eq!(t.replace("a", vec![need(1, "x"), need(2, "y")], 1), 2);
+        assert_eq!(t.replace("a", vec![need(3, "z")], 2), 1);
+        assert_eq!(t.len(), 1);
+        assert_eq!(order(&t.snapshot()), [("a".to_owned(), "z".to_owned())]);
+        assert_eq!(t.replace("a", vec![], 3), 0);
+        assert!(t.is_empty());
+        assert!(t.snapshot().is_empty());
+        assert_eq!(t.clusters().count(), 0);
+    }
+
+    #[test]
+    fn snapshot_cache_invalidated_by_replace() {
+        let mut t = NeedsTable::new();
+        t.replace("a", vec![need(1, "x")], 1);
+        let s1 = t.snapshot();
+        assert!(Arc::ptr_eq(&s1, &t.snapshot()));
+        t.replace("a", vec![need(1, "y")], 1);
+        assert!(!Arc::ptr_eq(&s1, &t.snapshot()));
+    }
+}

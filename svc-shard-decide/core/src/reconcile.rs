@@ -1,0 +1,641 @@
+//! Reconcile: merging the provider's List into the inventory.
+//!
+//! There is no Watch: every cycle lists the provider before deciding. Full
+//! mode lists everything and removes machines the provider stopped reporting;
+//! incremental mode pumps the opaque `since_revision` cursor and skips the
+//! removal walk (a delta cannot express removal).
+
+use crate::inventory::Inventory;
+use bigfleet_conv::{machine_from_proto, node_state_update};
+use bigfleet_mesh::MeshChannel;
+use bigfleet_model::{Machine, MachineState};
+use bigfleet_proto::v1alpha1 as pb;
+use bytes::Bytes;
+use futures::future::BoxFuture;
+use prost::Message as _;
+use tonic::codegen::http::uri::PathAndQuery;
+
+/// A List answer with every machine still encoded. Same wire format as
+/// `MachineList`; decoding stops at the record boundaries, so the common case
+/// (nothing changed) never builds 500K `Machine` messages.
+#[derive(Clone, PartialEq, prost::Message)]
+pub struct RawMachineList {
+    #[prost(bytes = "bytes", repeated, tag = "1")]
+    pub machines: Vec<Bytes>,
+    #[prost(bytes = "vec", tag = "2")]
+    pub revision: Vec<u8>,
+}
+
+impl From<&pb::MachineList> for RawMachineList {
+    fn from(l: &pb::MachineList) -> Self {
+        RawMachineList {
+            machines: l
+                .machines
+                .iter()
+                .map(|m| Bytes::from(m.encode_to_vec()))
+                .collect(),
+            revision: l.revision.clone(),
+        }
+    }
+}
+
+/// The id (field 1) and state (field 2) of an encoded `Machine`, read without
+/// decoding anything else. `None` when the bytes are not a valid message.
+pub fn machine_head(raw: &[u8]) -> Option<(&str, i32)> {
+    use prost::encoding::decode_varint;
+    let mut buf = raw;
+    let mut id = "";
+    let mut state = 0i32;
+    while !buf.is_empty() {
+        let key = decode_varint(&mut buf).ok()?;
+        let field = key >> 3;
+        match key & 7 {
+            0 => {
+                let v = decode_varint(&mut buf).ok()?;
+                if field == 2 {
+                    state = v as i32;
+                }
+            }
+            1 => buf = buf.get(8..)?,
+            2 => {
+                let len = usize::try_from(decode_varint(&mut buf).ok()?).ok()?;
+                let (value, rest) = (buf.get(..len)?, buf.get(len..)?);
+                if field == 1 {
+                    id = std::str::from_utf8(value).ok()?;
+                }
+                buf = rest;
+            }
+            5 => buf = buf.get(4..)?,
+            _ => return None,
+        }
+    }
+    Some((id, state))
+}
+
+/// Where reconcile reads machines from: the provider's `List`.
+pub trait MachineSource: Send + Sync + 'static {
+    /// `List` with `since_revision` (empty = everything).
+    fn list(&self, since_revision: Vec<u8>)
+    -> BoxFuture<'_, Result<RawMachineList, tonic::Status>>;
+}
+
+/// The real thing: `bigfleet.v1alpha1.CapacityProvider/List` over a mesh channel.
+#[derive(Clone)]
+pub struct ProviderClient {
+    grpc: tonic::client::Grpc<MeshChannel>,
+}
+
+impl std::fmt::Debug for ProviderClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ProviderClient").finish_non_exhaustive()
+    }
+}
+
+impl ProviderClient {
+    /// Over a mesh client channel (`bigfleet_mesh::dial_lazy`).
+    pub fn new(channel: MeshChannel) -> Self {
+        ProviderClient {
+            grpc: tonic::client::Grpc::new(channel)
+                .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
+                .max_encoding_message_size(crate::MAX_MESSAGE_SIZE),
+        }
+    }
+}
+
+/// Default deadline of a List (the reference's dial-out default).
+pub const LIST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(120);
+
+impl MachineSource for ProviderClient {
+    fn list(
+        &self,
+        since_revision: Vec<u8>,
+    ) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
+        let mut grpc = self.grpc.clone();
+        Box::pin(async move {
+            grpc.ready().await.map_err(|e| {
+                tonic::Status::unavailable(format!("provider channel not ready: {e}"))
+            })?;
+            let mut req = tonic::Request::new(pb::ListFilter {
+                since_revision,
+                ..Default::default()
+            });
+            req.set_timeout(LIST_TIMEOUT);
+            let codec = tonic_prost::ProstCodec::<pb::ListFilter, RawMachineList>::default();
+            let path = PathAndQuery::from_static("/bigfleet.v1alpha1.CapacityProvider/List");
+            grpc.unary(req, path, codec)
+                .await
+                .map(tonic::Response::into_inner)
+        })
+    }
+}
+
+/// What one merge did.
+#[derive(Debug, Default)]
+pub struct MergeReport {
+    pub listed: usize,
+    pub inserted: usize,
+    pub updated: usize,
+    pub removed: usize,
+    pub fast_path: usize,
+    pub skipped_in_flight: usize,
+    /// Metric reasons of rejected records (`price`, `interruption_probability`, `structural`).
+    pub rejected: Vec<&'static str>,
+    /// NodeStateUpdates for applied changes of cluster-bound machines, keyed
+    /// by the cluster to notify (the binding from before the change).
+    pub notify: Vec<(String, pb::NodeStateUpdate)>,
+    /// Machines that reached Configured: (cluster, need fingerprint).
+    pub configured: Vec<(String, String)>,
+    /// Machines that reached Idle from Draining (drain completed).
+    pub drained: Vec<String>,
+}
+
+fn decode(raw: &[u8]) -> Result<Machine, bigfleet_conv::ConvError> {
+    let pm = pb::Machine::decode(raw).map_err(|e| bigfleet_conv::ConvError::InvalidMachine {
+        id: String::new(),
+        source: Box::new(bigfleet_conv::ConvError::MissingField {
+            path: format!("wire encoding ({e})"),
+        }),
+    })?;
+    machine_from_proto(&pm)
+}
+
+/// Merges a List answer into `inv`.
+///
+/// * machines with an action in flight are skipped: the provider's view lags
+///   the worker's RPC and would overwrite its transitional state (the
+///   Configuring → Idle race);
+/// * a machine whose state already matches is left alone (fast path: only
+///   its id and state are read from the wire);
+/// * a diverged machine takes the provider's record, but keeps the shard's
+///   own assignment while it stays bound to the same cluster;
+/// * a new machine is inserted with its assignment restored from the
+///   provider's `shard_metadata` echo (a restart rebuilds from here);
+/// * a record failing validation is counted and ignored: the inventory keeps
+///   its last-known-good copy, and the machine is NOT removed;
+/// * with `full` set, machines the provider did not list are removed (except
+///   those in flight).
+///
+/// `order` carries the positions of the previous listing, in listing order:
+/// providers list in a stable order, so checking the hinted position first
+/// (one string compare) replaces most index lookups. It is rewritten here.
+pub fn merge(
+    inv: &mut Inventory,
+    list: &[Bytes],
+    full: bool,
+    generation: u32,
+    now_unix_nanos: i64,
+    in_flight: impl Fn(&str) -> bool,
+    order: &mut Vec<u32>,
+) -> MergeReport {
+    let mut r = MergeReport {
+        listed: list.len(),
+        ..MergeReport::default()
+    };
+    let mut fresh: Vec<(&str, &Bytes)> = Vec::new();
+    let hint = std::mem::take(order);
+    order.reserve(list.len());
+    for (i, raw) in list.iter().enumerate() {
+        let Some((id, state)) = machine_head(raw) else {
+            tracing::warn!("provider record is not a valid Machine message; rejected");
+            r.rejected.push("structural");
+            order.push(u32::MAX);
+            continue;
+        };
+        let hinted = hint
+            .get(i)
+            .map(|&p| p as usize)
+            .filter(|&p| inv.id_at(p) == Some(id));
+        let Some(pos) = hinted.or_else(|| inv.position(id)) else {
+            fresh.push((id, raw));
+            order.push(u32::MAX);
+            continue;
+        };
+        order.push(pos as u32);
+        // Seen first, so a rejected record never looks like a removal.
+        inv.mark_seen(pos, generation);
+        if in_flight(id) {
+            r.skipped_in_flight += 1;
+            continue;
+        }
+        if i32::from(inv.state_at(pos).ordinal()) == state {
+            r.fast_path += 1;
+            continue;
+        }
+        let m = match decode(raw) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(machine = %id, reason = e.reason(), error = %e, "provider record rejected");
+                r.rejected.push(e.reason());
+                continue;
+            }
+        };
+        apply_diverged(inv, pos, m, now_unix_nanos, &mut r);
+    }
+    // New machines in id order: the engine's fleet keeps its machines sorted,
+    // and appending in order keeps a cold start linear.
+    fresh.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    for (_, raw) in fresh {
+        let mut m = match decode(raw) {
+            Ok(m) => m,
+            Err(e) => {
+                tracing::warn!(reason = e.reason(), error = %e, "provider record rejected");
+                r.rejected.push(e.reason());
+                continue;
+            }
+        };
+        if inv.contains(&m.id) {
+            // Listed twice; the first copy won.
+            continue;
+        }
+        if !m.cluster.is_empty() {
+            restore_assignment(&mut m);
+        }
+        inv.upsert_at(None, m, now_unix_nanos);
+        // A new machine is appended.
+        inv.mark_seen(inv.len() - 1, generation);
+        r.inserted += 1;
+    }
+    if full {
+        let removed = inv.remove_unseen(generation, &in_flight);
+        for m in &removed {
+            tracing::info!(machine = %m.id, state = %m.state, "machine no longer listed by the provider; removed");
+            if !m.cluster.is_empty() {
+                // Tell the operator the node is gone rather than leave it Ready.
+                let mut gone = m.clone();
+                gone.state = MachineState::Speculative;
+                gone.host = Default::default();
+                r.notify
+                    .push((m.cluster.clone(), node_state_update(&gone, &m.cluster)));
+            }
+        }
+        r.removed = removed.len();
+    }
+    r
+}
+
+/// A known machine (at `pos`) whose provider state differs from ours.
+fn apply_diverged(inv: &mut Inventory, pos: usize, mut m: Machine, now: i64, r: &mut MergeReport) {
+    let local = inv.assignment_at(pos);
+    let local_state = local.state;
+    if !m.cluster.is_empty() && m.cluster == local.cluster {
+        // The provider does not own assignment state.
+        m.assigned_priority = local.priority;
+        m.assigned_interruption_penalty_dollars = local.interruption_penalty_dollars;
+        m.assigned_reclamation_penalty_dollars = local.reclamation_penalty_dollars;
+        local
+            .need_fingerprint
+            .clone_into(&mut m.assigned_need_fingerprint);
+        local.group.clone_into(&mut m.assigned_group);
+    } else if !m.cluster.is_empty() {
+        restore_assignment(&mut m);
+    }
+    let notify_cluster = if local.cluster.is_empty() {
+        m.cluster.clone()
+    } else {
+        local.cluster.to_owned()
+    };
+    if m.state == MachineState::Configured && local_state != MachineState::Configured {
+        r.configured
+            .push((m.cluster.clone(), m.assigned_need_fingerprint.clone()));
+    }
+    if m.state == MachineState::Idle && local_state == MachineState::Draining {
+        r.drained.push(m.id.clone());
+    }
+    if !notify_cluster.is_empty() {
+        r.notify.push((
+            notify_cluster.clone(),
+            node_state_update(&m, &notify_cluster),
+        ));
+    }
+    inv.upsert_at(Some(pos), m, now);
+    r.updated += 1;
+}
+
+/// Restores the assignment from the provider's `shard_metadata` echo. Each
+/// key decodes independently; malformed ones are logged and skipped.
+fn restore_assignment(m: &mut Machine) {
+    let meta = std::mem::take(&mut m.shard_metadata);
+    if let Err(e) = m.apply_shard_metadata(&meta) {
+        tracing::warn!(machine = %m.id, error = %e, "ignoring malformed shard_metadata");
+    }
+    m.shard_metadata = meta;
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bigfleet_conv::machine_to_proto;
+    use bigfleet_model::machine::{
+        META_ASSIGNED_GROUP, META_ASSIGNED_INTERRUPTION_PENALTY, META_ASSIGNED_NEED_FINGERPRINT,
+        META_ASSIGNED_PRIORITY, META_ASSIGNED_RECLAMATION_PENALTY,
+    };
+
+    fn pm(id: &str, state: MachineState) -> pb::Machine {
+        machine_to_proto(&crate::inventory::tests::machine(id, state))
+    }
+
+    fn ids(inv: &Inventory) -> Vec<&str> {
+        let mut v: Vec<&str> = inv.ids().collect();
+        v.sort_unstable();
+        v
+    }
+
+    /// `merge` over decoded records (encodes them first).
+    fn merge(
+        inv: &mut Inventory,
+        list: &[pb::Machine],
+        full: bool,
+        generation: u32,
+        now: i64,
+        in_flight: impl Fn(&str) -> bool,
+    ) -> MergeReport {
+        let raw: Vec<Bytes> = list
+            .iter()
+            .map(|m| Bytes::from(m.encode_to_vec()))
+            .collect();
+        super::merge(inv, &raw, full, generation, now, in_flight, &mut Vec::new())
+    }
+
+    #[test]
+    fn head_reads_id_and_state_only() {
+        let mut m = pm("m-1", MachineState::Configured);
+        m.labels.insert("k".into(), "v".into());
+        m.price_per_hour = 2.5;
+        let raw = m.encode_to_vec();
+        assert_eq!(
+            machine_head(&raw),
+            Some(("m-1", pb::MachineState::Configured as i32))
+        );
+        assert_eq!(machine_head(&[]), Some(("", 0)));
+        assert_eq!(machine_head(&raw[..raw.len() - 1]), None, "truncated");
+        assert_eq!(
+            machine_head(&[0x0a, 0x05, b'a']),
+            None,
+            "length past the end"
+        );
+        assert_eq!(machine_head(&[0x0f]), None, "wire type 7");
+    }
+
+    #[test]
+    fn position_hints_survive_reorders_and_removals() {
+        let mut inv = Inventory::new();
+        let all: Vec<pb::Machine> = (0..6)
+            .map(|i| pm(&format!("m{i}"), MachineState::Idle))
+            .collect();
+        let raw: Vec<Bytes> = all.iter().map(|m| Bytes::from(m.encode_to_vec())).collect();
+        let mut order = Vec::new();
+        super::merge(&mut inv, &raw, true, 1, 0, |_| false, &mut order);
+        assert_eq!(order.len(), 6);
+        let r = super::merge(&mut inv, &raw, true, 2, 0, |_| false, &mut order);
+        assert_eq!(r.fast_path, 6);
+        assert!(order.iter().all(|&p| p != u32::MAX));
+        // A stale hint (reversed listing, one machine gone) still finds everyone.
+        let mut rev: Vec<Bytes> = raw[1..].to_vec();
+        rev.reverse();
+        let r = super::merge(&mut inv, &rev, true, 3, 0, |_| false, &mut order);
+        assert_eq!((r.fast_path, r.removed, r.inserted), (5, 1, 0));
+        // The removal moved a record, so a recorded position may be stale:
+        // it is only a hint and the next round corrects it.
+        let r = super::merge(&mut inv, &rev, true, 4, 0, |_| false, &mut order);
+        assert_eq!((r.fast_path, r.removed), (5, 0));
+        for (i, b) in rev.iter().enumerate() {
+            let id = machine_head(b).unwrap().0;
+            assert_eq!(inv.id_at(order[i] as usize), Some(id));
+        }
+    }
+
+    #[test]
+    fn garbage_records_are_rejected_not_removed() {
+        let mut inv = Inventory::new();
+        merge(&mut inv, &[pm("a", MachineState::Idle)], true, 1, 0, |_| {
+            false
+        });
+        let r = super::merge(
+            &mut inv,
+            &[Bytes::from_static(&[0xff, 0xff])],
+            true,
+            2,
+            0,
+            |_| false,
+            &mut Vec::new(),
+        );
+        assert_eq!(r.rejected, ["structural"]);
+        // Unparseable means unknown id: the removal walk still runs for "a".
+        assert_eq!(r.removed, 1);
+    }
+
+    #[test]
+    fn full_mode_inserts_updates_and_removes() {
+        let mut inv = Inventory::new();
+        let r = merge(
+            &mut inv,
+            &[
+                pm("b", MachineState::Idle),
+                pm("a", MachineState::Speculative),
+            ],
+            true,
+            1,
+            0,
+            |_| false,
+        );
+        assert_eq!((r.inserted, r.updated, r.removed), (2, 0, 0));
+        assert_eq!(ids(&inv), ["a", "b"]);
+        let r = merge(
+            &mut inv,
+            &[pm("a", MachineState::Speculative)],
+            true,
+            2,
+            0,
+            |_| false,
+        );
+        assert_eq!((r.fast_path, r.removed), (1, 1));
+        assert_eq!(ids(&inv), ["a"]);
+    }
+
+    #[test]
+    fn incremental_mode_never_removes() {
+        let mut inv = Inventory::new();
+        merge(
+            &mut inv,
+            &[pm("a", MachineState::Idle), pm("b", MachineState::Idle)],
+            true,
+            1,
+            0,
+            |_| false,
+        );
+        let r = merge(
+            &mut inv,
+            &[pm("a", MachineState::Speculative)],
+            false,
+            2,
+            0,
+            |_| false,
+        );
+        assert_eq!((r.updated, r.removed), (1, 0));
+        assert_eq!(ids(&inv), ["a", "b"]);
+        assert_eq!(inv.get("a").unwrap().state, MachineState::Speculative);
+    }
+
+    #[test]
+    fn in_flight_machines_are_neither_overwritten_nor_removed() {
+        let mut inv = Inventory::new();
+        merge(
+            &mut inv,
+            &[pm("a", MachineState::Idle), pm("b", MachineState::Idle)],
+            true,
+            1,
+            0,
+            |_| false,
+        );
+        // A worker moved "a" to Configuring; the provider still lists Idle.
+        inv.update("a", 0, |m| {
+            m.state = MachineState::Configuring;
+            m.cluster = "c1".into();
+        });
+        let r = merge(&mut inv, &[pm("a", MachineState::Idle)], true, 2, 0, |id| {
+            id == "a" || id == "b"
+        });
+        assert_eq!(r.skipped_in_flight, 1);
+        assert_eq!(inv.get("a").unwrap().state, MachineState::Configuring);
+        // "b" is unlisted but in flight: kept.
+        assert!(inv.get("b").is_some());
+        // Once the action is done, the provider's view applies.
+        let r = merge(&mut inv, &[pm("a", MachineState::Idle)], true, 3, 0, |_| {
+            false
+        });
+        assert_eq!((r.updated, r.removed), (1, 1));
+        assert_eq!(inv.get("a").unwrap().state, MachineState::Idle);
+    }
+
+    #[test]
+    fn fast_path_touches_nothing() {
+        let mut inv = Inventory::new();
+        merge(&mut inv, &[pm("a", MachineState::Idle)], true, 1, 0, |_| {
+            false
+        });
+        inv.update("a", 0, |m| m.price_per_hour = 7.0);
+        let mut listed = pm("a", MachineState::Idle);
+        listed.price_per_hour = f64::NAN; // would be rejected if it were read
+        let r = merge(&mut inv, &[listed], true, 2, 0, |_| false);
+        assert_eq!((r.fast_path, r.rejected.len()), (1, 0));
+        assert_eq!(inv.get("a").unwrap().price_per_hour, 7.0);
+    }
+
+    #[test]
+    fn rejected_records_keep_last_known_good_and_are_not_removed() {
+        let mut inv = Inventory::new();
+        merge(&mut inv, &[pm("a", MachineState::Idle)], true, 1, 0, |_| {
+            false
+        });
+        let mut bad = pm("a", MachineState::Configured);
+        bad.cluster = "c1".into();
+        bad.price_per_hour = -1.0;
+        let mut bad_new = pm("n", MachineState::Idle);
+        bad_new.interruption_probability = 2.0;
+        let mut structural = pm("s", MachineState::Idle);
+        structural.host = None;
+        let r = merge(&mut inv, &[bad, bad_new, structural], true, 2, 0, |_| false);
+        assert_eq!(
+            r.rejected,
+            ["price", "interruption_probability", "structural"]
+        );
+        assert_eq!(r.removed, 0);
+        assert_eq!(ids(&inv), ["a"]);
+        assert_eq!(inv.get("a").unwrap().state, MachineState::Idle);
+    }
+
+    #[test]
+    fn new_records_restore_assignment_from_shard_metadata() {
+        let mut inv = Inventory::new();
+        let mut p = pm("a", MachineState::Configured);
+        p.cluster = "c7".into();
+        p.shard_metadata = [
+            (META_ASSIGNED_PRIORITY, "42"),
+            (META_ASSIGNED_INTERRUPTION_PENALTY, "+Inf"),
+            (META_ASSIGNED_RECLAMATION_PENALTY, "2.5"),
+            (META_ASSIGNED_NEED_FINGERPRINT, "fp-1"),
+            (META_ASSIGNED_GROUP, "rack\0g7"),
+            ("other/key", "kept"),
+        ]
+        .into_iter()
+        .map(|(k, v)| (k.to_owned(), v.to_owned()))
+        .collect();
+        let r = merge(&mut inv, &[p], true, 1, 0, |_| false);
+        let m = inv.get("a").unwrap();
+        assert_eq!(r.inserted, 1);
+        assert!(
+            r.notify.is_empty(),
+            "discovery is not a transition; resync covers it"
+        );
+        assert_eq!(m.assigned_priority, 42);
+        assert_eq!(m.assigned_interruption_penalty_dollars, f64::INFINITY);
+        assert_eq!(m.assigned_reclamation_penalty_dollars, 2.5);
+        assert_eq!(m.assigned_need_fingerprint, "fp-1");
+        assert_eq!(m.assigned_group, "rack\0g7");
+        assert_eq!(m.shard_metadata["other/key"], "kept");
+        assert_eq!(m.shard_metadata[META_ASSIGNED_GROUP], "rack\0g7");
+    }
+
+    #[test]
+    fn malformed_metadata_keys_are_skipped_individually() {
+        let mut inv = Inventory::new();
+        let mut p = pm("a", MachineState::Configured);
+        p.shard_metadata = [(META_ASSIGNED_PRIORITY, "high"), (META_ASSIGNED_GROUP, "g")]
+            .into_iter()
+            .map(|(k, v)| (k.to_owned(), v.to_owned()))
+            .collect();
+        merge(&mut inv, &[p], true, 1, 0, |_| false);
+        let m = inv.get("a").unwrap();
+        assert_eq!((m.assigned_priority, m.assigned_group.as_str()), (0, "g"));
+    }
+
+    #[test]
+    fn tracked_assignment_is_authoritative_while_bound() {
+        let mut inv = Inventory::new();
+        let mut p = pm("a", MachineState::Configuring);
+        p.cluster = "c1".into();
+        merge(&mut inv, &[p.clone()], true, 1, 0, |_| false);
+        inv.update("a", 0, |m| {
+            m.assigned_priority = 9;
+            m.assigned_need_fingerprint = "mine".into();
+        });
+        // Provider reports Configured with a metadata echo that disagrees.
+        p.state = pb::MachineState::Configured as i32;
+        p.shard_metadata
+            .insert(META_ASSIGNED_PRIORITY.into(), "1".into());
+        let r = merge(&mut inv, &[p], true, 2, 0, |_| false);
+        let m = inv.get("a").unwrap();
+        assert_eq!(
+            (m.assigned_priority, m.assigned_need_fingerprint.as_str()),
+            (9, "mine")
+        );
+        assert_eq!(r.notify[0].0, "c1");
+        assert_eq!(r.configured, [("c1".to_owned(), "mine".to_owned())]);
+    }
+
+    #[test]
+    fn drain_completion_notifies_the_old_cluster_and_clears_assignment() {
+        let mut inv = Inventory::new();
+        let mut p = pm("a", MachineState::Draining);
+        p.cluster = "c1".into();
+        p.shard_metadata
+            .insert(META_ASSIGNED_PRIORITY.into(), "5".into());
+        merge(&mut inv, &[p], true, 1, 0, |_| false);
+        assert_eq!(inv.get("a").unwrap().assigned_priority, 5);
+        let r = merge(
+            &mut inv,
+            &[pm("a", MachineState::Idle)],
+            true,
+            2,
+            50,
+            |_| false,
+        );
+        let m = inv.get("a").unwrap();
+        assert_eq!((m.cluster.as_str(), m.assigned_priority), ("", 0));
+        assert_eq!(r.notify.len(), 1);
+        assert_eq!(r.notify[0].0, "c1");
+        assert_eq!(r.notify[0].1.state, pb::MachineState::Idle as i32);
+        assert_eq!(r.drained, ["a"]);
+        assert_eq!(inv.idle_since_of("a"), Some(50));
+    }
+}

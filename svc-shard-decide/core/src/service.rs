@@ -1,0 +1,322 @@
+//! gRPC faces of decide: `bigfleet.mesh.v1.Decide` (gateway and execute
+//! workers), `bigfleet.v1alpha1.ShardRead` (per-need verdicts) and
+//! `bigfleet.mesh.v1.ShardInfo` (counts for the gateway / svc-inspect).
+
+use crate::ledgers::VerdictRow;
+use crate::shard::{Decide, DecideError};
+use bigfleet_conv::{need_to_proto, resources_message};
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::decide_server::DecideServer;
+use bigfleet_proto::mesh::v1::shard_info_server::ShardInfoServer;
+use bigfleet_proto::mesh::v1::worker_message::Msg;
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_proto::v1alpha1::shard_read_server::ShardReadServer;
+use std::pin::Pin;
+use std::sync::atomic::Ordering;
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::ReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+/// The one place decide's errors become gRPC statuses.
+impl From<DecideError> for Status {
+    fn from(e: DecideError) -> Self {
+        match &e {
+            DecideError::UnknownMachine(_) => Status::not_found(e.to_string()),
+            DecideError::Stale(_) => Status::aborted(e.to_string()),
+            DecideError::Invalid(_) | DecideError::Rollup(_) => {
+                Status::invalid_argument(e.to_string())
+            }
+            DecideError::AuditLog { .. } => Status::internal(e.to_string()),
+        }
+    }
+}
+
+/// Buffered WorkItems per stream; credits bound what is outstanding anyway.
+const WORK_STREAM_BUFFER: usize = 256;
+
+/// The tonic services of one decide instance.
+#[derive(Clone, Debug)]
+pub struct DecideService {
+    decide: Decide,
+}
+
+impl DecideService {
+    pub fn new(decide: Decide) -> Self {
+        DecideService { decide }
+    }
+
+    /// Work and Transition over mTLS must come from this shard's execute
+    /// role (`bigfleet://shard/<id>/execute`); Unix-socket and plaintext
+    /// callers skip the check.
+    fn bind_worker<T>(&self, request: &Request<T>) -> Result<(), Status> {
+        match bigfleet_mesh::peer_of(request) {
+            Some(peer) => peer.ensure(&bigfleet_mesh::PeerIdentity::ShardExecute(
+                self.decide.config().shard_id.clone(),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// `bigfleet.mesh.v1.Decide` with 256 MiB message limits.
+    pub fn decide_server(&self) -> DecideServer<DecideService> {
+        DecideServer::new(self.clone())
+            .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::MAX_MESSAGE_SIZE)
+    }
+
+    /// `bigfleet.v1alpha1.ShardRead` with 256 MiB message limits.
+    pub fn shard_read_server(&self) -> ShardReadServer<DecideService> {
+        ShardReadServer::new(self.clone())
+            .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::MAX_MESSAGE_SIZE)
+    }
+
+    /// `bigfleet.mesh.v1.ShardInfo`.
+    pub fn shard_info_server(&self) -> ShardInfoServer<DecideService> {
+        ShardInfoServer::new(self.clone())
+    }
+}
+
+#[tonic::async_trait]
+impl mesh::decide_server::Decide for DecideService {
+    async fn apply_rollup(
+        &self,
+        request: Request<mesh::ApplyRollupRequest>,
+    ) -> Result<Response<mesh::ApplyRollupResponse>, Status> {
+        Ok(Response::new(self.decide.apply_rollup(request.get_ref())?))
+    }
+
+    async fn session_opened(
+        &self,
+        request: Request<mesh::SessionOpenedRequest>,
+    ) -> Result<Response<mesh::SessionOpenedResponse>, Status> {
+        let req = request.into_inner();
+        if req.cluster_id.is_empty() {
+            return Err(Status::invalid_argument("cluster_id must not be empty"));
+        }
+        Ok(Response::new(self.decide.session_opened(&req).await))
+    }
+
+    async fn session_closed(
+        &self,
+        request: Request<mesh::SessionClosedRequest>,
+    ) -> Result<Response<mesh::SessionClosedResponse>, Status> {
+        self.decide.session_closed(request.get_ref());
+        Ok(Response::new(mesh::SessionClosedResponse {}))
+    }
+
+    type WorkStream = ReceiverStream<Result<mesh::WorkItem, Status>>;
+
+    async fn work(
+        &self,
+        request: Request<Streaming<mesh::WorkerMessage>>,
+    ) -> Result<Response<Self::WorkStream>, Status> {
+        self.bind_worker(&request)?;
+        let mut inbound = request.into_inner();
+        let hello = match inbound.message().await? {
+            Some(mesh::WorkerMessage {
+                msg: Some(Msg::Hello(h)),
+            }) => h,
+            _ => return Err(Status::invalid_argument("the first frame must be a Hello")),
+        };
+        let shard = &self.decide.config().shard_id;
+        if !hello.shard_id.is_empty() && hello.shard_id != *shard {
+            return Err(Status::invalid_argument(format!(
+                "worker serves shard {:?}, this is {shard:?}",
+                hello.shard_id
+            )));
+        }
+        let stream = self
+            .decide
+            .inner
+            .next_stream
+            .fetch_add(1, Ordering::Relaxed);
+        let (tx, rx) = mpsc::channel(WORK_STREAM_BUFFER);
+        tracing::info!(worker = %hello.worker_id, stream, "execute worker connected");
+        tokio::spawn(serve_worker(
+            self.decide.clone(),
+            stream,
+            hello.worker_id,
+            inbound,
+            tx,
+        ));
+        Ok(Response::new(ReceiverStream::new(rx)))
+    }
+
+    async fn transition(
+        &self,
+        request: Request<mesh::TransitionRequest>,
+    ) -> Result<Response<mesh::TransitionResponse>, Status> {
+        self.bind_worker(&request)?;
+        let machine = self.decide.transition(request.get_ref()).await?;
+        Ok(Response::new(mesh::TransitionResponse {
+            machine: Some(machine),
+        }))
+    }
+}
+
+/// One worker's stream: hands out one action per credit, takes Done reports,
+/// and abandons whatever the worker still held when the stream ends.
+async fn serve_worker(
+    decide: Decide,
+    stream: u64,
+    worker: String,
+    mut inbound: Streaming<mesh::WorkerMessage>,
+    tx: mpsc::Sender<Result<mesh::WorkItem, Status>>,
+) {
+    let metrics = decide.metrics().clone();
+    metrics.work_streams.inc();
+    let mut credits: u64 = 0;
+    'stream: loop {
+        // Registered before looking at the queue, so an enqueue between the
+        // look and the wait is not missed.
+        let notified = decide.inner.work_ready.notified();
+        tokio::pin!(notified);
+        notified.as_mut().enable();
+        while credits > 0 {
+            let Some(item) = decide.hand_out(stream).await else {
+                break;
+            };
+            credits -= 1;
+            if tx.send(Ok(item)).await.is_err() {
+                break 'stream;
+            }
+        }
+        tokio::select! {
+            msg = inbound.message() => match msg {
+                Ok(Some(m)) => match m.msg {
+                    Some(Msg::Credit(c)) => credits = credits.saturating_add(u64::from(c.n)),
+                    Some(Msg::Done(d)) => decide.done(&d),
+                    Some(Msg::Hello(_)) | None => {}
+                },
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::info!(worker = %worker, stream, error = %e, "work stream broke");
+                    break;
+                }
+            },
+            () = &mut notified, if credits > 0 => {}
+            () = tx.closed() => break,
+        }
+    }
+    let freed = decide.abandon_stream(stream);
+    metrics.work_streams.dec();
+    tracing::info!(worker = %worker, stream, abandoned = freed, "execute worker disconnected");
+}
+
+fn need_view(row: &VerdictRow) -> pb::NeedView {
+    let v = &row.verdict;
+    let need = row.need();
+    let count = |n: u32| i32::try_from(n).unwrap_or(i32::MAX);
+    pb::NeedView {
+        need: Some(need_to_proto(need)),
+        cluster_id: need.cluster.clone(),
+        arrival_unix_nanos: need.arrival_unix_nanos,
+        profile_fingerprint: need.fingerprint().to_owned(),
+        satisfied: v.satisfied,
+        residual_deficit: if v.satisfied {
+            None
+        } else {
+            resources_message(&v.residual_deficit)
+        },
+        claimed_machine_count: count(v.claimed_machine_count),
+        bootstrap_count: count(v.bootstrap_count),
+        provision_count: count(v.provision_count),
+        same_domain: v.same_domain.clone(),
+        same_satisfiable: v.same_satisfiable,
+        acquisition_parked: v.acquisition_parked,
+        parked_age_cycles: count(v.parked_age_cycles),
+        age_cycles_unmet: count(row.age_cycles_unmet),
+        unmet_reason: i32::from(v.unmet_reason.ordinal()),
+        matching_supply: v.matching_supply.map(|s| pb::MatchingSupply {
+            idle: count(s.idle),
+            configured: count(s.configured),
+            speculative: count(s.speculative),
+            capped: s.capped,
+        }),
+        preemption: v
+            .preemption
+            .as_ref()
+            .filter(|p| p.victims_found > 0)
+            .map(|p| pb::PreemptionSummary {
+                victims_found: count(p.victims_found),
+                capacity_freed: resources_message(&p.capacity_freed),
+            }),
+        same_candidates: v
+            .same_candidates
+            .iter()
+            .map(|d| pb::DomainCoverage {
+                domain: d.domain.clone(),
+                coverage_per_mille: d.coverage_per_mille,
+                satisfiable: d.satisfiable,
+            })
+            .collect(),
+    }
+}
+
+type InspectStream =
+    Pin<Box<dyn futures::Stream<Item = Result<pb::InspectNeedsResponse, Status>> + Send>>;
+
+#[tonic::async_trait]
+impl pb::shard_read_server::ShardRead for DecideService {
+    type InspectNeedsStream = InspectStream;
+
+    async fn inspect_needs(
+        &self,
+        request: Request<pb::InspectNeedsRequest>,
+    ) -> Result<Response<Self::InspectNeedsStream>, Status> {
+        let req = request.into_inner();
+        let limit = usize::try_from(req.limit)
+            .map_err(|_| Status::invalid_argument("limit must not be negative"))?;
+        let table = self.decide.verdicts();
+        let (total, rows) = table.select(&req.cluster_id, limit);
+        let mut frames = Vec::with_capacity(rows.len() + 1);
+        frames.push(Ok(pb::InspectNeedsResponse {
+            frame: Some(pb::inspect_needs_response::Frame::Header(
+                pb::InspectNeedsHeader {
+                    cycle: i64::try_from(table.cycle).unwrap_or(i64::MAX),
+                    computed_at_unix_nanos: table.computed_at_unix_nanos,
+                    total_needs: i32::try_from(total).unwrap_or(i32::MAX),
+                },
+            )),
+        }));
+        frames.extend(rows.into_iter().map(|r| {
+            Ok(pb::InspectNeedsResponse {
+                frame: Some(pb::inspect_needs_response::Frame::Need(need_view(r))),
+            })
+        }));
+        Ok(Response::new(Box::pin(futures::stream::iter(frames))))
+    }
+}
+
+#[tonic::async_trait]
+impl mesh::shard_info_server::ShardInfo for DecideService {
+    async fn describe(
+        &self,
+        _request: Request<mesh::DescribeShardRequest>,
+    ) -> Result<Response<mesh::ShardDescription>, Status> {
+        let d = &self.decide;
+        let by_state = d
+            .machines_by_state()
+            .await
+            .into_iter()
+            .map(|(s, n)| {
+                let name = pb::MachineState::try_from(i32::from(s.ordinal()))
+                    .map_or("MACHINE_STATE_UNSPECIFIED", |s| s.as_str_name());
+                (name.to_owned(), i32::try_from(n).unwrap_or(i32::MAX))
+            })
+            .collect();
+        let verdicts = d.verdicts();
+        let (_, inflight) = d.action_counts();
+        Ok(Response::new(mesh::ShardDescription {
+            shard_id: d.config().shard_id.clone(),
+            shard_epoch: i64::try_from(d.epoch()).unwrap_or(i64::MAX),
+            cycle: i64::try_from(d.cycle_count()).unwrap_or(i64::MAX),
+            machines_by_state: by_state,
+            sessions: u32::try_from(d.connected_clusters().len()).unwrap_or(u32::MAX),
+            needs: i32::try_from(d.need_rows()).unwrap_or(i32::MAX),
+            unmet_needs: i32::try_from(verdicts.unmet()).unwrap_or(i32::MAX),
+            actions_in_flight: i32::try_from(inflight).unwrap_or(i32::MAX),
+        }))
+    }
+}

@@ -1,0 +1,397 @@
+//! Shared fixtures: an in-test CapacityProvider (List/Get only) served over a
+//! Unix socket, and a decide instance serving its gRPC API on another one.
+#![allow(dead_code)]
+
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_proto::v1alpha1::capacity_provider_server::{
+    CapacityProvider, CapacityProviderServer,
+};
+use bigfleet_telemetry::Readiness;
+use hyper_util::rt::TokioIo;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::time::Duration;
+use svc_shard_decide_core::{
+    Decide, DecideConfig, DecideService, ProviderClient, Publisher, RailsConfig, ShardMetrics,
+};
+use tokio::net::{UnixListener, UnixStream};
+use tokio::sync::{mpsc, oneshot};
+use tokio_stream::wrappers::UnixListenerStream;
+use tonic::transport::{Channel, Endpoint, Server};
+use tonic::{Request, Response, Status};
+
+/// A channel to a Unix socket.
+pub fn uds_channel(path: &Path) -> Channel {
+    let path = path.to_owned();
+    Endpoint::from_static("http://local.invalid").connect_with_connector_lazy(tower::service_fn(
+        move |_| {
+            let path = path.clone();
+            async move { UnixStream::connect(path).await.map(TokioIo::new) }
+        },
+    ))
+}
+
+#[derive(Default)]
+pub struct ProviderState {
+    pub machines: BTreeMap<String, pb::Machine>,
+    pub rev: u64,
+    pub log: Vec<(u64, String)>,
+    pub fail_lists: u32,
+    pub list_calls: u32,
+    pub last_since: Vec<u8>,
+}
+
+/// In-memory provider: List with a decimal revision cursor, Get; mutations
+/// are test hooks, the lifecycle RPCs are Unimplemented.
+#[derive(Clone, Default)]
+pub struct TestProvider {
+    pub state: Arc<Mutex<ProviderState>>,
+}
+
+impl TestProvider {
+    pub fn put(&self, m: pb::Machine) {
+        let mut s = self.state.lock();
+        s.rev += 1;
+        let rev = s.rev;
+        s.log.push((rev, m.id.clone()));
+        s.machines.insert(m.id.clone(), m);
+    }
+
+    pub fn remove(&self, id: &str) {
+        let mut s = self.state.lock();
+        s.rev += 1;
+        s.machines.remove(id);
+    }
+
+    pub fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
+        let mut m = self.state.lock().machines[id].clone();
+        f(&mut m);
+        self.put(m);
+    }
+
+    pub fn fail_next_lists(&self, n: u32) {
+        self.state.lock().fail_lists = n;
+    }
+
+    pub fn list_calls(&self) -> u32 {
+        self.state.lock().list_calls
+    }
+}
+
+#[tonic::async_trait]
+impl CapacityProvider for TestProvider {
+    async fn create(
+        &self,
+        _: Request<pb::CreateRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        Err(Status::unimplemented("test provider"))
+    }
+    async fn configure(
+        &self,
+        _: Request<pb::ConfigureRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        Err(Status::unimplemented("test provider"))
+    }
+    async fn drain(
+        &self,
+        _: Request<pb::DrainRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        Err(Status::unimplemented("test provider"))
+    }
+    async fn delete(
+        &self,
+        _: Request<pb::DeleteRequest>,
+    ) -> Result<Response<pb::TransitionAck>, Status> {
+        Err(Status::unimplemented("test provider"))
+    }
+    async fn get(&self, r: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
+        self.state
+            .lock()
+            .machines
+            .get(&r.get_ref().id)
+            .cloned()
+            .map(Response::new)
+            .ok_or_else(|| Status::not_found("no such machine"))
+    }
+    async fn list(&self, r: Request<pb::ListFilter>) -> Result<Response<pb::MachineList>, Status> {
+        let mut s = self.state.lock();
+        s.list_calls += 1;
+        if s.fail_lists > 0 {
+            s.fail_lists -= 1;
+            return Err(Status::unavailable("provider down"));
+        }
+        let since = r.get_ref().since_revision.clone();
+        s.last_since.clone_from(&since);
+        let cursor: Option<u64> = std::str::from_utf8(&since)
+            .ok()
+            .and_then(|t| t.parse().ok());
+        let machines = match cursor {
+            None => s.machines.values().cloned().collect(),
+            Some(c) => {
+                let mut ids: Vec<&String> = s
+                    .log
+                    .iter()
+                    .filter(|(r, _)| *r > c)
+                    .map(|(_, id)| id)
+                    .collect();
+                ids.sort();
+                ids.dedup();
+                ids.into_iter()
+                    .filter_map(|id| s.machines.get(id).cloned())
+                    .collect()
+            }
+        };
+        Ok(Response::new(pb::MachineList {
+            machines,
+            revision: s.rev.to_string().into_bytes(),
+        }))
+    }
+}
+
+/// Serves `svc` on a fresh socket in `dir`; returns the path and a stopper.
+pub async fn serve_provider(dir: &Path, p: TestProvider) -> (PathBuf, oneshot::Sender<()>) {
+    let path = dir.join("provider.sock");
+    let listener = UnixListener::bind(&path).unwrap();
+    let (tx, rx) = oneshot::channel::<()>();
+    tokio::spawn(
+        Server::builder()
+            .add_service(CapacityProviderServer::new(p))
+            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                let _ = rx.await;
+            }),
+    );
+    (path, tx)
+}
+
+/// A valid provider record.
+pub fn pm(id: &str, state: pb::MachineState, cluster: &str) -> pb::Machine {
+    use pb::MachineState as S;
+    let hosted = !matches!(state, S::Speculative | S::Creating);
+    pb::Machine {
+        id: id.to_owned(),
+        state: state as i32,
+        host: hosted.then(|| pb::HostRef {
+            provider: "test".into(),
+            r#ref: format!("i-{id}"),
+        }),
+        instance_type: "m5.xlarge".into(),
+        zone: "z1".into(),
+        capacity_type: pb::CapacityType::OnDemand as i32,
+        price_per_hour: 0.2,
+        interruption_probability: 0.0,
+        resources: Some(pb::Resources {
+            resources: [
+                ("cpu".to_owned(), "4".to_owned()),
+                ("memory".to_owned(), "16Gi".to_owned()),
+            ]
+            .into_iter()
+            .collect(),
+        }),
+        cluster: cluster.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// A need for `cpu` cores on m5.xlarge machines.
+pub fn need(cpu: u32, priority: i32) -> pb::CapacityNeed {
+    pb::CapacityNeed {
+        requirements: vec![pb::NodeSelectorRequirement {
+            key: "node.kubernetes.io/instance-type".into(),
+            operator: pb::node_selector_requirement::Operator::In as i32,
+            values: vec!["m5.xlarge".into()],
+        }],
+        aggregate_resources: [("cpu".to_owned(), cpu.to_string())].into_iter().collect(),
+        priority,
+        interruption_penalty_bucket: pb::PenaltyBucket::PenaltyBucket8 as i32,
+        reclamation_penalty_bucket: pb::PenaltyBucket::Zero as i32,
+        min_unit: [("cpu".to_owned(), "1".to_owned())].into_iter().collect(),
+        ..Default::default()
+    }
+}
+
+pub fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>) -> mesh::ApplyRollupRequest {
+    mesh::ApplyRollupRequest {
+        rollup: Some(pb::ClusterCapacityNeeds {
+            cluster_id: cluster.to_owned(),
+            timestamp_unix_nanos: 1,
+            needs,
+        }),
+        received_at_unix_nanos: 0,
+        session_id: 1,
+    }
+}
+
+pub struct Harness {
+    pub dir: tempfile::TempDir,
+    pub provider: TestProvider,
+    pub decide: Decide,
+    pub events: mpsc::Receiver<mesh::ShardEvent>,
+    pub decide_sock: PathBuf,
+    pub readiness: Readiness,
+    stops: Vec<oneshot::Sender<()>>,
+}
+
+impl Harness {
+    pub async fn start(cfg: DecideConfig) -> Harness {
+        Self::start_with(cfg, TestProvider::default()).await
+    }
+
+    pub async fn start_with(cfg: DecideConfig, provider: TestProvider) -> Harness {
+        let dir = tempfile::tempdir().unwrap();
+        let (provider_sock, stop_provider) = serve_provider(dir.path(), provider.clone()).await;
+        let (publisher, events) = Publisher::channel(100_000);
+        let readiness = Readiness::not_ready("first provider reconcile not yet complete");
+        let decide = Decide::new(
+            cfg,
+            Arc::new(ProviderClient::new(bigfleet_mesh::client_stack(
+                uds_channel(&provider_sock),
+                &bigfleet_mesh::ClientStackConfig::default(),
+            ))),
+            publisher,
+            ShardMetrics::unregistered(),
+            readiness.clone(),
+        )
+        .unwrap();
+        let decide_sock = dir.path().join("decide.sock");
+        let listener = UnixListener::bind(&decide_sock).unwrap();
+        let svc = DecideService::new(decide.clone());
+        let (tx, rx) = oneshot::channel::<()>();
+        tokio::spawn(
+            Server::builder()
+                .add_service(svc.decide_server())
+                .add_service(svc.shard_read_server())
+                .add_service(svc.shard_info_server())
+                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
+                    let _ = rx.await;
+                }),
+        );
+        Harness {
+            dir,
+            provider,
+            decide,
+            events,
+            decide_sock,
+            readiness,
+            stops: vec![stop_provider, tx],
+        }
+    }
+
+    pub fn client(&self) -> DecideClient<Channel> {
+        DecideClient::new(uds_channel(&self.decide_sock))
+    }
+
+    /// Every frame published so far.
+    pub fn drain_events(&mut self) -> Vec<mesh::ShardEvent> {
+        let mut out = Vec::new();
+        while let Ok(e) = self.events.try_recv() {
+            out.push(e);
+        }
+        out
+    }
+}
+
+/// Rails off, queue large: the engine's answer is what executes.
+pub fn cfg_rails_off() -> DecideConfig {
+    DecideConfig {
+        rails: RailsConfig::off(),
+        engine_threads: 1,
+        queue_capacity: 100_000,
+        ..DecideConfig::default()
+    }
+}
+
+/// Polls `f` until it returns true or `deadline` passes.
+pub async fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = tokio::time::Instant::now() + deadline;
+    while tokio::time::Instant::now() < end {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    f()
+}
+
+/// An execute worker on the Work stream.
+pub struct Worker {
+    pub tx: mpsc::Sender<mesh::WorkerMessage>,
+    pub items: tonic::Streaming<mesh::WorkItem>,
+}
+
+impl Worker {
+    pub async fn connect(client: &mut DecideClient<Channel>, name: &str) -> Worker {
+        let (tx, rx) = mpsc::channel(64);
+        tx.send(mesh::WorkerMessage {
+            msg: Some(mesh::worker_message::Msg::Hello(
+                mesh::worker_message::Hello {
+                    worker_id: name.to_owned(),
+                    shard_id: String::new(),
+                },
+            )),
+        })
+        .await
+        .unwrap();
+        let items = client
+            .work(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .unwrap()
+            .into_inner();
+        Worker { tx, items }
+    }
+
+    pub async fn credit(&self, n: u32) {
+        self.tx
+            .send(mesh::WorkerMessage {
+                msg: Some(mesh::worker_message::Msg::Credit(
+                    mesh::worker_message::Credit { n },
+                )),
+            })
+            .await
+            .unwrap();
+    }
+
+    pub async fn done(&self, action_id: &str, outcome: &str) {
+        self.tx
+            .send(mesh::WorkerMessage {
+                msg: Some(mesh::worker_message::Msg::Done(
+                    mesh::worker_message::Done {
+                        action_id: action_id.to_owned(),
+                        outcome: outcome.to_owned(),
+                        detail: String::new(),
+                        elapsed_ms: 1,
+                    },
+                )),
+            })
+            .await
+            .unwrap();
+    }
+
+    /// The next item, or None if none arrives within `wait`.
+    pub async fn next(&mut self, wait: Duration) -> Option<mesh::WorkItem> {
+        tokio::time::timeout(wait, self.items.message())
+            .await
+            .ok()
+            .and_then(|r| r.ok().flatten())
+    }
+}
+
+/// A transition request for an item's machine.
+pub fn transition(
+    item: &mesh::WorkItem,
+    from: pb::MachineState,
+    to: pb::MachineState,
+    patch: mesh::MachinePatch,
+) -> mesh::TransitionRequest {
+    mesh::TransitionRequest {
+        machine_id: item.action.as_ref().unwrap().machine_id.clone(),
+        from_state: from as i32,
+        to_state: to as i32,
+        patch: Some(patch),
+        reason: "test".into(),
+        action_id: item.action_id.clone(),
+    }
+}

@@ -1,0 +1,528 @@
+//! The cycle end to end against an in-test provider over a Unix socket:
+//! reconcile, readiness, the first-roll-up gate, rails and the ledgers.
+
+mod common;
+
+use bigfleet_model::machine::{
+    META_ASSIGNED_GROUP, META_ASSIGNED_INTERRUPTION_PENALTY, META_ASSIGNED_NEED_FINGERPRINT,
+    META_ASSIGNED_PRIORITY, META_ASSIGNED_RECLAMATION_PENALTY,
+};
+use bigfleet_model::{ActionKind, MachineState};
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::v1alpha1 as pb;
+use common::*;
+use std::time::Duration;
+use svc_shard_decide_core::rails::{AuditRecord, reclaim_cap};
+use svc_shard_decide_core::{DecideConfig, RailsConfig};
+
+fn configured_with_metadata(id: &str, cluster: &str, priority: i32) -> pb::Machine {
+    let mut m = pm(id, pb::MachineState::Configured, cluster);
+    m.shard_metadata = [
+        (META_ASSIGNED_PRIORITY, priority.to_string()),
+        (META_ASSIGNED_INTERRUPTION_PENALTY, "8".to_owned()),
+        (META_ASSIGNED_RECLAMATION_PENALTY, "0".to_owned()),
+        (META_ASSIGNED_NEED_FINGERPRINT, format!("fp-{cluster}")),
+        (META_ASSIGNED_GROUP, "rack\0g1".to_owned()),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    m
+}
+
+#[tokio::test]
+async fn readiness_latches_after_first_reconcile_and_restart_rebuilds_assignment() {
+    let p = TestProvider::default();
+    p.put(configured_with_metadata("m1", "c1", 700));
+    p.put(pm("m2", pb::MachineState::Idle, ""));
+    // More failures than the client's retries: the List fails for real.
+    p.fail_next_lists(1000);
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    assert!(!h.decide.is_ready());
+    assert!(
+        h.decide.run_cycle().await.is_err(),
+        "provider down: no decision"
+    );
+    assert!(!h.readiness.is_ready());
+    assert_eq!(h.decide.cycle_count(), 0);
+
+    h.provider.fail_next_lists(0);
+    let r = h.decide.run_cycle().await.unwrap();
+    assert_eq!(r.machines, 2);
+    assert!(h.decide.is_ready() && h.readiness.is_ready());
+    let m = h.decide.machine("m1").await.unwrap();
+    assert_eq!(m.assigned_priority, 700);
+    assert_eq!(m.assigned_interruption_penalty_dollars, 8.0);
+    assert_eq!(m.assigned_need_fingerprint, "fp-c1");
+    assert_eq!(m.assigned_group, "rack\0g1");
+    assert_eq!(m.cluster, "c1");
+
+    // A later provider outage never un-readies the shard.
+    h.provider.fail_next_lists(1000);
+    assert!(h.decide.run_cycle().await.is_err());
+    assert!(h.readiness.is_ready());
+    assert_eq!(h.decide.metrics().reconcile_errors.get(), 2);
+}
+
+#[tokio::test]
+async fn rejected_records_keep_last_known_good_over_the_wire() {
+    let p = TestProvider::default();
+    p.put(pm("m1", pb::MachineState::Idle, ""));
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    h.decide.run_cycle().await.unwrap();
+    h.provider.update("m1", |m| {
+        m.state = pb::MachineState::Configured as i32;
+        m.cluster = "c1".into();
+        m.price_per_hour = f64::NAN;
+    });
+    let mut bad = pm("m2", pb::MachineState::Idle, "");
+    bad.interruption_probability = 1.5;
+    h.provider.put(bad);
+    h.decide.run_cycle().await.unwrap();
+    let m = h.decide.machine("m1").await.unwrap();
+    assert_eq!(m.state, MachineState::Idle, "last-known-good kept");
+    assert!(h.decide.machine("m2").await.is_none());
+    let rejected = &h.decide.metrics().machines_rejected;
+    assert_eq!(rejected.with_label_values(&["price"]).get(), 1);
+    assert_eq!(
+        rejected
+            .with_label_values(&["interruption_probability"])
+            .get(),
+        1
+    );
+    // Still listed (with a bad record) ⇒ not removed on the next cycle either.
+    h.decide.run_cycle().await.unwrap();
+    assert!(h.decide.machine("m1").await.is_some());
+}
+
+#[tokio::test]
+async fn incremental_mode_pumps_the_cursor_and_skips_removals() {
+    let p = TestProvider::default();
+    for i in 0..5 {
+        p.put(pm(&format!("m{i}"), pb::MachineState::Idle, ""));
+    }
+    let cfg = DecideConfig {
+        incremental_reconcile: true,
+        ..cfg_rails_off()
+    };
+    let h = Harness::start_with(cfg, p).await;
+    let stats = h.decide.reconcile().await.unwrap();
+    assert_eq!(
+        (stats.listed, stats.incremental),
+        (5, false),
+        "cold start lists everything"
+    );
+    assert!(h.provider.state.lock().last_since.is_empty());
+
+    h.provider
+        .update("m3", |m| m.state = pb::MachineState::Speculative as i32);
+    h.provider.update("m3", |m| m.host = None);
+    h.provider.remove("m4");
+    let stats = h.decide.reconcile().await.unwrap();
+    assert_eq!(h.provider.state.lock().last_since, b"5".to_vec());
+    assert!(stats.incremental);
+    assert_eq!((stats.listed, stats.updated, stats.removed), (1, 1, 0));
+    assert_eq!(
+        h.decide.machine("m3").await.unwrap().state,
+        MachineState::Speculative
+    );
+    assert!(
+        h.decide.machine("m4").await.is_some(),
+        "a delta cannot express removal"
+    );
+
+    let stats = h.decide.reconcile().await.unwrap();
+    assert_eq!(stats.listed, 0);
+}
+
+#[tokio::test]
+async fn full_mode_removes_unlisted_machines() {
+    let p = TestProvider::default();
+    p.put(pm("a", pb::MachineState::Idle, ""));
+    p.put(pm("b", pb::MachineState::Idle, ""));
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    h.decide.reconcile().await.unwrap();
+    h.provider.remove("b");
+    let s = h.decide.reconcile().await.unwrap();
+    assert_eq!(s.removed, 1);
+    assert!(h.decide.machine("b").await.is_none());
+    let s = h.decide.reconcile().await.unwrap();
+    assert_eq!((s.fast_path, s.updated, s.inserted), (1, 0, 0));
+}
+
+#[tokio::test]
+async fn first_rollup_gate_blocks_reclaims_until_the_cluster_reports() {
+    let p = TestProvider::default();
+    for i in 0..100 {
+        p.put(configured_with_metadata(&format!("a{i:03}"), "c1", 10));
+    }
+    for i in 0..50 {
+        p.put(configured_with_metadata(&format!("b{i:03}"), "c2", 10));
+    }
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let r = h.decide.run_cycle().await.unwrap();
+    assert_eq!(r.decided, 0, "no roll-up yet: no reclaim");
+    assert_eq!(r.enqueued, 0);
+
+    let resp = h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    assert_eq!(resp.outcome, mesh::RollupOutcome::Accepted as i32);
+    let r = h.decide.run_cycle().await.unwrap();
+    assert_eq!((r.decided, r.enqueued), (100, 100));
+    // Everything queued is a c1 reclaim; c2 (no roll-up) is untouched.
+    let mut client = h.client();
+    let mut w = Worker::connect(&mut client, "w").await;
+    w.credit(1000).await;
+    let mut got = 0;
+    while let Some(item) = w.next(Duration::from_millis(500)).await {
+        let a = item.action.unwrap();
+        assert_eq!(a.kind, mesh::ActionKind::Reclaim as i32);
+        assert_eq!(a.cluster_id, "c1");
+        got += 1;
+        if got == 100 {
+            break;
+        }
+    }
+    assert_eq!(got, 100);
+}
+
+#[tokio::test]
+async fn reclaim_cap_bounds_reclaims_over_k_cycles() {
+    let p = TestProvider::default();
+    for i in 0..100 {
+        p.put(configured_with_metadata(&format!("a{i:03}"), "c1", 10));
+    }
+    let cfg = DecideConfig {
+        rails: RailsConfig::default(),
+        ..cfg_rails_off()
+    };
+    let h = Harness::start_with(cfg, p).await;
+    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    let mut client = h.client();
+    let mut w = Worker::connect(&mut client, "w").await;
+    w.credit(10_000).await;
+    let k = 6;
+    let mut total = 0u64;
+    let mut capped = 0u64;
+    let mut configured = 100u64;
+    for _ in 0..k {
+        let r = h.decide.run_cycle().await.unwrap();
+        let cap = reclaim_cap(0.05, configured).unwrap();
+        assert!(
+            r.enqueued as u64 <= cap,
+            "cycle enqueued {} > cap {cap}",
+            r.enqueued
+        );
+        // The surplus is all reclaimable: each cycle executes exactly its cap.
+        assert_eq!(r.enqueued as u64, cap);
+        assert_eq!(r.capped as u64, configured - cap);
+        capped += configured - cap;
+        for _ in 0..r.enqueued {
+            let item = w.next(Duration::from_secs(2)).await.expect("handed out");
+            // Execute the drain and let the provider agree.
+            let id = item.action.as_ref().unwrap().machine_id.clone();
+            client
+                .transition(transition(
+                    &item,
+                    pb::MachineState::Configured,
+                    pb::MachineState::Draining,
+                    Default::default(),
+                ))
+                .await
+                .unwrap();
+            client
+                .transition(transition(
+                    &item,
+                    pb::MachineState::Draining,
+                    pb::MachineState::Idle,
+                    Default::default(),
+                ))
+                .await
+                .unwrap();
+            h.provider.update(&id, |m| {
+                m.state = pb::MachineState::Idle as i32;
+                m.cluster.clear();
+                m.shard_metadata.clear();
+            });
+            w.done(&item.action_id, "success").await;
+            total += 1;
+        }
+        assert!(wait_until(Duration::from_secs(2), || h.decide.action_counts().1 == 0).await);
+        configured -= r.enqueued as u64;
+    }
+    // Σ over k cycles ≤ k·max(1, ⌊0.05·C₀⌋); C shrinks, so strictly less here.
+    assert!(
+        total <= k * reclaim_cap(0.05, 100).unwrap(),
+        "Σ {total} > k·5"
+    );
+    assert_eq!(total, 5 + 4 + 4 + 4 + 4 + 3);
+    assert_eq!(h.decide.metrics().reclaims_capped.get(), capped);
+    assert_eq!(
+        h.decide
+            .metrics()
+            .action_execute_outcomes
+            .with_label_values(&["Reclaim", "success"])
+            .get(),
+        total
+    );
+}
+
+async fn pause_or_dry_run(paused: bool, dry_run: bool) -> (Harness, tempfile::TempDir) {
+    let audit_dir = tempfile::tempdir().unwrap();
+    let p = TestProvider::default();
+    for i in 0..10 {
+        p.put(configured_with_metadata(&format!("a{i}"), "c1", 10));
+    }
+    for i in 0..4 {
+        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
+    }
+    let cfg = DecideConfig {
+        rails: RailsConfig {
+            actuation_paused: paused,
+            dry_run,
+            audit_log: Some(audit_dir.path().join("audit.jsonl")),
+            ..RailsConfig::default()
+        },
+        ..cfg_rails_off()
+    };
+    let h = Harness::start_with(cfg, p).await;
+    // c1 drops its demand (reclaims), c9 asks for 2 machines (bootstraps).
+    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    h.decide
+        .apply_rollup(&rollup("c9", vec![need(8, 100)]))
+        .unwrap();
+    let r = h.decide.run_cycle().await.unwrap();
+    assert_eq!(r.decided, 12);
+    assert_eq!(r.enqueued, 0, "nothing executes");
+    assert_eq!((r.capped, r.deferred), (0, 0), "cap skipped");
+    let mut client = h.client();
+    let mut w = Worker::connect(&mut client, "w").await;
+    w.credit(100).await;
+    assert!(w.next(Duration::from_millis(300)).await.is_none());
+    (h, audit_dir)
+}
+
+fn audit_lines(dir: &tempfile::TempDir) -> Vec<AuditRecord> {
+    std::fs::read_to_string(dir.path().join("audit.jsonl"))
+        .unwrap()
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("audit line parses"))
+        .collect()
+}
+
+#[tokio::test]
+async fn kill_switch_suppresses_and_counts_per_kind() {
+    let (h, dir) = pause_or_dry_run(true, true).await;
+    let m = h.decide.metrics();
+    assert_eq!(
+        m.actions_suppressed.with_label_values(&["Reclaim"]).get(),
+        10
+    );
+    assert_eq!(
+        m.actions_suppressed.with_label_values(&["Bootstrap"]).get(),
+        2
+    );
+    assert_eq!(
+        m.actions_dryrun.with_label_values(&["Reclaim"]).get(),
+        0,
+        "pause wins"
+    );
+    assert_eq!(m.actuation_paused.get(), 1);
+    assert_eq!(m.actions_total.with_label_values(&["Reclaim"]).get(), 0);
+    let lines = audit_lines(&dir);
+    assert_eq!(lines.len(), 12);
+    assert!(
+        lines
+            .iter()
+            .all(|l| l.outcome == "suppressed" && l.msg == "action" && l.cycle == 1)
+    );
+    assert_eq!(
+        lines
+            .iter()
+            .filter(|l| l.kind == "Reclaim" && l.grace_seconds == 600.0)
+            .count(),
+        10
+    );
+}
+
+#[tokio::test]
+async fn dry_run_reports_and_counts_per_kind() {
+    let (h, dir) = pause_or_dry_run(false, true).await;
+    let m = h.decide.metrics();
+    assert_eq!(m.actions_dryrun.with_label_values(&["Reclaim"]).get(), 10);
+    assert_eq!(m.actions_dryrun.with_label_values(&["Bootstrap"]).get(), 2);
+    assert_eq!(m.actuation_paused.get(), 0);
+    let lines = audit_lines(&dir);
+    assert_eq!(lines.len(), 12);
+    assert!(lines.iter().all(|l| l.outcome == "dryrun"));
+    assert!(
+        lines
+            .iter()
+            .any(|l| l.kind == "Bootstrap" && l.cluster == "c9")
+    );
+}
+
+#[tokio::test]
+async fn quarantine_holds_two_drops_and_accepts_the_third() {
+    let h = Harness::start(DecideConfig {
+        rails: RailsConfig::default(),
+        ..cfg_rails_off()
+    })
+    .await;
+    let mut client = h.client();
+    let rows: Vec<_> = (0..20).map(|i| need(1, i)).collect();
+    let r = client
+        .apply_rollup(rollup("c1", rows))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.outcome, r.need_rows),
+        (mesh::RollupOutcome::Accepted as i32, 20)
+    );
+    for held in 1..=2 {
+        let r = client
+            .apply_rollup(rollup("c1", vec![need(1, 0)]))
+            .await
+            .unwrap()
+            .into_inner();
+        assert_eq!(r.outcome, mesh::RollupOutcome::Quarantined as i32);
+        assert_eq!(r.need_rows, 20, "previous demand stays in force");
+        assert_eq!(
+            h.decide
+                .metrics()
+                .rollup_quarantined
+                .with_label_values(&["c1"])
+                .get(),
+            held
+        );
+    }
+    let r = client
+        .apply_rollup(rollup("c1", vec![need(1, 0)]))
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(
+        (r.outcome, r.need_rows),
+        (mesh::RollupOutcome::Accepted as i32, 1)
+    );
+    assert_eq!(
+        h.decide
+            .metrics()
+            .rollup_quarantined
+            .with_label_values(&["c1"])
+            .get(),
+        0
+    );
+    assert_eq!(h.decide.need_rows(), 1);
+}
+
+#[tokio::test]
+async fn bad_rollups_are_invalid_argument_and_counted() {
+    let h = Harness::start(cfg_rails_off()).await;
+    let mut client = h.client();
+    let mut bad = need(1, 1);
+    bad.interruption_penalty_bucket = 99;
+    let err = client
+        .apply_rollup(rollup("c1", vec![bad]))
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), tonic::Code::InvalidArgument);
+    assert_eq!(
+        h.decide
+            .metrics()
+            .rollups_rejected
+            .with_label_values(&["c1"])
+            .get(),
+        1
+    );
+    assert_eq!(h.decide.need_rows(), 0);
+}
+
+#[tokio::test]
+async fn max_actions_per_cycle_truncates_and_asks_for_follow_up() {
+    let p = TestProvider::default();
+    for i in 0..10 {
+        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
+    }
+    let cfg = DecideConfig {
+        rails: RailsConfig {
+            max_actions_per_cycle: 3,
+            ..RailsConfig::off()
+        },
+        ..cfg_rails_off()
+    };
+    let h = Harness::start_with(cfg, p).await;
+    h.decide
+        .apply_rollup(&rollup("c1", vec![need(40, 5)]))
+        .unwrap();
+    let r = h.decide.run_cycle().await.unwrap();
+    assert_eq!(
+        (r.decided, r.enqueued, r.deferred, r.follow_up),
+        (10, 3, 7, true)
+    );
+    assert_eq!(h.decide.metrics().actions_deferred.get(), 7);
+}
+
+#[tokio::test]
+async fn shortfalls_age_and_report_top_by_priority() {
+    let p = TestProvider::default();
+    p.put(pm("i0", pb::MachineState::Idle, ""));
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    h.decide
+        .apply_rollup(&rollup("c1", vec![need(400, 5)]))
+        .unwrap();
+    for _ in 0..3 {
+        h.decide.run_cycle().await.unwrap();
+    }
+    let s = h.decide.shortfalls(100);
+    assert_eq!(s.len(), 1);
+    assert_eq!(s[0].age_cycles, 3);
+    assert_eq!(s[0].deficit.get("cpu"), 396_000);
+    assert_eq!(h.decide.metrics().shortfalls.get(), 1);
+    assert_eq!(
+        h.decide
+            .metrics()
+            .shortfalls_aged
+            .with_label_values(&["1-9"])
+            .get(),
+        1
+    );
+    // Demand withdrawn: the shortfall vanishes.
+    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    h.decide.run_cycle().await.unwrap();
+    assert!(h.decide.shortfalls(100).is_empty());
+}
+
+#[tokio::test]
+async fn idle_machines_bootstrap_for_demand() {
+    let p = TestProvider::default();
+    for i in 0..4 {
+        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
+    }
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    h.decide
+        .apply_rollup(&rollup("c1", vec![need(8, 5)]))
+        .unwrap();
+    let r = h.decide.run_cycle().await.unwrap();
+    assert_eq!((r.decided, r.enqueued), (2, 2));
+    let mut client = h.client();
+    let mut w = Worker::connect(&mut client, "w").await;
+    w.credit(5).await;
+    let item = w.next(Duration::from_secs(2)).await.unwrap();
+    let a = item.action.as_ref().unwrap();
+    assert_eq!(a.kind, mesh::ActionKind::Bootstrap as i32);
+    assert_eq!(a.cluster_id, "c1");
+    assert_eq!(a.priority, 5);
+    assert!(!a.need_fingerprint.is_empty());
+    assert_eq!(a.interruption_penalty_dollars, 8.0);
+    let f = item.fencing.as_ref().unwrap();
+    assert_eq!((f.shard_id.as_str(), f.epoch), ("shard-0", 1));
+    assert!(f.sequence_base > 0 && f.sequence_limit > f.sequence_base);
+    let item2 = w.next(Duration::from_secs(2)).await.unwrap();
+    let f2 = item2.fencing.unwrap();
+    assert!(
+        f2.sequence_base >= f.sequence_limit,
+        "windows never overlap"
+    );
+    assert_eq!(ActionKind::Bootstrap.reason(), a.reason);
+}

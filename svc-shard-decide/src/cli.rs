@@ -1,0 +1,153 @@
+//! The command line of `bigfleet-shard-decide` (docs/flags.md is the contract).
+
+use std::path::PathBuf;
+use std::time::Duration;
+
+use bigfleet_identity::TlsFlags;
+use bigfleet_telemetry::LogArgs;
+
+/// The shard's brain: inventory, reconcile, the decision cycle and the action ledger.
+#[derive(Debug, Clone, clap::Parser)]
+#[command(name = "bigfleet-shard-decide", version, about)]
+pub struct Args {
+    /// This shard's id (a StatefulSet pod name works).
+    #[arg(long, env = "BIGFLEET_SHARD_ID", default_value = "shard-0")]
+    pub shard_id: String,
+
+    /// Directory of the shard's Unix sockets: decide.sock (served) and gateway.sock (dialled).
+    #[arg(long, env = "BIGFLEET_SOCKET_DIR", default_value = "/run/bigfleet")]
+    pub socket_dir: PathBuf,
+
+    /// Optional TCP address for remote execute workers (e.g. `:7782`); under mTLS only
+    /// bigfleet://shard/<id>/execute may pull work.
+    #[arg(long, env = "BIGFLEET_WORK_LISTEN")]
+    pub work_listen: Option<String>,
+
+    /// Capacity provider URI (`unix:///path.sock`, `http://host:port`, `https://host:port`).
+    #[arg(long, env = "BIGFLEET_PROVIDER_ADDR")]
+    pub provider_addr: String,
+
+    /// Where the epoch file lives (`<data-dir>/epoch`).
+    #[arg(long, env = "BIGFLEET_DATA_DIR", default_value = "./data")]
+    pub data_dir: PathBuf,
+
+    /// Cycle ticker; accepted roll-ups also wake a cycle (coalesced).
+    #[arg(long, env = "BIGFLEET_CYCLE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
+    pub cycle_interval: Duration,
+
+    /// `since_revision` List instead of a full List with a removal walk.
+    #[arg(long, env = "BIGFLEET_INCREMENTAL_RECONCILE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub incremental_reconcile: bool,
+
+    /// 0 = unlimited; truncation triggers a follow-up cycle.
+    #[arg(long, env = "BIGFLEET_MAX_ACTIONS_PER_CYCLE", default_value_t = 0)]
+    pub max_actions_per_cycle: usize,
+
+    /// Minimum interval between AvailableCapacity hints per (cluster, fingerprint).
+    #[arg(long, env = "BIGFLEET_AVAILABLE_CAPACITY_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub available_capacity_interval: Duration,
+
+    /// Kill switch: decide everything, execute nothing.
+    #[arg(long, env = "BIGFLEET_ACTUATION_PAUSED", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub actuation_paused: bool,
+
+    /// Shadow mode: decide and log everything, execute nothing.
+    #[arg(long, env = "BIGFLEET_DRY_RUN", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub dry_run: bool,
+
+    /// Reclaims per cluster per cycle ≤ max(1, ⌊fraction × Configured⌋); 0 disables.
+    #[arg(long, env = "BIGFLEET_RECLAIM_CAP_FRACTION", default_value_t = 0.05)]
+    pub reclaim_cap_fraction: f64,
+
+    /// Quarantine roll-ups that drop most of a cluster's demand until confirmed.
+    #[arg(long, env = "BIGFLEET_EMPTY_ROLLUP_GUARD", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub empty_rollup_guard: bool,
+
+    /// JSONL decision audit log (one line per executed / suppressed / dry-run action).
+    #[arg(long, env = "BIGFLEET_AUDIT_LOG")]
+    pub audit_log: Option<PathBuf>,
+
+    /// Coordinator URI; unset ⇒ no coordinator reporting at all.
+    #[arg(long, env = "BIGFLEET_COORDINATOR_ADDR")]
+    pub coordinator_addr: Option<String>,
+
+    /// The address operators dial (reported to the coordinator).
+    #[arg(long, env = "BIGFLEET_ADVERTISE_ADDR")]
+    pub advertise_addr: Option<String>,
+
+    /// ReportShard period.
+    #[arg(long, env = "BIGFLEET_REPORT_INTERVAL", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub report_interval: Duration,
+
+    /// etcd endpoints (comma-separated) for the epoch, leader lease and work endpoint.
+    #[arg(long, env = "BIGFLEET_ETCD_ENDPOINTS")]
+    pub etcd_endpoints: Option<String>,
+
+    /// Leader lease TTL in etcd mode.
+    #[arg(long, env = "BIGFLEET_ETCD_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub etcd_lease_ttl: Duration,
+
+    /// HTTP address of /metrics, /healthz and /readyz; 0 disables.
+    #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8780")]
+    pub metrics_addr: String,
+
+    /// Graceful-shutdown deadline after SIGTERM.
+    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
+    pub drain_timeout: Duration,
+
+    #[command(flatten)]
+    pub tls: TlsFlags,
+
+    #[command(flatten)]
+    pub log: LogArgs,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use clap::Parser;
+
+    #[test]
+    fn defaults_match_the_flag_contract() {
+        let a = Args::try_parse_from(["d", "--provider-addr", "unix:///p.sock"]).unwrap();
+        assert_eq!(a.shard_id, "shard-0");
+        assert_eq!(a.socket_dir, PathBuf::from("/run/bigfleet"));
+        assert_eq!(a.work_listen, None);
+        assert_eq!(a.data_dir, PathBuf::from("./data"));
+        assert_eq!(a.cycle_interval, Duration::from_secs(1));
+        assert!(!a.incremental_reconcile);
+        assert_eq!(a.max_actions_per_cycle, 0);
+        assert_eq!(a.available_capacity_interval, Duration::from_secs(5));
+        assert!(!a.actuation_paused && !a.dry_run);
+        assert_eq!(a.reclaim_cap_fraction, 0.05);
+        assert!(a.empty_rollup_guard);
+        assert_eq!(a.audit_log, None);
+        assert_eq!(a.coordinator_addr, None);
+        assert_eq!(a.report_interval, Duration::from_secs(30));
+        assert_eq!(a.etcd_endpoints, None);
+        assert_eq!(a.etcd_lease_ttl, Duration::from_secs(10));
+        assert_eq!(a.metrics_addr, ":8780");
+        assert_eq!(a.drain_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn provider_addr_is_required() {
+        assert!(Args::try_parse_from(["d"]).is_err());
+    }
+
+    #[test]
+    fn booleans_take_switch_or_value_forms() {
+        let a = Args::try_parse_from([
+            "d",
+            "--provider-addr=x",
+            "--dry-run",
+            "--actuation-paused=true",
+            "--empty-rollup-guard=false",
+            "--incremental-reconcile=false",
+        ])
+        .unwrap();
+        assert!(a.dry_run && a.actuation_paused);
+        assert!(!a.empty_rollup_guard && !a.incremental_reconcile);
+        assert!(Args::try_parse_from(["d", "--provider-addr=x", "--dry-run=maybe"]).is_err());
+    }
+}

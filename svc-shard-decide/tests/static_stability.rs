@@ -1,0 +1,176 @@
+//! Static stability end to end: with its coordinator unreachable, decide
+//! becomes ready and keeps running cycles — in-process and as the real binary.
+
+use bigfleet_fake_provider::{FakeProvider, spawn_uds};
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+use svc_shard_decide::{CoordinatorConfig, StartConfig, start};
+
+async fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
+    let end = Instant::now() + deadline;
+    while Instant::now() < end {
+        if f() {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    f()
+}
+
+#[tokio::test]
+async fn in_process_decide_with_a_dead_coordinator_is_ready_and_cycles() {
+    let dir = tempfile::tempdir().unwrap();
+    let provider = Arc::new(FakeProvider::builtin());
+    let server = spawn_uds(&dir.path().join("provider.sock"), provider.clone())
+        .await
+        .unwrap();
+    let mut cfg = StartConfig::new(dir.path(), server.target());
+    cfg.decide.cycle_interval = Duration::from_millis(50);
+    cfg.coordinator = Some(CoordinatorConfig {
+        // Nothing listens on port 1.
+        addr: "http://127.0.0.1:1".into(),
+        advertise_addr: "shard-0:7780".into(),
+        report_interval: Duration::from_millis(20),
+    });
+    let readiness = cfg.readiness.clone();
+    let running = start(cfg).await.unwrap();
+    assert!(running.coordinator_running());
+    let d = running.decide().clone();
+    assert!(
+        wait_until(Duration::from_secs(10), || readiness.is_ready()
+            && d.cycle_count() >= 5)
+        .await,
+        "ready={} cycles={}",
+        readiness.is_ready(),
+        d.cycle_count()
+    );
+    assert_eq!(d.coordinator_term(), 0);
+    let machines: u64 = d.machines_by_state().await.values().sum();
+    assert_eq!(machines as usize, provider.len());
+
+    // decide.sock answers while the coordinator stays dead.
+    let channel = bigfleet_mesh::connect_lazy(
+        &format!("unix://{}", running.socket_path().display())
+            .parse()
+            .unwrap(),
+        &Default::default(),
+    )
+    .unwrap();
+    let mut client = DecideClient::new(channel);
+    let resp = client
+        .apply_rollup(mesh::ApplyRollupRequest {
+            rollup: Some(bigfleet_proto::v1alpha1::ClusterCapacityNeeds {
+                cluster_id: "c1".into(),
+                timestamp_unix_nanos: 1,
+                needs: vec![],
+            }),
+            received_at_unix_nanos: 0,
+            session_id: 1,
+        })
+        .await
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.outcome, mesh::RollupOutcome::Accepted as i32);
+    running.shutdown().await.unwrap();
+    server.shutdown().await;
+}
+
+/// A bare HTTP/1.0 GET; returns (status, body).
+fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
+    let mut s = TcpStream::connect(("127.0.0.1", port)).ok()?;
+    s.set_read_timeout(Some(Duration::from_secs(2))).ok()?;
+    write!(s, "GET {path} HTTP/1.0\r\nHost: localhost\r\n\r\n").ok()?;
+    let mut buf = String::new();
+    s.read_to_string(&mut buf).ok()?;
+    let status = buf.split_whitespace().nth(1)?.parse().ok()?;
+    let body = buf.split("\r\n\r\n").nth(1).unwrap_or_default().to_owned();
+    Some((status, body))
+}
+
+fn cycles_from_metrics(body: &str) -> u64 {
+    body.lines()
+        .find_map(|l| l.strip_prefix("bigfleet_shard_cycles_total "))
+        .and_then(|v| v.trim().parse::<f64>().ok())
+        .map_or(0, |v| v as u64)
+}
+
+struct Child(std::process::Child);
+
+impl Drop for Child {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+fn spawn_decide(dir: &std::path::Path, provider: &str, metrics_port: u16) -> Child {
+    let bin = env!("CARGO_BIN_EXE_bigfleet-shard-decide");
+    Child(
+        std::process::Command::new(bin)
+            .args([
+                "--provider-addr",
+                provider,
+                "--socket-dir",
+                dir.to_str().unwrap(),
+                "--data-dir",
+                dir.join("data").to_str().unwrap(),
+                "--cycle-interval",
+                "100ms",
+                "--coordinator-addr",
+                "http://127.0.0.1:1",
+                "--report-interval",
+                "50ms",
+                "--metrics-addr",
+                &format!("127.0.0.1:{metrics_port}"),
+            ])
+            .env("RUST_LOG", "warn")
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("spawn bigfleet-shard-decide"),
+    )
+}
+
+#[tokio::test]
+async fn the_binary_with_a_dead_coordinator_is_ready_and_cycles() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = spawn_uds(
+        &dir.path().join("provider.sock"),
+        Arc::new(FakeProvider::builtin()),
+    )
+    .await
+    .unwrap();
+    let port = bigfleet_testkit::free_tcp_port().unwrap();
+    let child = spawn_decide(dir.path(), &server.target(), port);
+    let ready = wait_until(Duration::from_secs(20), || {
+        matches!(http_get(port, "/readyz"), Some((200, _)))
+    })
+    .await;
+    assert!(ready, "/readyz never turned 200");
+    let cycling = wait_until(Duration::from_secs(20), || {
+        http_get(port, "/metrics").is_some_and(|(_, b)| cycles_from_metrics(&b) >= 3)
+    })
+    .await;
+    assert!(cycling, "no cycles reported on /metrics");
+    let epoch = std::fs::read_to_string(dir.path().join("data/epoch")).unwrap();
+    assert_eq!(epoch.trim(), "1");
+    drop(child);
+
+    // A restart fences strictly above the previous incarnation.
+    let port = bigfleet_testkit::free_tcp_port().unwrap();
+    let _child = spawn_decide(dir.path(), &server.target(), port);
+    assert!(
+        wait_until(Duration::from_secs(20), || matches!(
+            http_get(port, "/readyz"),
+            Some((200, _))
+        ))
+        .await
+    );
+    let epoch = std::fs::read_to_string(dir.path().join("data/epoch")).unwrap();
+    assert_eq!(epoch.trim(), "2");
+    server.shutdown().await;
+}

@@ -1,0 +1,8 @@
+//! End-to-end tests: the real `bigfleet` binary's services as separate processes
+//! (`bigfleet up`, or single `bigfleet svc ...` children through `bigfleet::up::mesh`),
+//! simulated operators in the test, assertions on provider state and `InspectNeeds`.
+
+mod harness;
+mod scenarios;
+mod tracing;
+mod up;

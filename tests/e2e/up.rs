@@ -1,0 +1,448 @@
+//! `bigfleet up` as a user runs it: the real binary, `--duration`, `--ports-file`, signals,
+//! a crashing child, and `bigfleet svc` flag parity.
+
+use std::path::Path;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use bigfleet_mesh::{ChannelConfig, ClientStackConfig, RetryPolicy};
+use tokio::io::AsyncReadExt;
+use tokio::process::{Child, Command};
+use tonic_reflection::pb::v1 as refl;
+
+use crate::harness::exe;
+
+/// Pids of the direct children of `parent`.
+fn children_of(parent: u32) -> Vec<u32> {
+    let mut out = Vec::new();
+    for e in std::fs::read_dir("/proc").into_iter().flatten().flatten() {
+        let Some(pid) = e.file_name().to_str().and_then(|s| s.parse::<u32>().ok()) else {
+            continue;
+        };
+        let Ok(stat) = std::fs::read_to_string(e.path().join("stat")) else {
+            continue;
+        };
+        // `pid (comm) state ppid ...`; comm may hold spaces, so split after the last ')'.
+        let ppid = stat
+            .rsplit_once(')')
+            .and_then(|(_, rest)| rest.split_whitespace().nth(1))
+            .and_then(|p| p.parse::<u32>().ok());
+        if ppid == Some(parent) {
+            out.push(pid);
+        }
+    }
+    out
+}
+
+/// Whether `pid` is a live (not zombie) process.
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| {
+            s.rsplit_once(')')
+                .and_then(|(_, r)| r.split_whitespace().next().map(|st| st != "Z"))
+        })
+        .unwrap_or(false)
+}
+
+fn cmdline(pid: u32) -> String {
+    std::fs::read(format!("/proc/{pid}/cmdline"))
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .unwrap_or_default()
+}
+
+fn up(args: &[&str]) -> Child {
+    Command::new(exe())
+        .arg("up")
+        .args(args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true)
+        .spawn()
+        .expect("spawn bigfleet up")
+}
+
+async fn wait_file(path: &Path, timeout: Duration) -> serde_json::Value {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if let Ok(text) = std::fs::read_to_string(path)
+            && let Ok(v) = serde_json::from_str(&text)
+        {
+            return v;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "no ports file at {}",
+            path.display()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+async fn output(mut child: Child, timeout: Duration) -> (std::process::ExitStatus, String, String) {
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    let (mut o, mut e) = (String::new(), String::new());
+    let status = tokio::time::timeout(timeout, async {
+        let (a, b, s) = tokio::join!(
+            out.read_to_string(&mut o),
+            err.read_to_string(&mut e),
+            child.wait()
+        );
+        a.unwrap();
+        b.unwrap();
+        s.unwrap()
+    })
+    .await
+    .expect("bigfleet up did not exit in time");
+    (status, o, e)
+}
+
+fn grpc_endpoints(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = format!("{path}.{k}");
+                if k.contains("grpc")
+                    && let Some(s) = x.as_str()
+                {
+                    out.push((p.clone(), s.to_owned()));
+                }
+                grpc_endpoints(x, &p, out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                grpc_endpoints(x, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// Health `SERVING` and reflection listing services, in plaintext.
+async fn check_health_and_reflection(name: &str, addr: &str) {
+    let ch = bigfleet_mesh::dial(
+        &format!("http://{addr}"),
+        &ChannelConfig::default(),
+        &ClientStackConfig {
+            metrics: None,
+            retry: RetryPolicy::none(),
+            attempt_timeout: Some(Duration::from_secs(5)),
+        },
+    )
+    .await
+    .unwrap_or_else(|e| panic!("{name} {addr}: {e}"));
+    let mut health = tonic_health::pb::health_client::HealthClient::new(ch.clone());
+    let r = health
+        .check(tonic_health::pb::HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{name} {addr} health: {e}"))
+        .into_inner();
+    assert_eq!(
+        r.status,
+        tonic_health::pb::health_check_response::ServingStatus::Serving as i32,
+        "{name}"
+    );
+    let mut reflection = refl::server_reflection_client::ServerReflectionClient::new(ch);
+    let req = refl::ServerReflectionRequest {
+        host: String::new(),
+        message_request: Some(
+            refl::server_reflection_request::MessageRequest::ListServices(String::new()),
+        ),
+    };
+    let mut stream = reflection
+        .server_reflection_info(futures::stream::iter([req]))
+        .await
+        .unwrap_or_else(|e| panic!("{name} {addr} reflection: {e}"))
+        .into_inner();
+    let msg = stream
+        .message()
+        .await
+        .unwrap()
+        .expect("a reflection answer");
+    let services = match msg.message_response {
+        Some(refl::server_reflection_response::MessageResponse::ListServicesResponse(l)) => {
+            l.service.into_iter().map(|s| s.name).collect::<Vec<_>>()
+        }
+        other => panic!("{name}: {other:?}"),
+    };
+    assert!(
+        services.iter().any(|s| s.starts_with("bigfleet.")),
+        "{name} lists {services:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_brings_the_mesh_up_satisfies_demand_and_prints_a_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let ports = dir.path().join("ports.json");
+    let child = up(&[
+        "--duration",
+        "12s",
+        "--quiet",
+        "--ports-file",
+        ports.to_str().unwrap(),
+        "--data-dir",
+        run.to_str().unwrap(),
+    ]);
+    let doc = wait_file(&ports, Duration::from_secs(60)).await;
+    let children = children_of(child.id().unwrap());
+    assert_eq!(
+        children.len(),
+        6,
+        "coordinator, provider, decide, gateway, execute, inspect"
+    );
+    let mut endpoints = Vec::new();
+    grpc_endpoints(&doc, "", &mut endpoints);
+    let names: Vec<&str> = endpoints.iter().map(|(n, _)| n.as_str()).collect();
+    for want in [
+        ".coordinator.grpc",
+        ".shards[0].gateway_grpc",
+        ".inspect.grpc",
+        ".provider.grpc",
+    ] {
+        assert!(names.contains(&want), "{want} missing from {names:?}");
+    }
+    for (name, addr) in &endpoints {
+        check_health_and_reflection(name, addr).await;
+    }
+    assert!(
+        doc["inspect"]["dashboard"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:")
+    );
+
+    let (status, stdout, stderr) = output(child, Duration::from_secs(90)).await;
+    assert!(status.success(), "{status}\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "one line of JSON on stdout: {stdout:?}");
+    let summary: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    for key in [
+        "configured",
+        "shortfalls",
+        "machines_by_state",
+        "actions_executed",
+        "errors",
+    ] {
+        assert!(summary.get(key).is_some(), "{key} missing: {summary}");
+    }
+    assert_eq!(summary["errors"], 0, "{summary}\n{stderr}");
+    assert!(summary["configured"].as_u64().unwrap() > 0, "{summary}");
+    assert!(
+        summary["actions_executed"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    assert!(
+        summary["needs_satisfied"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    assert!(stderr.contains("dashboard"), "{stderr}");
+    let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "children left running: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_stops_every_child_and_leaves_nothing_running() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let ports = dir.path().join("ports.json");
+    let child = up(&[
+        "--quiet",
+        "--shards",
+        "2",
+        "--ports-file",
+        ports.to_str().unwrap(),
+        "--data-dir",
+        run.to_str().unwrap(),
+    ]);
+    wait_file(&ports, Duration::from_secs(60)).await;
+    let up_pid = child.id().unwrap();
+    let children = children_of(up_pid);
+    // coordinator, 2 × (provider, decide, gateway, execute), inspect
+    assert_eq!(children.len(), 10, "{children:?}");
+    let pid = rustix::process::Pid::from_raw(up_pid as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let (status, _, stderr) = output(child, Duration::from_secs(60)).await;
+    assert!(status.success(), "{status}\n{stderr}");
+    assert!(stderr.contains("stopped"), "{stderr}");
+    let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_child_is_reported_with_its_last_log_lines() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let ports = dir.path().join("ports.json");
+    let child = up(&[
+        "--quiet",
+        "--ports-file",
+        ports.to_str().unwrap(),
+        "--data-dir",
+        run.to_str().unwrap(),
+    ]);
+    wait_file(&ports, Duration::from_secs(60)).await;
+    let children = children_of(child.id().unwrap());
+    let decide = children
+        .iter()
+        .copied()
+        .find(|p| cmdline(*p).contains("shard-decide"))
+        .expect("the decide child");
+    let pid = rustix::process::Pid::from_raw(decide as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    let (status, _, stderr) = output(child, Duration::from_secs(60)).await;
+    assert!(!status.success(), "a crash fails `up`");
+    assert!(stderr.contains("child shard-0-decide exited"), "{stderr}");
+    assert!(stderr.contains("last log lines"), "{stderr}");
+    assert!(stderr.contains("  | "), "the log tail is shown: {stderr}");
+    assert!(stderr.contains("logs kept in") || run.join("logs/shard-0-decide.log").exists());
+    let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
+    assert!(left.is_empty(), "left running: {left:?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_with_tls_runs_every_edge_over_mtls() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let child = up(&[
+        "--tls",
+        "--duration",
+        "8s",
+        "--quiet",
+        "--data-dir",
+        run.to_str().unwrap(),
+    ]);
+    let (status, stdout, stderr) = output(child, Duration::from_secs(90)).await;
+    assert!(status.success(), "{status}\n{stderr}");
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(summary["errors"], 0, "{summary}\n{stderr}");
+    assert!(
+        summary["actions_executed"].as_u64().unwrap() > 0,
+        "{summary}"
+    );
+    assert!(run.join("tls/ca.crt").exists());
+    let gateway_args = std::fs::read_to_string(run.join("logs/shard-0-gateway.log")).unwrap();
+    assert!(
+        gateway_args.contains("--tls-cert"),
+        "the gateway ran with mTLS"
+    );
+}
+
+#[tokio::test]
+async fn svc_help_is_the_services_own_help() {
+    for service in bigfleet::svc::SERVICES {
+        let out = Command::new(exe())
+            .args(["svc", service, "--help"])
+            .output()
+            .await
+            .unwrap();
+        assert!(out.status.success(), "{service}");
+        let printed = String::from_utf8(out.stdout).unwrap();
+        let expected = bigfleet::svc::long_help(service).unwrap();
+        assert_eq!(printed.trim_end(), expected.trim_end(), "{service}");
+    }
+    let out = Command::new(exe())
+        .args(["svc", "nope"])
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_sigkilled_up_takes_its_children_along() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let ports = dir.path().join("ports.json");
+    let mut child = up(&[
+        "--quiet",
+        "--operators",
+        "0",
+        "--ports-file",
+        ports.to_str().unwrap(),
+        "--data-dir",
+        run.to_str().unwrap(),
+    ]);
+    wait_file(&ports, Duration::from_secs(60)).await;
+    let children = children_of(child.id().unwrap());
+    assert_eq!(children.len(), 6, "{children:?}");
+    child.kill().await.unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        let left: Vec<u32> = children.iter().copied().filter(|p| alive(*p)).collect();
+        if left.is_empty() {
+            break;
+        }
+        assert!(Instant::now() < deadline, "orphans still running: {left:?}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn up_drives_an_external_provider() {
+    let dir = tempfile::tempdir().unwrap();
+    let port = bigfleet_testkit::free_tcp_port().unwrap();
+    // Any implementation of the public contract will do; here: the fake, run by hand.
+    let mut provider = Command::new(exe())
+        .args([
+            "svc",
+            "fake-provider",
+            "--listen",
+            &format!("127.0.0.1:{port}"),
+        ])
+        .arg("--catalog")
+        .arg(crate::harness::catalog("small-gpu.json"))
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .kill_on_drop(true)
+        .spawn()
+        .unwrap();
+    let run = dir.path().join("run");
+    let ports = dir.path().join("ports.json");
+    let child = up(&[
+        "--provider",
+        &format!("http://127.0.0.1:{port}"),
+        "--clusters",
+        "1",
+        "--duration",
+        "8s",
+        "--quiet",
+        "--ports-file",
+        ports.to_str().unwrap(),
+        "--data-dir",
+        run.to_str().unwrap(),
+    ]);
+    let (status, stdout, stderr) = output(child, Duration::from_secs(90)).await;
+    assert!(status.success(), "{status}\n{stderr}");
+    let doc: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(&ports).unwrap()).unwrap();
+    assert_eq!(
+        doc["provider"]["target"],
+        format!("http://127.0.0.1:{port}")
+    );
+    assert!(
+        doc["providers"].as_array().unwrap().is_empty(),
+        "no fake provider started"
+    );
+    let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(summary["errors"], 0, "{summary}\n{stderr}");
+    // The typical demand asks for two 8-GPU pods: the external provider's machines.
+    assert!(
+        summary["configured_by_cluster"]["cluster-0"]
+            .as_u64()
+            .unwrap_or(0)
+            >= 2,
+        "{summary}"
+    );
+    assert!(
+        provider.try_wait().unwrap().is_none(),
+        "the external provider is not ours to stop"
+    );
+    provider.kill().await.unwrap();
+}
