@@ -14,6 +14,7 @@ use bigfleet_model::{CapacityType, Machine, MachineProfile, MachineState, Resour
 use rustc_hash::{FxHashMap, FxHasher};
 use smallvec::SmallVec;
 use std::hash::{Hash, Hasher};
+use std::sync::OnceLock;
 
 /// Owned string interning with stable ids.
 #[derive(Debug, Default, Clone)]
@@ -128,6 +129,9 @@ pub struct Fleet {
     profile_index: FxHashMap<FleetProfile, u32>,
     pub(crate) allocs: Vec<ResourceVector>,
     alloc_index: FxHashMap<ResourceVector, u32>,
+    /// The demand-independent part of the snapshot, built by the first cycle
+    /// after a mutation and reused by every cycle until the next one.
+    pub(crate) base: OnceLock<Box<crate::snapshot::Base>>,
 }
 
 fn hash_id(id: &str) -> u64 {
@@ -298,6 +302,7 @@ impl Fleet {
     }
 
     fn put(&mut self, id: &str, rec: FRec) -> u32 {
+        self.base.take();
         if let Some(s) = self.slot_of(id) {
             self.recs[s as usize] = rec;
             self.states[s as usize] = rec.state;
@@ -333,6 +338,7 @@ impl Fleet {
         let Some(slot) = self.slot_of(id) else {
             return false;
         };
+        self.base.take();
         if let Ok(pos) = self.rank_of(id) {
             self.order.remove(pos);
         }

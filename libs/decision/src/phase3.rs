@@ -54,6 +54,11 @@ pub(crate) fn run(
             });
         }
     }
+    // The fleet keeps the earliest idle-since per capacity type, so a cycle in
+    // which no hold can have expired skips the scan of the Idle machines.
+    if !snap.idle_release_due(policy, now_unix_nanos) {
+        return out;
+    }
     for &r in snap.state_list(MachineState::Idle) {
         if p1.owner[r as usize] != NONE {
             continue;

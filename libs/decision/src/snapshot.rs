@@ -17,12 +17,15 @@
 use crate::fleet::Fleet;
 use crate::intern::NONE;
 use crate::qty::{Dims, Qty};
+use crate::scoring::ReleasePolicy;
+use bigfleet_model::CapacityType;
 use bigfleet_model::{ClusterId, MachineId, MachineState, ResourceVector};
 use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use std::cmp::Ordering;
 use std::collections::HashMap;
 use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 
 /// The hot record of one machine, borrowed from the fleet (indexed by handle).
 pub(crate) use crate::fleet::FRec as Rec;
@@ -62,15 +65,14 @@ pub(crate) struct ClusterView {
 /// The immutable inventory snapshot of one cycle, gathered from a [`Fleet`].
 pub struct Snapshot<'a> {
     pub(crate) fleet: &'a Fleet,
+    /// The fleet's cached demand-independent lists (see [`Base`]).
+    base: &'a Base,
     /// Machine records by handle (fleet slot; dead slots included).
     pub(crate) recs: &'a [Rec],
     /// Shape of each fleet machine profile.
     shape_of_profile: Vec<u32>,
-    /// Per handle: rank in machine id order (empty when slot == rank), group,
-    /// keep position.
-    rank: Vec<u32>,
+    /// Per handle: group.
     group: Vec<u32>,
-    kpos: Vec<u32>,
     live: usize,
     /// Clusters the demand names that no machine is bound to (ids after the fleet's).
     extra_clusters: Vec<&'a str>,
@@ -83,16 +85,11 @@ pub struct Snapshot<'a> {
     pub(crate) dims: Dims<'a>,
     /// Flat `allocs × dims` dense capacities (indexed by fleet alloc symbol).
     pub(crate) alloc_dense: Vec<i64>,
-    pub(crate) by_state: [Vec<u32>; 9],
-    /// (state ordinal, instance type) → index into `type_lists`.
-    pub(crate) type_index: FxHashMap<(u8, u32), u32>,
-    pub(crate) type_lists: Vec<Vec<u32>>,
-    pub(crate) type_min_prio: Vec<i32>,
-    type_sorted: Vec<OnceLock<Vec<u32>>>,
-    idle_sorted: OnceLock<Vec<u32>>,
+    /// Which of the base's sorted Idle buckets this cycle read (memory report).
+    type_sorted_used: Vec<AtomicBool>,
+    idle_sorted_used: AtomicBool,
     /// Speculative machines are listed lazily (see [`Self::state_list`]).
     lazy_spec: bool,
-    spec_lists: OnceLock<SpecLists>,
     pub(crate) min_prio: [i32; 9],
     pub(crate) cviews: Vec<ClusterView>,
     pub(crate) groups: Vec<Group>,
@@ -103,30 +100,277 @@ pub struct Snapshot<'a> {
     pub(crate) own_index: FxHashMap<(u32, u32, u32), Vec<u32>>,
 }
 
-/// Speculative machines in id order, all and per instance type.
-#[derive(Debug, Default)]
+/// Speculative machines in id order, all and per instance type, with their
+/// minimum assigned priorities.
+#[derive(Debug, Default, Clone)]
 struct SpecLists {
     all: Vec<u32>,
-    by_type: FxHashMap<u32, Vec<u32>>,
+    min_prio: i32,
+    by_type: FxHashMap<u32, (Vec<u32>, i32)>,
 }
 
-/// Everything about the demand the snapshot must know up front.
-pub(crate) struct BuildSpec<'a> {
-    pub keys: Vec<&'a str>,
-    pub destinations: Option<&'a HashMap<MachineId, ClusterId>>,
-    /// Need aggregates and min units (their dimensions must exist).
-    pub demand_vectors: Vec<&'a ResourceVector>,
-    /// Clusters the demand names.
-    pub demand_clusters: Vec<&'a str>,
-    /// Build the own-machine index (only Same needs use it).
-    pub own_index: bool,
-    /// Build groups of Idle/Speculative machines (Same demand or verdicts).
-    pub free_groups: bool,
-    pub parallel: bool,
+/// The part of a snapshot that depends on the fleet alone: per-state
+/// and (state, instance type) lists in id order with their minimum assigned
+/// priorities, per-cluster bound machines in keep order, ranks and keep
+/// positions, the price-sorted Idle buckets, and the earliest idle-since stamp
+/// per capacity type. The fleet keeps it until its next mutation, so a cycle
+/// over an unchanged fleet skips the inventory pass and every sort.
+#[derive(Debug, Clone)]
+pub(crate) struct Base {
+    /// Speculative is left empty here: most of a cloud fleet, read only by
+    /// some acquisition pools, so it is listed on first use (`spec`).
+    by_state: [Vec<u32>; 9],
+    min_prio: [i32; 9],
+    /// (state ordinal, instance type) → index into `type_lists` (Idle and
+    /// Configured only; Speculative lives in `spec`).
+    type_index: FxHashMap<(u8, u32), u32>,
+    type_lists: Vec<Vec<u32>>,
+    type_min_prio: Vec<i32>,
+    type_sorted: Vec<OnceLock<Vec<u32>>>,
+    idle_sorted: OnceLock<Vec<u32>>,
+    spec: OnceLock<SpecLists>,
+    /// Per fleet cluster: Configured and Configuring entries in keep order.
+    bound: Vec<[Vec<BoundEntry>; 2]>,
+    /// Per handle: rank in machine id order (empty when slot == rank) and
+    /// position in the (cluster, state) keep order.
+    rank: Vec<u32>,
+    kpos: Vec<u32>,
+    /// Earliest idle-since stamp of stamped Idle machines, by capacity type
+    /// ordinal (`i64::MAX` = none).
+    idle_min: [i64; 5],
+    fleet_bytes: usize,
+}
+
+const CAPACITY_TYPES: [CapacityType; 5] = [
+    CapacityType::Unspecified,
+    CapacityType::BareMetal,
+    CapacityType::Reserved,
+    CapacityType::OnDemand,
+    CapacityType::Spot,
+];
+
+impl Base {
+    fn build(fleet: &Fleet, parallel: bool) -> Base {
+        let n = fleet.len();
+        let nfc = fleet.clusters.len();
+        let recs: &[Rec] = &fleet.recs;
+        let slots = recs.len();
+        let mut rank = Vec::new();
+        if !fleet.identity {
+            rank = vec![NONE; slots];
+            for (k, &h) in fleet.order.iter().enumerate() {
+                rank[h as usize] = k as u32;
+            }
+        }
+        let rank_of = |h: u32| if rank.is_empty() { h } else { rank[h as usize] };
+
+        // One pass over the machines in id order — in parallel chunks merged in
+        // chunk order, so every list stays in id order — building per-state
+        // lists, (state, instance type) lists with their minimum assigned
+        // priority, and per-cluster bound lists. Speculative is skipped.
+        let ntypes = fleet.values.len() + 1;
+        const TYPE_STATES: [MachineState; 2] = [MachineState::Idle, MachineState::Configured];
+        struct Part {
+            by_state: [Vec<u32>; 9],
+            min_prio: [i32; 9],
+            /// Dense (type, state) key → index into `types`.
+            type_slot: Vec<u32>,
+            types: Vec<(usize, Vec<u32>, i32)>,
+            bound: FxHashMap<u32, [Vec<BoundEntry>; 2]>,
+            idle_min: [i64; 5],
+        }
+        let pass = |chunk: &[u32]| -> Part {
+            let mut p = Part {
+                by_state: Default::default(),
+                min_prio: [i32::MAX; 9],
+                type_slot: vec![NONE; ntypes * 2],
+                types: Vec::new(),
+                bound: FxHashMap::default(),
+                idle_min: [i64::MAX; 5],
+            };
+            for &h in chunk {
+                if fleet.states[h as usize] == MachineState::Speculative {
+                    continue;
+                }
+                let r = &recs[h as usize];
+                let s = r.state as usize;
+                p.by_state[s].push(h);
+                if r.asg_prio < p.min_prio[s] {
+                    p.min_prio[s] = r.asg_prio;
+                }
+                if let Some(si) = TYPE_STATES.iter().position(|t| *t == r.state) {
+                    let itype = fleet.profiles[r.profile as usize].itype;
+                    let t = if itype == NONE {
+                        ntypes - 1
+                    } else {
+                        itype as usize
+                    };
+                    let k = t * 2 + si;
+                    if p.type_slot[k] == NONE {
+                        p.type_slot[k] = p.types.len() as u32;
+                        p.types.push((k, Vec::new(), i32::MAX));
+                    }
+                    let e = &mut p.types[p.type_slot[k] as usize];
+                    e.1.push(h);
+                    e.2 = e.2.min(r.asg_prio);
+                }
+                match r.state {
+                    MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
+                        p.bound.entry(r.cluster).or_default()
+                            [usize::from(r.state == MachineState::Configuring)]
+                        .push(BoundEntry {
+                            h,
+                            alloc: r.alloc,
+                            profile: r.profile,
+                            price: r.price,
+                            rp: r.asg_rp,
+                        });
+                    }
+                    MachineState::Idle => {
+                        let t = fleet.idle[h as usize];
+                        let m = &mut p.idle_min[r.cap as usize];
+                        if t != i64::MIN && t < *m {
+                            *m = t;
+                        }
+                    }
+                    _ => {}
+                }
+            }
+            p
+        };
+        let parts: Vec<Part> = if parallel && n >= 1 << 16 {
+            use rayon::prelude::*;
+            let chunk = (n / (rayon::current_num_threads() * 4)).max(1 << 15);
+            fleet.order.par_chunks(chunk).map(pass).collect()
+        } else {
+            vec![pass(&fleet.order)]
+        };
+        let mut by_state: [Vec<u32>; 9] = Default::default();
+        let mut type_index: FxHashMap<(u8, u32), u32> = FxHashMap::default();
+        let mut type_lists: Vec<Vec<u32>> = Vec::new();
+        let mut type_min_prio: Vec<i32> = Vec::new();
+        let mut min_prio = [i32::MAX; 9];
+        let mut idle_min = [i64::MAX; 5];
+        let mut bound: Vec<[Vec<BoundEntry>; 2]> = (0..nfc).map(|_| Default::default()).collect();
+        let mut type_slot: Vec<u32> = vec![NONE; ntypes * 2];
+        for mut p in parts {
+            for (st, list) in p.by_state.iter_mut().enumerate() {
+                if by_state[st].is_empty() {
+                    by_state[st] = std::mem::take(list);
+                } else {
+                    by_state[st].append(list);
+                }
+                min_prio[st] = min_prio[st].min(p.min_prio[st]);
+            }
+            for (m, pm) in idle_min.iter_mut().zip(p.idle_min) {
+                *m = (*m).min(pm);
+            }
+            for (k, mut list, mp) in p.types {
+                if type_slot[k] == NONE {
+                    let t = k / 2;
+                    let itype = if t == ntypes - 1 { NONE } else { t as u32 };
+                    type_slot[k] = type_lists.len() as u32;
+                    type_index.insert((TYPE_STATES[k % 2] as u8, itype), type_lists.len() as u32);
+                    type_lists.push(Vec::new());
+                    type_min_prio.push(i32::MAX);
+                }
+                let idx = type_slot[k] as usize;
+                type_lists[idx].append(&mut list);
+                type_min_prio[idx] = type_min_prio[idx].min(mp);
+            }
+            for (c, [mut a, mut b]) in p.bound {
+                let e = &mut bound[c as usize];
+                e[0].append(&mut a);
+                e[1].append(&mut b);
+            }
+        }
+
+        // Keep-priority order (price asc, reclamation penalty desc, id asc) from
+        // the entries' inline keys; the lists arrive in id order.
+        let sort_entries = |v: &mut Vec<BoundEntry>| keep_sort(v, &rank_of);
+        if parallel {
+            use rayon::prelude::*;
+            bound.par_iter_mut().for_each(|e| {
+                sort_entries(&mut e[0]);
+                sort_entries(&mut e[1]);
+            });
+        } else {
+            for e in &mut bound {
+                sort_entries(&mut e[0]);
+                sort_entries(&mut e[1]);
+            }
+        }
+        let mut kpos = vec![0u32; slots];
+        for entries in &bound {
+            for list in entries {
+                for (pos, e) in list.iter().enumerate() {
+                    kpos[e.h as usize] = pos as u32;
+                }
+            }
+        }
+        let type_sorted = (0..type_lists.len()).map(|_| OnceLock::new()).collect();
+        Base {
+            by_state,
+            min_prio,
+            type_index,
+            type_lists,
+            type_min_prio,
+            type_sorted,
+            idle_sorted: OnceLock::new(),
+            spec: OnceLock::new(),
+            bound,
+            rank,
+            kpos,
+            idle_min,
+            fleet_bytes: fleet.heap_bytes(),
+        }
+    }
+
+    #[inline]
+    fn rank(&self, h: u32) -> u32 {
+        if self.rank.is_empty() {
+            h
+        } else {
+            self.rank[h as usize]
+        }
+    }
+
+    fn sort_price(&self, recs: &[Rec], v: &mut [u32]) {
+        v.sort_by(|a, b| {
+            recs[*a as usize]
+                .price
+                .total_cmp(&recs[*b as usize].price)
+                .then(self.rank(*a).cmp(&self.rank(*b)))
+        });
+    }
+
+    fn spec(&self, fleet: &Fleet) -> &SpecLists {
+        self.spec.get_or_init(|| {
+            let mut sl = SpecLists {
+                min_prio: i32::MAX,
+                ..SpecLists::default()
+            };
+            for &h in &fleet.order {
+                if fleet.states[h as usize] == MachineState::Speculative {
+                    let r = &fleet.recs[h as usize];
+                    sl.all.push(h);
+                    sl.min_prio = sl.min_prio.min(r.asg_prio);
+                    let itype = fleet.profiles[r.profile as usize].itype;
+                    let e = sl.by_type.entry(itype).or_insert((Vec::new(), i32::MAX));
+                    e.0.push(h);
+                    e.1 = e.1.min(r.asg_prio);
+                }
+            }
+            sl
+        })
+    }
 }
 
 impl<'a> Snapshot<'a> {
     pub(crate) fn build(fleet: &'a Fleet, spec: BuildSpec<'a>) -> Snapshot<'a> {
+        let base: &'a Base = fleet
+            .base
+            .get_or_init(|| Box::new(Base::build(fleet, spec.parallel)));
         let n = fleet.len();
         let nfc = fleet.clusters.len() as u32;
         let mut extra_clusters: Vec<&'a str> = Vec::new();
@@ -176,206 +420,57 @@ impl<'a> Snapshot<'a> {
             alloc_dense.extend_from_slice(&dims.dense_capacity(a));
         }
 
-        // Per-handle side arrays; records stay in the fleet.
         let recs: &'a [Rec] = &fleet.recs;
         let slots = recs.len();
         let shape_of = |h: u32| shape_of_profile[recs[h as usize].profile as usize];
-        let mut rank = Vec::new();
-        if !fleet.identity {
-            rank = vec![NONE; slots];
-            for (k, &h) in fleet.order.iter().enumerate() {
-                rank[h as usize] = k as u32;
-            }
-        }
-        let rank_of = |h: u32| if rank.is_empty() { h } else { rank[h as usize] };
-        let mut group = vec![NONE; slots];
-        let mut kpos = vec![0u32; slots];
-        // In-flight Creating machines take their destination cluster (ADR-0022).
-        let mut creating_cluster: FxHashMap<u32, u32> = FxHashMap::default();
+        // In-flight Creating machines take their destination cluster (ADR-0022),
+        // in id order.
+        let mut creating: Vec<(u32, u32)> = Vec::new();
         if let Some(dest) = spec.destinations.filter(|d| !d.is_empty()) {
-            for &h in &fleet.order {
-                if recs[h as usize].state == MachineState::Creating
-                    && let Some(c) = dest.get(&*fleet.ids[h as usize])
+            for &h in &base.by_state[MachineState::Creating as usize] {
+                if let Some(c) = dest.get(&*fleet.ids[h as usize])
                     && !c.is_empty()
                 {
-                    creating_cluster.insert(h, cluster_id(c));
+                    creating.push((cluster_id(c), h));
                 }
             }
         }
         let n_clusters = nfc as usize + extra_clusters.len();
-
-        // One pass over the machines in id order — in parallel chunks merged in
-        // chunk order, so every list stays in id order — building per-state
-        // lists, (state, instance type) lists with their minimum assigned
-        // priority, and per-cluster bound lists.
-        let ntypes = fleet.values.len() + 1;
+        let mut cviews: Vec<ClusterView> = vec![ClusterView::default(); n_clusters];
+        for (c, h) in creating {
+            cviews[c as usize].creating.push(h);
+        }
+        for cv in &mut cviews {
+            cv.creating.sort_by(|a, b| {
+                keep_cmp(
+                    &recs[*a as usize],
+                    base.rank(*a),
+                    &recs[*b as usize],
+                    base.rank(*b),
+                )
+            });
+        }
         // Speculative slots are most of a cloud fleet and only acquisition
         // pools of short needs read them: list them on first use instead,
         // unless Same scoring or verdicts need their groups now.
         let lazy_spec = !spec.free_groups;
-        const TYPE_STATES: [MachineState; 3] = [
-            MachineState::Idle,
-            MachineState::Speculative,
-            MachineState::Configured,
-        ];
-        struct Part {
-            by_state: [Vec<u32>; 9],
-            min_prio: [i32; 9],
-            /// Dense (type, state) key → index into `types`.
-            type_slot: Vec<u32>,
-            types: Vec<(usize, Vec<u32>, i32)>,
-            bound: FxHashMap<u32, [Vec<BoundEntry>; 2]>,
-            creating: Vec<(u32, u32)>,
-        }
-        let pass = |chunk: &[u32]| -> Part {
-            let mut p = Part {
-                by_state: Default::default(),
-                min_prio: [i32::MAX; 9],
-                type_slot: vec![NONE; ntypes * 3],
-                types: Vec::new(),
-                bound: FxHashMap::default(),
-                creating: Vec::new(),
-            };
-            for &h in chunk {
-                if lazy_spec && fleet.states[h as usize] == MachineState::Speculative {
-                    continue;
-                }
-                let r = &recs[h as usize];
-                let s = r.state as usize;
-                p.by_state[s].push(h);
-                if r.asg_prio < p.min_prio[s] {
-                    p.min_prio[s] = r.asg_prio;
-                }
-                if let Some(si) = TYPE_STATES.iter().position(|t| *t == r.state) {
-                    let itype = shapes[shape_of(h) as usize].itype;
-                    let t = if itype == NONE {
-                        ntypes - 1
-                    } else {
-                        itype as usize
-                    };
-                    let k = t * 3 + si;
-                    if p.type_slot[k] == NONE {
-                        p.type_slot[k] = p.types.len() as u32;
-                        p.types.push((k, Vec::new(), i32::MAX));
-                    }
-                    let e = &mut p.types[p.type_slot[k] as usize];
-                    e.1.push(h);
-                    e.2 = e.2.min(r.asg_prio);
-                }
-                match r.state {
-                    MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
-                        p.bound.entry(r.cluster).or_default()
-                            [usize::from(r.state == MachineState::Configuring)]
-                        .push(BoundEntry {
-                            h,
-                            alloc: r.alloc,
-                            profile: r.profile,
-                            price: r.price,
-                            rp: r.asg_rp,
-                        });
-                    }
-                    MachineState::Creating => {
-                        if let Some(&c) = creating_cluster.get(&h) {
-                            p.creating.push((c, h));
-                        }
-                    }
-                    _ => {}
-                }
-            }
-            p
-        };
-        let parts: Vec<Part> = if spec.parallel && n >= 1 << 16 {
-            use rayon::prelude::*;
-            let chunk = (n / (rayon::current_num_threads() * 4)).max(1 << 15);
-            fleet.order.par_chunks(chunk).map(pass).collect()
-        } else {
-            vec![pass(&fleet.order)]
-        };
-        let mut by_state: [Vec<u32>; 9] = Default::default();
-        let mut type_index: FxHashMap<(u8, u32), u32> = FxHashMap::default();
-        let mut type_lists: Vec<Vec<u32>> = Vec::new();
-        let mut type_min_prio: Vec<i32> = Vec::new();
-        let mut min_prio = [i32::MAX; 9];
-        let mut cviews: Vec<ClusterView> = vec![ClusterView::default(); n_clusters];
-        let mut bound: Vec<[Vec<BoundEntry>; 2]> =
-            (0..n_clusters).map(|_| Default::default()).collect();
-        let mut type_slot: Vec<u32> = vec![NONE; ntypes * 3];
-        for mut p in parts {
-            for (st, list) in p.by_state.iter_mut().enumerate() {
-                if by_state[st].is_empty() {
-                    by_state[st] = std::mem::take(list);
-                } else {
-                    by_state[st].append(list);
-                }
-                min_prio[st] = min_prio[st].min(p.min_prio[st]);
-            }
-            for (k, mut list, mp) in p.types {
-                if type_slot[k] == NONE {
-                    let t = k / 3;
-                    let itype = if t == ntypes - 1 { NONE } else { t as u32 };
-                    type_slot[k] = type_lists.len() as u32;
-                    type_index.insert((TYPE_STATES[k % 3] as u8, itype), type_lists.len() as u32);
-                    type_lists.push(Vec::new());
-                    type_min_prio.push(i32::MAX);
-                }
-                let idx = type_slot[k] as usize;
-                type_lists[idx].append(&mut list);
-                type_min_prio[idx] = type_min_prio[idx].min(mp);
-            }
-            for (c, [mut a, mut b]) in p.bound {
-                let e = &mut bound[c as usize];
-                e[0].append(&mut a);
-                e[1].append(&mut b);
-            }
-            for (c, h) in p.creating {
-                cviews[c as usize].creating.push(h);
-            }
+        let mut min_prio = base.min_prio;
+        if !lazy_spec {
+            min_prio[MachineState::Speculative as usize] = base.spec(fleet).min_prio;
         }
 
-        // Keep-priority order (price asc, reclamation penalty desc, id asc) from
-        // the entries' inline keys; the lists arrive in id order.
-        let sort_entries = |v: &mut Vec<BoundEntry>| keep_sort(v, &rank_of);
-        let sort_creating = |v: &mut Vec<u32>| {
-            v.sort_by(|a, b| {
-                keep_cmp(
-                    &recs[*a as usize],
-                    rank_of(*a),
-                    &recs[*b as usize],
-                    rank_of(*b),
-                )
-            })
-        };
-        if spec.parallel {
-            use rayon::prelude::*;
-            bound.par_iter_mut().for_each(|e| {
-                sort_entries(&mut e[0]);
-                sort_entries(&mut e[1]);
-            });
-            cviews
-                .par_iter_mut()
-                .for_each(|cv| sort_creating(&mut cv.creating));
-        } else {
-            for e in &mut bound {
-                sort_entries(&mut e[0]);
-                sort_entries(&mut e[1]);
-            }
-            for cv in &mut cviews {
-                sort_creating(&mut cv.creating);
-            }
-        }
-
-        // Groups and keep positions. Neighbours in keep order usually share
-        // (shape, capacity), so the previous group is tried before the map.
+        // Groups from the cached keep order. Neighbours in keep order usually
+        // share (shape, capacity), so the previous group is tried before the map.
+        let mut group = vec![NONE; slots];
         let mut groups: Vec<Group> = Vec::new();
         let mut gmap: FxHashMap<(u8, u32, u32, u32), u32> = FxHashMap::default();
-        for (c, (cv, entries)) in cviews.iter_mut().zip(bound).enumerate() {
-            for (slot, list) in entries.into_iter().enumerate() {
+        for (c, (cv, entries)) in cviews.iter_mut().zip(&base.bound).enumerate() {
+            for (slot, list) in entries.iter().enumerate() {
                 let state = BOUND_STATES[slot];
                 let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
                 let mut handles = Vec::with_capacity(list.len());
-                for (pos, e) in list.iter().enumerate() {
+                for e in list {
                     let sh = shape_of_profile[e.profile as usize];
-                    kpos[e.h as usize] = pos as u32;
                     let g = if prev.2 != NONE && prev.0 == sh && prev.1 == e.alloc {
                         prev.2
                     } else {
@@ -409,8 +504,13 @@ impl<'a> Snapshot<'a> {
             &[]
         };
         for &st in free_states {
+            let list: &[u32] = if st == MachineState::Speculative {
+                &base.spec(fleet).all
+            } else {
+                &base.by_state[st as usize]
+            };
             let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
-            for &h in &by_state[st as usize] {
+            for &h in list {
                 let r = &recs[h as usize];
                 let sh = shape_of(h);
                 let g = if prev.2 != NONE && prev.0 == sh && prev.1 == r.alloc {
@@ -451,14 +551,12 @@ impl<'a> Snapshot<'a> {
             }
         }
 
-        let type_sorted = (0..type_lists.len()).map(|_| OnceLock::new()).collect();
         Snapshot {
             fleet,
+            base,
             recs,
             shape_of_profile,
-            rank,
             group,
-            kpos,
             live: n,
             extra_clusters,
             extra_cluster_ids,
@@ -467,14 +565,11 @@ impl<'a> Snapshot<'a> {
             shape_attrs,
             dims,
             alloc_dense,
-            by_state,
-            type_index,
-            type_lists,
-            type_min_prio,
-            type_sorted,
-            idle_sorted: OnceLock::new(),
+            type_sorted_used: (0..base.type_lists.len())
+                .map(|_| AtomicBool::new(false))
+                .collect(),
+            idle_sorted_used: AtomicBool::new(false),
             lazy_spec,
-            spec_lists: OnceLock::new(),
             min_prio,
             cviews,
             groups,
@@ -517,11 +612,7 @@ impl<'a> Snapshot<'a> {
     /// Position in machine id order (the universal tie-break).
     #[inline]
     pub(crate) fn rank(&self, h: u32) -> u32 {
-        if self.rank.is_empty() {
-            h
-        } else {
-            self.rank[h as usize]
-        }
+        self.base.rank(h)
     }
 
     /// Group of an Idle, Speculative, Configured or Configuring machine.
@@ -533,7 +624,7 @@ impl<'a> Snapshot<'a> {
     /// Position in the (cluster, state) keep order of a bound machine.
     #[inline]
     pub(crate) fn kpos(&self, h: u32) -> u32 {
-        self.kpos[h as usize]
+        self.base.kpos[h as usize]
     }
 
     /// Dense capacity of an interned allocation.
@@ -589,79 +680,80 @@ impl<'a> Snapshot<'a> {
         self.dims.dense(v)
     }
 
-    fn spec_lists(&self) -> &SpecLists {
-        self.spec_lists.get_or_init(|| {
-            let mut sl = SpecLists::default();
-            for &h in &self.fleet.order {
-                if self.fleet.states[h as usize] == MachineState::Speculative {
-                    sl.all.push(h);
-                    let itype = self.shapes[self.shape(h) as usize].itype;
-                    sl.by_type.entry(itype).or_default().push(h);
-                }
-            }
-            sl
-        })
-    }
-
     /// Machines of one state in id order.
-    pub(crate) fn state_list(&self, state: MachineState) -> &[u32] {
-        if state == MachineState::Speculative && self.lazy_spec {
-            return &self.spec_lists().all;
+    pub(crate) fn state_list(&self, state: MachineState) -> &'a [u32] {
+        if state == MachineState::Speculative {
+            return &self.base.spec(self.fleet).all;
         }
-        &self.by_state[state as usize]
+        &self.base.by_state[state as usize]
     }
 
     /// The (state, instance type) list in id order (empty when none).
-    pub(crate) fn type_list(&self, state: MachineState, itype: u32) -> &[u32] {
-        if state == MachineState::Speculative && self.lazy_spec {
+    pub(crate) fn type_list(&self, state: MachineState, itype: u32) -> &'a [u32] {
+        if state == MachineState::Speculative {
             return self
-                .spec_lists()
+                .base
+                .spec(self.fleet)
                 .by_type
                 .get(&itype)
-                .map_or(&[], Vec::as_slice);
+                .map_or(&[], |e| e.0.as_slice());
         }
-        match self.type_index.get(&(state as u8, itype)) {
-            Some(&i) => &self.type_lists[i as usize],
+        match self.base.type_index.get(&(state as u8, itype)) {
+            Some(&i) => &self.base.type_lists[i as usize],
             None => &[],
         }
     }
 
-    /// Minimum assigned priority of (state, instance type); `i32::MAX` when empty.
+    /// Minimum assigned priority of (state, instance type); `i32::MAX` when
+    /// empty (and for Speculative while it is listed lazily).
     pub(crate) fn type_min_prio(&self, state: MachineState, itype: u32) -> i32 {
-        match self.type_index.get(&(state as u8, itype)) {
-            Some(&i) => self.type_min_prio[i as usize],
+        if state == MachineState::Speculative {
+            if self.lazy_spec {
+                return i32::MAX;
+            }
+            return self
+                .base
+                .spec(self.fleet)
+                .by_type
+                .get(&itype)
+                .map_or(i32::MAX, |e| e.1);
+        }
+        match self.base.type_index.get(&(state as u8, itype)) {
+            Some(&i) => self.base.type_min_prio[i as usize],
             None => i32::MAX,
         }
     }
 
-    /// Idle machines of one instance type sorted by price asc, id asc (built once).
-    pub(crate) fn idle_type_sorted(&self, itype: u32) -> &[u32] {
-        match self.type_index.get(&(MachineState::Idle as u8, itype)) {
-            Some(&i) => self.type_sorted[i as usize].get_or_init(|| {
-                let mut v = self.type_lists[i as usize].clone();
-                self.sort_price(&mut v);
-                v
-            }),
+    /// Idle machines of one instance type sorted by price asc, id asc (built
+    /// once per fleet version).
+    pub(crate) fn idle_type_sorted(&self, itype: u32) -> &'a [u32] {
+        let base: &'a Base = self.base;
+        match base.type_index.get(&(MachineState::Idle as u8, itype)) {
+            Some(&i) => {
+                self.type_sorted_used[i as usize].store(true, AtomicOrdering::Relaxed);
+                base.type_sorted[i as usize].get_or_init(|| {
+                    let mut v = base.type_lists[i as usize].clone();
+                    base.sort_price(self.recs, &mut v);
+                    v
+                })
+            }
             None => &[],
         }
     }
 
-    /// Every Idle machine sorted by price asc, id asc (built once).
-    pub(crate) fn idle_all_sorted(&self) -> &[u32] {
-        self.idle_sorted.get_or_init(|| {
-            let mut v = self.by_state[MachineState::Idle as usize].clone();
-            self.sort_price(&mut v);
+    /// Every Idle machine sorted by price asc, id asc (built once per fleet version).
+    pub(crate) fn idle_all_sorted(&self) -> &'a [u32] {
+        let base: &'a Base = self.base;
+        self.idle_sorted_used.store(true, AtomicOrdering::Relaxed);
+        base.idle_sorted.get_or_init(|| {
+            let mut v = base.by_state[MachineState::Idle as usize].clone();
+            base.sort_price(self.recs, &mut v);
             v
         })
     }
 
     pub(crate) fn sort_price(&self, v: &mut [u32]) {
-        v.sort_by(|a, b| {
-            self.recs[*a as usize]
-                .price
-                .total_cmp(&self.recs[*b as usize].price)
-                .then(self.rank(*a).cmp(&self.rank(*b)))
-        });
+        self.base.sort_price(self.recs, v);
     }
 
     /// Idle-since stamp of a machine.
@@ -670,24 +762,49 @@ impl<'a> Snapshot<'a> {
         (t != i64::MIN).then_some(t)
     }
 
-    /// Approximate heap bytes held by the snapshot (for the memory report).
+    /// Whether some stamped Idle machine may have held past its capacity
+    /// type's release hold at `now` (false lets Phase 3 skip the Idle scan).
+    pub(crate) fn idle_release_due(&self, policy: &ReleasePolicy, now_unix_nanos: i64) -> bool {
+        CAPACITY_TYPES.iter().any(|&c| {
+            let since = self.base.idle_min[c as usize];
+            since != i64::MAX
+                && policy.hold(c).is_some_and(|hold| {
+                    i128::from(now_unix_nanos) - i128::from(since) >= hold.as_nanos() as i128
+                })
+        })
+    }
+
+    /// Approximate heap bytes held by the snapshot (for the memory report):
+    /// the lists this cycle reads, counted as if gathered for it alone.
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let v32 = |v: &Vec<u32>| v.len() * size_of::<u32>();
-        let mut b = self.fleet.heap_bytes();
-        b += (self.rank.len() + self.group.len() + self.kpos.len()) * 4;
+        let base = self.base;
+        let slots = self.recs.len();
+        let mut b = base.fleet_bytes;
+        b += (base.rank.len() + self.group.len() + slots) * 4;
         b += self.shapes.len() * size_of::<Shape>() + self.shape_attrs.len() * 4;
         b += self.alloc_dense.len() * 8;
-        b += self.by_state.iter().map(v32).sum::<usize>();
-        b += self.type_lists.iter().map(v32).sum::<usize>();
-        b += self.type_index.len() * 16 + self.type_min_prio.len() * 4;
+        b += base.by_state.iter().map(v32).sum::<usize>();
+        b += base.type_lists.iter().map(v32).sum::<usize>();
+        let mut ntypes = base.type_lists.len();
+        if !self.lazy_spec {
+            let sl = base.spec(self.fleet);
+            b += v32(&sl.all);
+            b += sl.by_type.values().map(|e| v32(&e.0)).sum::<usize>();
+            ntypes += sl.by_type.len();
+        }
+        b += ntypes * 16 + ntypes * 4;
         b += self
-            .type_sorted
+            .type_sorted_used
             .iter()
-            .filter_map(|o| o.get())
-            .map(v32)
+            .zip(&base.type_lists)
+            .filter(|(u, _)| u.load(AtomicOrdering::Relaxed))
+            .map(|(_, l)| v32(l))
             .sum::<usize>();
-        b += self.idle_sorted.get().map(v32).unwrap_or(0);
+        if self.idle_sorted_used.load(AtomicOrdering::Relaxed) {
+            b += v32(&base.by_state[MachineState::Idle as usize]);
+        }
         for cv in &self.cviews {
             b += v32(&cv.bound[0]) + v32(&cv.bound[1]) + v32(&cv.creating) + v32(&cv.groups);
         }
@@ -700,6 +817,21 @@ impl<'a> Snapshot<'a> {
             .sum::<usize>();
         b
     }
+}
+
+/// Everything about the demand the snapshot must know up front.
+pub(crate) struct BuildSpec<'a> {
+    pub keys: Vec<&'a str>,
+    pub destinations: Option<&'a HashMap<MachineId, ClusterId>>,
+    /// Need aggregates and min units (their dimensions must exist).
+    pub demand_vectors: Vec<&'a ResourceVector>,
+    /// Clusters the demand names.
+    pub demand_clusters: Vec<&'a str>,
+    /// Build the own-machine index (only Same needs use it).
+    pub own_index: bool,
+    /// Build groups of Idle/Speculative machines (Same demand or verdicts).
+    pub free_groups: bool,
+    pub parallel: bool,
 }
 
 /// A bound machine with its keep-order keys inline, so sorting and grouping

@@ -429,3 +429,71 @@ proptest! {
         prop_assert_eq!(got, want);
     }
 }
+
+/// One fleet mutation: upsert machine `i` (with an idle-since stamp) or remove it.
+fn arb_mutation() -> impl Strategy<Value = (Machine, Option<i64>, bool)> {
+    (0..48usize)
+        .prop_flat_map(|i| {
+            (
+                arb_machine(i),
+                prop::option::of(0..20i64),
+                prop::bool::weighted(0.25),
+            )
+        })
+        .prop_map(|(m, stamp, remove)| (m, stamp.map(|s| s * 60_000_000_000), remove))
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    /// The fleet caches its demand-independent snapshot lists between cycles;
+    /// mutating it between cycles must give exactly what a freshly built fleet
+    /// over the same machines gives, with verdicts on and off (which read the
+    /// lazily listed Speculative machines differently).
+    #[test]
+    fn mutated_fleet_across_cycles_equals_fresh_fleet(
+        w in arb_world(),
+        rounds in prop::collection::vec(prop::collection::vec(arb_mutation(), 0..12), 3),
+    ) {
+        use bigfleet_decision::Fleet;
+        use std::collections::BTreeMap;
+        let mut live: BTreeMap<String, (Machine, Option<i64>)> = w
+            .machines
+            .iter()
+            .zip(&w.idle_since)
+            .map(|(m, s)| (m.id.clone(), (m.clone(), *s)))
+            .collect();
+        let mut fleet = Fleet::from_machines(&w.machines, &w.idle_since).unwrap();
+        let check = |fleet: &Fleet, live: &BTreeMap<String, (Machine, Option<i64>)>| {
+            let machines: Vec<Machine> = live.values().map(|(m, _)| m.clone()).collect();
+            let stamps: Vec<Option<i64>> = live.values().map(|(_, s)| *s).collect();
+            let fresh = Fleet::from_machines(&machines, &stamps).unwrap();
+            for opts in [full(), CycleOptions::default(), CycleOptions { threads: 2, ..full() }] {
+                let input = |f| CycleInput {
+                    now_unix_nanos: w.now,
+                    ..CycleInput::with_fleet(f, &w.demand)
+                };
+                let mut got = run_cycle(&input(fleet), &opts).unwrap();
+                let mut want = run_cycle(&input(&fresh), &opts).unwrap();
+                got.stats.snapshot_bytes = 0;
+                want.stats.snapshot_bytes = 0;
+                if got != want {
+                    return Err(format!("{opts:?}: {got:?} != {want:?}"));
+                }
+            }
+            Ok(())
+        };
+        check(&fleet, &live).map_err(TestCaseError::fail)?;
+        for muts in rounds {
+            for (m, stamp, remove) in muts {
+                if remove {
+                    prop_assert_eq!(fleet.remove(&m.id), live.remove(&m.id).is_some());
+                } else {
+                    fleet.upsert_with_idle_since(&m, stamp);
+                    live.insert(m.id.clone(), (m, stamp));
+                }
+            }
+            check(&fleet, &live).map_err(TestCaseError::fail)?;
+        }
+    }
+}
