@@ -5,11 +5,11 @@
 //! Layout of a run directory:
 //!
 //! ```text
-//! <run>/logs/<child>.log        stdout + stderr of every child (appended across restarts)
-//! <run>/tls/                    CA and role certificates (--tls)
-//! <run>/coordinator/            the single-node coordinator's data
-//! <run>/provider-<i>/           a fake provider's catalog (and socket under --tls)
-//! <run>/shard-<i>/              decide.sock, gateway.sock; decide-data/epoch
+//! `<run>/logs/<child>.log`        stdout + stderr of every child (appended across restarts)
+//! `<run>/tls/`                    CA and role certificates (--tls)
+//! `<run>/coordinator/`            the single-node coordinator's data
+//! `<run>/provider-<i>/`           a fake provider's catalog (and socket under --tls)
+//! `<run>/shard-<i>/`              decide.sock, gateway.sock; decide-data/epoch
 //! ```
 //!
 //! Each shard gets its own fake provider (one provider per region, as deployed): shards

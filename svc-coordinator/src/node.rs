@@ -238,6 +238,7 @@ pub async fn start_with_registry(
         },
     )
     .tcp_listener(raft_listener)
+    .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
     .drain_deadline(Duration::from_secs(2))
     .add_service(RaftService::new(raft.clone()).into_server())
     .start()

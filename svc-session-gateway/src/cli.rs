@@ -10,7 +10,7 @@ use bigfleet_telemetry::LogArgs;
 #[derive(Debug, Clone, clap::Parser)]
 #[command(name = "bigfleet-session-gateway", version, about)]
 pub struct Args {
-    /// This shard's id; remote execute workers must present bigfleet://shard/<id>/execute.
+    /// This shard's id; remote execute workers must present `bigfleet://shard/<id>/execute`.
     #[arg(long, env = "BIGFLEET_SHARD_ID", default_value = "shard-0")]
     pub shard_id: String,
 

@@ -93,11 +93,11 @@ impl DecideLink {
         &self,
         req: mesh::ApplyRollupRequest,
     ) -> Result<mesh::ApplyRollupResponse, Status> {
-        let resp = self
-            .decide()
-            .apply_rollup(with_deadline(req))
-            .await?
-            .into_inner();
+        // The roll-up's span goes to decide explicitly: decide keeps it as the parent of
+        // the actions this demand leads to (ADR-0080).
+        let mut req = with_deadline(req);
+        bigfleet_telemetry::propagation::inject_current_span_into_metadata(req.metadata_mut());
+        let resp = self.decide().apply_rollup(req).await?.into_inner();
         self.learn(resp.shard_epoch, resp.coordinator_term);
         Ok(resp)
     }

@@ -7,19 +7,21 @@
 
 use std::collections::{HashMap, VecDeque};
 use std::pin::Pin;
-use std::sync::Arc;
 use std::sync::atomic::AtomicI64;
+use std::sync::{Arc, OnceLock};
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use bigfleet_proto::v1alpha1::{
     Acknowledgement, BootstrapBlobResponse, ClusterCapacityNeeds, ShardMessage, shard_message,
 };
+use bigfleet_telemetry::propagation::TRACEPARENT;
 use parking_lot::Mutex;
 use tokio::sync::oneshot;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
+use tonic::codegen::http::{HeaderMap, HeaderValue};
 
 use crate::metrics::GatewayMetrics;
 use crate::outbox::{Offer, Outbox};
@@ -144,6 +146,9 @@ pub struct Session {
     rate: RollupRate,
     inner: Mutex<SessionInner>,
     metrics: GatewayMetrics,
+    /// The operator's W3C trace context from the Session call, if it sent one: each
+    /// roll-up's span is its child. Boxed because almost no session carries one.
+    operator_trace: OnceLock<Box<HeaderMap>>,
 }
 
 impl std::fmt::Debug for Session {
@@ -184,7 +189,45 @@ impl Session {
                 bootstraps: HashMap::new(),
             }),
             metrics,
+            operator_trace: OnceLock::new(),
         })
+    }
+
+    /// Keeps the trace context the operator opened the session with (`traceparent` /
+    /// `tracestate` only); nothing is kept when it sent none.
+    pub fn set_operator_trace(&self, metadata: &tonic::metadata::MetadataMap) {
+        let value = |key: &str| {
+            metadata
+                .get(key)
+                .and_then(|v| HeaderValue::from_bytes(v.as_encoded_bytes()).ok())
+        };
+        let Some(parent) = value(TRACEPARENT) else {
+            return;
+        };
+        let mut kept = HeaderMap::new();
+        kept.insert(TRACEPARENT, parent);
+        if let Some(state) = value("tracestate") {
+            kept.insert("tracestate", state);
+        }
+        let _ = self.operator_trace.set(Box::new(kept));
+    }
+
+    /// The span one roll-up is processed in: a child of the operator's context when the
+    /// session carried one, otherwise the root of a new trace (never the long-lived
+    /// session's, which would glue every roll-up of a session into one trace).
+    pub fn rollup_span(&self, rows: usize) -> tracing::Span {
+        let span = tracing::info_span!(
+            parent: None,
+            "rollup",
+            otel.name = "gateway rollup",
+            cluster = %self.cluster,
+            session = self.id,
+            rows,
+        );
+        if let Some(parent) = self.operator_trace.get() {
+            bigfleet_telemetry::propagation::set_parent_from_headers(&span, parent);
+        }
+        span
     }
 
     /// Carries the rate-limit budget over from the session this one replaces, so
@@ -489,6 +532,27 @@ mod tests {
             (false, true),
             "worker stopped; restart"
         );
+    }
+
+    #[test]
+    fn only_the_operators_w3c_context_is_kept() {
+        let s = session();
+        let mut md = tonic::metadata::MetadataMap::new();
+        md.insert("x-other", "1".parse().unwrap());
+        s.set_operator_trace(&md);
+        assert!(
+            s.operator_trace.get().is_none(),
+            "no traceparent, nothing kept"
+        );
+
+        let parent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+        md.insert(TRACEPARENT, parent.parse().unwrap());
+        md.insert("tracestate", "k=v".parse().unwrap());
+        s.set_operator_trace(&md);
+        let kept = s.operator_trace.get().expect("kept");
+        assert_eq!(kept.len(), 2);
+        assert_eq!(kept.get(TRACEPARENT).unwrap(), parent);
+        assert_eq!(kept.get("tracestate").unwrap(), "k=v");
     }
 
     #[tokio::test(start_paused = true)]

@@ -10,6 +10,7 @@ use bigfleet_proto::mesh::v1::{
 use bigfleet_proto::v1alpha1::shard_server::Shard;
 use bigfleet_proto::v1alpha1::{OperatorMessage, operator_message};
 use tonic::{Code, Request, Response, Status, Streaming};
+use tracing::Instrument;
 
 use crate::core::Core;
 use crate::error::SessionError;
@@ -68,6 +69,7 @@ impl Shard for ShardService {
     ) -> Result<Response<SessionStream>, Status> {
         let core = &self.core;
         let peer = peer_of(&request).cloned();
+        let operator_trace = request.metadata().clone();
         let mut inbound = request.into_inner();
 
         // 1. Hello first.
@@ -109,6 +111,7 @@ impl Shard for ShardService {
             core.settings.rollup_rate,
             core.metrics.clone(),
         );
+        session.set_operator_trace(&operator_trace);
         let mut guard = InstallGuard {
             core: Arc::clone(core),
             session: Arc::clone(&session),
@@ -336,7 +339,12 @@ async fn lane(core: Arc<Core>, session: Arc<Session>) {
                     () = session.closed.cancelled() => {}
                 }
             }
-            LaneStep::Process(pending) => process_rollup(&core, &session, pending).await,
+            LaneStep::Process(pending) => {
+                let span = session.rollup_span(pending.rollup.needs.len());
+                process_rollup(&core, &session, pending)
+                    .instrument(span)
+                    .await;
+            }
         }
     }
 }

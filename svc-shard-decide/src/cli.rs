@@ -19,7 +19,7 @@ pub struct Args {
     pub socket_dir: PathBuf,
 
     /// Optional TCP address for remote execute workers (e.g. `:7782`); under mTLS only
-    /// bigfleet://shard/<id>/execute may pull work.
+    /// `bigfleet://shard/<id>/execute` may pull work.
     #[arg(long, env = "BIGFLEET_WORK_LISTEN")]
     pub work_listen: Option<String>,
 
@@ -83,9 +83,26 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_ETCD_ENDPOINTS")]
     pub etcd_endpoints: Option<String>,
 
-    /// Leader lease TTL in etcd mode.
+    /// Leader lease TTL in etcd mode (whole seconds, at least 2s).
     #[arg(long, env = "BIGFLEET_ETCD_LEASE_TTL", default_value = "10s", value_parser = humantime::parse_duration)]
     pub etcd_lease_ttl: Duration,
+
+    /// CA bundle verifying etcd's server certificate (enables TLS towards etcd).
+    #[arg(long, env = "BIGFLEET_ETCD_CA")]
+    pub etcd_ca: Option<PathBuf>,
+
+    /// Client certificate for etcd (with --etcd-key; needs --etcd-ca).
+    #[arg(long, env = "BIGFLEET_ETCD_CERT")]
+    pub etcd_cert: Option<PathBuf>,
+
+    /// Client key for etcd (with --etcd-cert).
+    #[arg(long, env = "BIGFLEET_ETCD_KEY")]
+    pub etcd_key: Option<PathBuf>,
+
+    /// Work endpoint URI published in etcd for remote execute workers; default derived
+    /// from --work-listen (its host, else $POD_IP, else the hostname; https under mTLS).
+    #[arg(long, env = "BIGFLEET_WORK_ADVERTISE")]
+    pub work_advertise: Option<String>,
 
     /// HTTP address of /metrics, /healthz and /readyz; 0 disables.
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8780")]
@@ -126,6 +143,8 @@ mod tests {
         assert_eq!(a.report_interval, Duration::from_secs(30));
         assert_eq!(a.etcd_endpoints, None);
         assert_eq!(a.etcd_lease_ttl, Duration::from_secs(10));
+        assert_eq!((a.etcd_ca, a.etcd_cert, a.etcd_key), (None, None, None));
+        assert_eq!(a.work_advertise, None);
         assert_eq!(a.metrics_addr, ":8780");
         assert_eq!(a.drain_timeout, Duration::from_secs(10));
     }

@@ -10,6 +10,12 @@
 //! [`start`] runs decide in-process and returns a [`Running`] handle (tests,
 //! `bigfleet up`'s tests); [`run`] is the binary: flags → epoch file → start →
 //! wait for SIGTERM/SIGINT → drain.
+//!
+//! With `--etcd-endpoints` ([`EtcdMode`], ADR-0074) the epoch comes from etcd
+//! instead of the epoch file, decide campaigns for the shard's leader lease
+//! and hands out work only while it holds a term (stamping that term's epoch;
+//! cycles, sessions, reads and metrics never pause), and the leader publishes
+//! its Work endpoint for remote execute workers.
 
 pub mod cli;
 pub mod coordinator;
@@ -27,11 +33,12 @@ use bigfleet_mesh::{
     RunningServer, ServerStackConfig,
 };
 use bigfleet_proto::service_names;
+use bigfleet_shardlease::{Campaign, EtcdConfig, EtcdShards, EtcdTls, LeaderGate};
 use bigfleet_telemetry::{MetricsRegistry, Readiness};
 use svc_shard_decide_core::publish::DEFAULT_EVENT_BUFFER;
 use svc_shard_decide_core::{
-    Decide, DecideConfig, DecideService, ProviderClient, Publisher, RailsConfig, ShardMetrics,
-    forward_to_gateway,
+    Decide, DecideConfig, DecideService, EpochSource, ProviderClient, Publisher, RailsConfig,
+    ShardMetrics, forward_to_gateway,
 };
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -63,6 +70,38 @@ pub enum StartError {
     Server(#[from] bigfleet_mesh::ServerError),
     #[error("invalid address {addr:?}: {reason}")]
     Address { addr: String, reason: String },
+    #[error("etcd: {0}")]
+    Etcd(#[from] bigfleet_shardlease::ShardLeaseError),
+    #[error("no epoch from etcd within {0:?} (last error: {1})")]
+    EtcdStartup(Duration, bigfleet_shardlease::ShardLeaseError),
+}
+
+/// etcd mode (`--etcd-endpoints`): epoch, leader lease and Work endpoint from etcd.
+#[derive(Debug, Clone)]
+pub struct EtcdMode {
+    pub config: EtcdConfig,
+    /// Published under `/bigfleet/shards/<id>/work` while leading; `None` derives it
+    /// from the bound Work listener (nothing is published without one).
+    pub work_endpoint: Option<String>,
+    /// The leader key's value; `None`: `<hostname>-<pid>-<random>`.
+    pub holder: Option<String>,
+    /// Every epoch minted is above this (the last epoch file's value when a shard moves
+    /// over from file mode, ADR-0073).
+    pub epoch_floor: u64,
+    /// How long start-up may wait for etcd to mint the process epoch.
+    pub startup_timeout: Duration,
+}
+
+impl EtcdMode {
+    pub fn new(config: EtcdConfig) -> Self {
+        Self {
+            config,
+            work_endpoint: None,
+            holder: None,
+            epoch_floor: 0,
+            startup_timeout: Duration::from_secs(60),
+        }
+    }
 }
 
 /// Coordinator reporting settings (only with `--coordinator-addr`).
@@ -87,6 +126,8 @@ pub struct StartConfig {
     pub work_listen: Option<SocketAddr>,
     pub tls: Option<TlsContext>,
     pub coordinator: Option<CoordinatorConfig>,
+    /// etcd mode; `None`: `decide.epoch` as given (the epoch file), always actuating.
+    pub etcd: Option<EtcdMode>,
     pub registry: MetricsRegistry,
     /// Flipped ready after the first successful provider reconcile.
     pub readiness: Readiness,
@@ -104,6 +145,7 @@ impl StartConfig {
             work_listen: None,
             tls: None,
             coordinator: None,
+            etcd: None,
             registry: MetricsRegistry::new(),
             readiness: Readiness::not_ready(NOT_READY),
             drain_timeout: Duration::from_secs(10),
@@ -130,6 +172,8 @@ pub struct Running {
     socket_path: PathBuf,
     work_addr: Option<SocketAddr>,
     coordinator_running: bool,
+    leader: Option<LeaderGate>,
+    work_endpoint: Option<String>,
 }
 
 impl std::fmt::Debug for Running {
@@ -162,9 +206,24 @@ impl Running {
         self.coordinator_running
     }
 
-    /// Stops the cycle, the gateway forwarder and the coordinator client, then
-    /// drains both servers (workers' streams end; their actions are abandoned).
+    /// The leader lease (etcd mode only).
+    pub fn leader(&self) -> Option<&LeaderGate> {
+        self.leader.as_ref()
+    }
+
+    /// The Work endpoint published in etcd while leading (etcd mode with a Work
+    /// listener only).
+    pub fn work_endpoint(&self) -> Option<&str> {
+        self.work_endpoint.as_deref()
+    }
+
+    /// Resigns the leader lease (a standby takes over at once), stops the cycle,
+    /// the gateway forwarder and the coordinator client, then drains both servers
+    /// (workers' streams end; their actions are abandoned).
     pub async fn shutdown(self) -> Result<(), StartError> {
+        if let Some(leader) = self.leader {
+            leader.resign().await;
+        }
         self.stop.cancel();
         let work = async {
             match self.work {
@@ -217,9 +276,24 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
     let provider = dial("provider", &config.provider_addr, RetryPolicy::default())?;
     let gateway = dial("gateway", &config.gateway_target(), RetryPolicy::none())?;
 
+    // etcd mode: this process's own epoch is minted before anything runs (action ids
+    // and coordinator reports carry it); each leadership term then mints its own,
+    // higher one, delivered straight into the hand-out gate.
+    let mut decide_config = config.decide.clone();
+    let etcd = match &config.etcd {
+        None => None,
+        Some(mode) => {
+            let shards = EtcdShards::connect(mode.config.clone()).await?;
+            let epoch = startup_epoch(&shards, &decide_config.shard_id, mode).await?;
+            let (epochs_tx, epochs_rx) = tokio::sync::watch::channel(None);
+            decide_config.epoch = epoch;
+            decide_config.epoch_source = EpochSource::Leased(epochs_rx);
+            Some((shards, mode, epochs_tx))
+        }
+    };
     let (publisher, events) = Publisher::channel(DEFAULT_EVENT_BUFFER);
     let decide = Decide::new(
-        config.decide.clone(),
+        decide_config.clone(),
         Arc::new(ProviderClient::new(provider)),
         publisher,
         metrics,
@@ -294,6 +368,36 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
     };
     let work_addr = work.as_ref().and_then(RunningServer::tcp_addr);
 
+    // Campaign only once the Work listener is bound: the term's transaction publishes
+    // its address.
+    let (leader, work_endpoint) = match etcd {
+        None => (None, None),
+        Some((shards, mode, epochs_tx)) => {
+            let work_endpoint = mode
+                .work_endpoint
+                .clone()
+                .or_else(|| work_addr.map(|a| derive_work_endpoint(a, config.tls.is_some())));
+            let mut campaign = Campaign::new(decide_config.shard_id.clone())
+                .with_epoch_floor(mode.epoch_floor.max(decide_config.epoch));
+            if let Some(h) = &mode.holder {
+                campaign = campaign.with_holder(h.clone());
+            }
+            if let Some(ep) = &work_endpoint {
+                campaign = campaign.with_work_endpoint(ep.clone());
+            }
+            tracing::info!(
+                shard = %decide_config.shard_id,
+                holder = %campaign.holder,
+                work_endpoint = ?work_endpoint,
+                "campaigning for the shard's leader lease; work is handed out only while leading"
+            );
+            (
+                Some(shards.campaign_with(campaign, epochs_tx)),
+                work_endpoint,
+            )
+        }
+    };
+
     let coordinator_running = match &config.coordinator {
         None => false,
         Some(c) => {
@@ -301,7 +405,7 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
             let client = CoordClient::new(
                 ClientConfig {
                     shard_id: config.decide.shard_id.clone(),
-                    shard_epoch: i64::try_from(config.decide.epoch).unwrap_or(i64::MAX),
+                    shard_epoch: i64::try_from(decide_config.epoch).unwrap_or(i64::MAX),
                     advertise_address: c.advertise_addr.clone(),
                     report_interval: c.report_interval,
                 },
@@ -317,8 +421,9 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
         }
     };
     tracing::info!(
-        shard = %config.decide.shard_id,
-        epoch = config.decide.epoch,
+        shard = %decide_config.shard_id,
+        epoch = decide_config.epoch,
+        etcd = leader.is_some(),
         socket = %socket_path.display(),
         work = ?work_addr,
         provider = %config.provider_addr,
@@ -334,7 +439,100 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
         socket_path,
         work_addr,
         coordinator_running,
+        leader,
+        work_endpoint,
     })
+}
+
+/// Mints this process's epoch in etcd, retrying (etcd may still be coming up) until
+/// `mode.startup_timeout`.
+async fn startup_epoch(
+    shards: &EtcdShards,
+    shard_id: &str,
+    mode: &EtcdMode,
+) -> Result<u64, StartError> {
+    let deadline = tokio::time::Instant::now() + mode.startup_timeout;
+    let mut pause = Duration::from_millis(100);
+    loop {
+        match shards.next_epoch(shard_id, mode.epoch_floor).await {
+            Ok(grant) => {
+                tracing::info!(shard = %shard_id, epoch = grant.epoch, "process epoch minted in etcd");
+                return Ok(grant.epoch);
+            }
+            // Never retried: a corrupt epoch must be repaired by hand.
+            Err(e @ bigfleet_shardlease::ShardLeaseError::CorruptEpoch { .. })
+            | Err(e @ bigfleet_shardlease::ShardLeaseError::EpochOverflow { .. }) => {
+                return Err(e.into());
+            }
+            Err(e) if tokio::time::Instant::now() + pause > deadline => {
+                return Err(StartError::EtcdStartup(mode.startup_timeout, e));
+            }
+            Err(e) => {
+                tracing::warn!(shard = %shard_id, error = %e, "cannot mint an epoch in etcd yet; retrying");
+                tokio::time::sleep(pause).await;
+                pause = (pause * 2).min(Duration::from_secs(2));
+            }
+        }
+    }
+}
+
+/// The Work endpoint to publish for a listener bound to `addr`: its own IP unless it
+/// listens on every interface, then `$POD_IP`, then the hostname.
+pub fn derive_work_endpoint(addr: SocketAddr, tls: bool) -> String {
+    let scheme = if tls { "https" } else { "http" };
+    let host = if addr.ip().is_unspecified() {
+        std::env::var("POD_IP")
+            .ok()
+            .filter(|ip| !ip.is_empty())
+            .or_else(|| std::env::var("HOSTNAME").ok().filter(|h| !h.is_empty()))
+            .or_else(|| {
+                std::fs::read_to_string("/etc/hostname")
+                    .ok()
+                    .map(|h| h.trim().to_owned())
+                    .filter(|h| !h.is_empty())
+            })
+            .unwrap_or_else(|| "localhost".to_owned())
+    } else {
+        addr.ip().to_string()
+    };
+    // A bare IPv6 address needs brackets in a URI.
+    let host = if host.contains(':') && !host.starts_with('[') {
+        format!("[{host}]")
+    } else {
+        host
+    };
+    format!("{scheme}://{host}:{}", addr.port())
+}
+
+/// The etcd settings the flags describe (`None` without `--etcd-endpoints`).
+pub fn etcd_mode(args: &Args) -> anyhow::Result<Option<EtcdMode>> {
+    let Some(list) = args.etcd_endpoints.as_deref() else {
+        return Ok(None);
+    };
+    let endpoints = EtcdConfig::parse_endpoints(list);
+    if endpoints.is_empty() {
+        anyhow::bail!("--etcd-endpoints is empty");
+    }
+    let mut config = EtcdConfig::new(endpoints);
+    config.lease_ttl = args.etcd_lease_ttl;
+    config.tls = match (&args.etcd_ca, &args.etcd_cert, &args.etcd_key) {
+        (None, None, None) => None,
+        (Some(ca), cert, key) => Some(EtcdTls {
+            ca: ca.clone(),
+            cert: cert.clone(),
+            key: key.clone(),
+        }),
+        (None, _, _) => anyhow::bail!("--etcd-cert/--etcd-key need --etcd-ca"),
+    };
+    config
+        .timing()
+        .map_err(|e| anyhow::anyhow!("--etcd-*: {e}"))?;
+    let mut mode = EtcdMode::new(config);
+    mode.work_endpoint = args.work_advertise.clone();
+    // A shard moving over from the epoch file continues above its last file epoch.
+    let epoch_path = args.data_dir.join(bigfleet_fencing::EPOCH_FILE_NAME);
+    mode.epoch_floor = bigfleet_fencing::read_epoch_file(&epoch_path)?.unwrap_or(0);
+    Ok(Some(mode))
 }
 
 /// Parses a listen address; `:7782` means every interface.
@@ -379,11 +577,7 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
 
 /// The binary: serves until SIGTERM/SIGINT, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    if args.etcd_endpoints.is_some() {
-        anyhow::bail!(
-            "--etcd-endpoints is not supported by this build yet; run without it (epoch file in --data-dir)"
-        );
-    }
+    let etcd = etcd_mode(&args)?;
     if !(args.reclaim_cap_fraction >= 0.0 && args.reclaim_cap_fraction <= 1.0) {
         anyhow::bail!("--reclaim-cap-fraction must be within [0, 1]");
     }
@@ -391,12 +585,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         None => None,
         Some(files) => Some(TlsContext::load(&files)?),
     };
-    std::fs::create_dir_all(&args.data_dir)
-        .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
-    let epoch_path = args.data_dir.join(bigfleet_fencing::EPOCH_FILE_NAME);
-    // Every start fences strictly above every previous incarnation.
-    let epoch = bigfleet_fencing::advance_epoch_file(&epoch_path)?;
-    tracing::info!(epoch, path = %epoch_path.display(), "fencing epoch advanced");
+    let epoch = if etcd.is_some() {
+        // Minted in etcd by start(); no volume needed.
+        0
+    } else {
+        std::fs::create_dir_all(&args.data_dir)
+            .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
+        let epoch_path = args.data_dir.join(bigfleet_fencing::EPOCH_FILE_NAME);
+        // Every start fences strictly above every previous incarnation.
+        let epoch = bigfleet_fencing::advance_epoch_file(&epoch_path)?;
+        tracing::info!(epoch, path = %epoch_path.display(), "fencing epoch advanced");
+        epoch
+    };
 
     let registry = MetricsRegistry::new();
     let readiness = Readiness::not_ready(NOT_READY);
@@ -432,6 +632,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         work_listen: args.work_listen.as_deref().map(parse_listen).transpose()?,
         tls,
         coordinator,
+        etcd,
         registry,
         readiness: readiness.clone(),
         drain_timeout: args.drain_timeout,
@@ -489,6 +690,74 @@ mod tests {
         assert_eq!(c.rails.max_actions_per_cycle, 7);
         assert_eq!(c.cycle_interval, Duration::from_millis(250));
         assert_eq!(c.provider_address, "unix:///p.sock");
+    }
+
+    #[test]
+    fn work_endpoints_are_derived_from_the_listener() {
+        assert_eq!(
+            derive_work_endpoint("10.1.2.3:7782".parse().unwrap(), true),
+            "https://10.1.2.3:7782"
+        );
+        assert_eq!(
+            derive_work_endpoint("[::1]:7782".parse().unwrap(), false),
+            "http://[::1]:7782"
+        );
+        // Every interface: some name others can dial, never 0.0.0.0.
+        let ep = derive_work_endpoint("0.0.0.0:7782".parse().unwrap(), false);
+        assert!(ep.starts_with("http://") && ep.ends_with(":7782"), "{ep}");
+        assert!(!ep.contains("0.0.0.0"), "{ep}");
+    }
+
+    #[test]
+    fn etcd_flags_map_onto_the_etcd_mode() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = format!("--data-dir={}", dir.path().display());
+        let base = ["d", "--provider-addr=p", data.as_str()];
+        let parse = |extra: &[&str]| {
+            Args::try_parse_from(base.iter().chain(extra.iter()).copied()).unwrap()
+        };
+        assert!(etcd_mode(&parse(&[])).unwrap().is_none());
+
+        let m = etcd_mode(&parse(&[
+            "--etcd-endpoints=a:2379, b:2379",
+            "--etcd-lease-ttl=4s",
+            "--etcd-ca=/ca.pem",
+            "--work-advertise=https://decide-0.shards:7782",
+        ]))
+        .unwrap()
+        .unwrap();
+        assert_eq!(m.config.endpoints, ["a:2379", "b:2379"]);
+        assert_eq!(m.config.lease_ttl, Duration::from_secs(4));
+        assert_eq!(m.config.tls.as_ref().unwrap().ca, PathBuf::from("/ca.pem"));
+        assert_eq!(
+            m.work_endpoint.as_deref(),
+            Some("https://decide-0.shards:7782")
+        );
+        assert_eq!(m.epoch_floor, 0, "no epoch file");
+
+        // A shard that ran with the epoch file continues above it.
+        std::fs::write(dir.path().join(bigfleet_fencing::EPOCH_FILE_NAME), "41\n").unwrap();
+        let m = etcd_mode(&parse(&["--etcd-endpoints=a:2379"]))
+            .unwrap()
+            .unwrap();
+        assert_eq!(m.epoch_floor, 41);
+
+        for bad in [
+            &["--etcd-endpoints=,"][..],
+            &["--etcd-endpoints=a:1", "--etcd-lease-ttl=1s"],
+            &[
+                "--etcd-endpoints=a:1",
+                "--etcd-cert=/c.pem",
+                "--etcd-key=/k.pem",
+            ],
+            &[
+                "--etcd-endpoints=a:1",
+                "--etcd-ca=/ca.pem",
+                "--etcd-cert=/c.pem",
+            ],
+        ] {
+            assert!(etcd_mode(&parse(bad)).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

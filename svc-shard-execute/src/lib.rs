@@ -9,7 +9,9 @@
 //! through the session gateway, and calling the capacity provider with
 //! fencing tokens stamped from the work item. When decide goes away the
 //! stream's actions are abandoned (decide re-derives them) and the worker
-//! reconnects with backoff.
+//! reconnects with backoff. With `--etcd-endpoints` the decide address is
+//! not configured but discovered: the worker follows the Work endpoint the
+//! shard's current leader publishes in etcd ([`follow`]).
 //!
 //! * [`Args`] / [`run`]: the binary's flags (docs/flags.md) and main loop.
 //! * [`start`] / [`Running`]: the same service in-process, for tests and
@@ -23,6 +25,7 @@ pub mod connect;
 pub mod doubles;
 pub mod fence;
 pub mod flows;
+pub mod follow;
 pub mod links;
 pub mod metrics;
 pub mod outcome;
@@ -34,6 +37,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_identity::{PeerIdentity, TlsContext, TlsFlags};
+use bigfleet_shardlease::{EtcdConfig, EtcdShards, EtcdTls, WorkEndpointWatcher};
 use bigfleet_telemetry::{LogArgs, MetricsRegistry, Readiness};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -46,7 +50,7 @@ pub use outcome::Outcome;
 pub use pool::{PoolConfig, run_pool};
 
 /// Bound of one Transition call to decide (a local, fast service).
-const TRANSITION_TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TRANSITION_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Command-line flags of `bigfleet-shard-execute` (docs/flags.md).
 #[derive(Debug, Clone, clap::Parser)]
@@ -84,9 +88,19 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_ACTION_TIMEOUT", default_value = "30s",
           value_parser = humantime::parse_duration)]
     pub action_timeout: Duration,
-    /// Discover decide through etcd (not available in this build; see issue 11).
+    /// etcd endpoints (comma-separated): discover and follow the Work endpoint of this
+    /// shard's current leader instead of --decide-addr.
     #[arg(long, env = "BIGFLEET_ETCD_ENDPOINTS")]
     pub etcd_endpoints: Option<String>,
+    /// CA bundle verifying etcd's server certificate (enables TLS towards etcd).
+    #[arg(long, env = "BIGFLEET_ETCD_CA")]
+    pub etcd_ca: Option<std::path::PathBuf>,
+    /// Client certificate for etcd (with --etcd-key; needs --etcd-ca).
+    #[arg(long, env = "BIGFLEET_ETCD_CERT")]
+    pub etcd_cert: Option<std::path::PathBuf>,
+    /// Client key for etcd (with --etcd-cert).
+    #[arg(long, env = "BIGFLEET_ETCD_KEY")]
+    pub etcd_key: Option<std::path::PathBuf>,
     /// HTTP /metrics /healthz /readyz; `0` disables.
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8782")]
     pub metrics_addr: String,
@@ -113,11 +127,10 @@ pub enum StartError {
     Io(#[from] std::io::Error),
     #[error("invalid --metrics-addr {0:?}: expected host:port, :port or 0")]
     MetricsAddr(String),
-    #[error(
-        "--etcd-endpoints: discovering decide through etcd is not available in this build; \
-         pass --decide-addr"
-    )]
-    EtcdUnsupported,
+    #[error("--etcd-*: {0}")]
+    EtcdFlags(String),
+    #[error("etcd: {0}")]
+    Etcd(#[from] bigfleet_shardlease::ShardLeaseError),
     #[error(
         "certificate identity {found} cannot serve shard {shard}: expected shard/{shard}/execute"
     )]
@@ -141,6 +154,8 @@ pub struct Config {
     pub metrics_addr: Option<SocketAddr>,
     /// mTLS on `https` addresses.
     pub tls: Option<TlsContext>,
+    /// Discover decide in etcd (`decide_addr` is then unused).
+    pub etcd: Option<EtcdConfig>,
 }
 
 impl Config {
@@ -157,6 +172,7 @@ impl Config {
             drain_timeout: Duration::from_secs(10),
             metrics_addr: None,
             tls: None,
+            etcd: None,
         }
     }
 }
@@ -193,14 +209,38 @@ pub fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, StartError> {
 }
 
 impl Args {
-    pub fn config(&self) -> Result<Config, StartError> {
-        if self
-            .etcd_endpoints
-            .as_deref()
-            .is_some_and(|e| !e.trim().is_empty())
-        {
-            return Err(StartError::EtcdUnsupported);
+    /// The etcd settings the flags describe (`None` without `--etcd-endpoints`).
+    pub fn etcd_config(&self) -> Result<Option<EtcdConfig>, StartError> {
+        let Some(list) = self.etcd_endpoints.as_deref() else {
+            return Ok(None);
+        };
+        let endpoints = EtcdConfig::parse_endpoints(list);
+        if endpoints.is_empty() {
+            return Err(StartError::EtcdFlags(
+                "--etcd-endpoints is empty".to_owned(),
+            ));
         }
+        let mut cfg = EtcdConfig::new(endpoints);
+        cfg.tls = match (&self.etcd_ca, &self.etcd_cert, &self.etcd_key) {
+            (None, None, None) => None,
+            (Some(ca), cert, key) => Some(EtcdTls {
+                ca: ca.clone(),
+                cert: cert.clone(),
+                key: key.clone(),
+            }),
+            (None, _, _) => {
+                return Err(StartError::EtcdFlags(
+                    "--etcd-cert/--etcd-key need --etcd-ca".to_owned(),
+                ));
+            }
+        };
+        cfg.timing()
+            .map_err(|e| StartError::EtcdFlags(e.to_string()))?;
+        Ok(Some(cfg))
+    }
+
+    pub fn config(&self) -> Result<Config, StartError> {
+        let etcd = self.etcd_config()?;
         let tls = self
             .tls
             .resolve()?
@@ -213,6 +253,7 @@ impl Args {
         cfg.drain_timeout = self.drain_timeout;
         cfg.metrics_addr = parse_metrics_addr(&self.metrics_addr)?;
         cfg.tls = tls;
+        cfg.etcd = etcd;
         Ok(cfg)
     }
 }
@@ -227,6 +268,8 @@ pub struct Running {
     ops_stop: CancellationToken,
     pool: JoinHandle<()>,
     ops: Option<JoinHandle<std::io::Result<()>>>,
+    /// etcd mode: the Work endpoint the pool follows.
+    watcher: Option<WorkEndpointWatcher>,
 }
 
 impl Running {
@@ -241,6 +284,11 @@ impl Running {
 
     pub fn metrics(&self) -> &ExecuteMetrics {
         &self.metrics
+    }
+
+    /// The decide Work endpoint currently published in etcd (etcd mode only).
+    pub fn discovered_decide(&self) -> Option<String> {
+        self.watcher.as_ref().and_then(WorkEndpointWatcher::current)
     }
 
     /// Graceful stop: no new work, running actions finish and report (up to
@@ -268,6 +316,14 @@ impl Running {
     }
 }
 
+/// Where the worker finds decide.
+enum DecideSource {
+    /// `--decide-addr`.
+    Static(GrpcDecide),
+    /// The shard leader's Work endpoint in etcd.
+    Discovered(WorkEndpointWatcher),
+}
+
 /// Connects (lazily) and starts the pool; returns once the metrics endpoint
 /// is bound. The Work stream is opened in the background and re-opened
 /// whenever it ends.
@@ -284,8 +340,17 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         }
     }
     let tls = cfg.tls.as_ref();
-    let decide_channel = connect::channel(&cfg.decide_addr, tls)?;
-    let decide = GrpcDecide::new(decide_channel, TRANSITION_TIMEOUT);
+    // Everything that can fail on bad configuration happens before anything is spawned.
+    let source = match &cfg.etcd {
+        None => {
+            let channel = connect::channel(&cfg.decide_addr, tls)?;
+            DecideSource::Static(GrpcDecide::new(channel, TRANSITION_TIMEOUT))
+        }
+        Some(etcd) => {
+            let shards = EtcdShards::connect(etcd.clone()).await?;
+            DecideSource::Discovered(shards.watch_work_endpoint(&cfg.shard_id))
+        }
+    };
     let gateway = GrpcGateway::new(connect::channel(&cfg.gateway_addr, tls)?);
     let provider = GrpcProvider::new(connect::channel(&cfg.provider_addr, tls)?);
 
@@ -308,14 +373,6 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         None => (None, None),
     };
 
-    let client = decide.client();
-    let executor = Arc::new(Executor::new(
-        decide,
-        gateway,
-        provider,
-        metrics.clone(),
-        cfg.exec.clone(),
-    ));
     let pool_cfg = PoolConfig {
         worker_id: cfg.worker_id.clone(),
         shard_id: cfg.shard_id.clone(),
@@ -324,22 +381,52 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         ..PoolConfig::default()
     };
     let shutdown = CancellationToken::new();
+    let make = {
+        let metrics = metrics.clone();
+        let exec = cfg.exec.clone();
+        move |decide: GrpcDecide| {
+            Arc::new(Executor::new(
+                decide,
+                gateway.clone(),
+                provider.clone(),
+                metrics.clone(),
+                exec.clone(),
+            ))
+        }
+    };
+    let (pool, watcher) = match source {
+        DecideSource::Static(decide) => {
+            let client = decide.client();
+            let pool = tokio::spawn(run_pool(
+                client,
+                make(decide),
+                pool_cfg,
+                shutdown.clone(),
+                readiness,
+            ));
+            (pool, None)
+        }
+        DecideSource::Discovered(watcher) => {
+            let pool = tokio::spawn(follow::follow_decide(
+                watcher.subscribe(),
+                cfg.tls.clone(),
+                make,
+                pool_cfg,
+                shutdown.clone(),
+                readiness,
+            ));
+            (pool, Some(watcher))
+        }
+    };
     tracing::info!(
         worker_id = %cfg.worker_id,
         shard_id = %cfg.shard_id,
-        decide = %cfg.decide_addr,
+        decide = %if cfg.etcd.is_some() { "discovered in etcd" } else { cfg.decide_addr.as_str() },
         gateway = %cfg.gateway_addr,
         provider = %cfg.provider_addr,
         concurrency = cfg.concurrency,
         "starting execute worker pool"
     );
-    let pool = tokio::spawn(run_pool(
-        client,
-        executor,
-        pool_cfg,
-        shutdown.clone(),
-        readiness,
-    ));
     Ok(Running {
         metrics_addr,
         registry,
@@ -348,6 +435,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         ops_stop,
         pool,
         ops,
+        watcher,
     })
 }
 
@@ -421,10 +509,41 @@ mod tests {
         let args =
             Args::try_parse_from(["x", "--provider-addr", "p", "--tls-cert", "/c.pem"]).unwrap();
         assert!(matches!(args.config(), Err(StartError::Tls(_))));
-        let args =
-            Args::try_parse_from(["x", "--provider-addr", "p", "--etcd-endpoints", "h:2379"])
-                .unwrap();
-        assert!(matches!(args.config(), Err(StartError::EtcdUnsupported)));
+        let parse = |extra: &[&str]| {
+            Args::try_parse_from(["x", "--provider-addr", "p"].iter().chain(extra).copied())
+                .unwrap()
+        };
+        for bad in [
+            &["--etcd-endpoints", " , "][..],
+            &[
+                "--etcd-endpoints",
+                "h:2379",
+                "--etcd-cert",
+                "/c.pem",
+                "--etcd-key",
+                "/k.pem",
+            ],
+            &[
+                "--etcd-endpoints",
+                "h:2379",
+                "--etcd-ca",
+                "/ca.pem",
+                "--etcd-key",
+                "/k.pem",
+            ],
+        ] {
+            assert!(
+                matches!(parse(bad).config(), Err(StartError::EtcdFlags(_))),
+                "{bad:?}"
+            );
+        }
+        let cfg = parse(&["--etcd-endpoints", "h:2379,i:2379", "--etcd-ca", "/ca.pem"])
+            .config()
+            .unwrap();
+        let etcd = cfg.etcd.unwrap();
+        assert_eq!(etcd.endpoints, ["h:2379", "i:2379"]);
+        assert_eq!(etcd.tls.unwrap().ca, std::path::PathBuf::from("/ca.pem"));
+        assert!(parse(&[]).config().unwrap().etcd.is_none());
     }
 
     #[test]

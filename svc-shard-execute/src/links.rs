@@ -18,6 +18,7 @@ use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_telemetry::propagation::inject_current_span_into_metadata;
 use tonic::transport::Channel;
 use tonic::{Request, Status};
+use tracing::Instrument;
 
 /// Every message limit in the mesh (ref wire-and-ops §0): full-replacement
 /// payloads outgrew gRPC's 4 MiB default once.
@@ -249,10 +250,8 @@ impl ProviderLink for GrpcProvider {
         timeout: Duration,
     ) -> Result<pb::TransitionAck, Status> {
         let mut client = self.client.clone();
-        Ok(client
-            .create(traced(req, Some(timeout)))
-            .await?
-            .into_inner())
+        let (span, req) = provider_call("Create", req, timeout);
+        finish(&span, client.create(req).instrument(span.clone()).await)
     }
 
     async fn configure(
@@ -261,10 +260,8 @@ impl ProviderLink for GrpcProvider {
         timeout: Duration,
     ) -> Result<pb::TransitionAck, Status> {
         let mut client = self.client.clone();
-        Ok(client
-            .configure(traced(req, Some(timeout)))
-            .await?
-            .into_inner())
+        let (span, req) = provider_call("Configure", req, timeout);
+        finish(&span, client.configure(req).instrument(span.clone()).await)
     }
 
     async fn drain(
@@ -273,7 +270,8 @@ impl ProviderLink for GrpcProvider {
         timeout: Duration,
     ) -> Result<pb::TransitionAck, Status> {
         let mut client = self.client.clone();
-        Ok(client.drain(traced(req, Some(timeout))).await?.into_inner())
+        let (span, req) = provider_call("Drain", req, timeout);
+        finish(&span, client.drain(req).instrument(span.clone()).await)
     }
 
     async fn delete(
@@ -282,9 +280,44 @@ impl ProviderLink for GrpcProvider {
         timeout: Duration,
     ) -> Result<pb::TransitionAck, Status> {
         let mut client = self.client.clone();
-        Ok(client
-            .delete(traced(req, Some(timeout)))
-            .await?
-            .into_inner())
+        let (span, req) = provider_call("Delete", req, timeout);
+        finish(&span, client.delete(req).instrument(span.clone()).await)
+    }
+}
+
+/// A `grpc.client` span for one provider RPC (child of the work item's span) and the
+/// request carrying it as `traceparent`: the provider is outside the mesh, so the client
+/// span is the only record of the call on our side, and its id is the parent the
+/// provider's own server span continues.
+fn provider_call<T>(method: &str, msg: T, timeout: Duration) -> (tracing::Span, Request<T>) {
+    let span = tracing::info_span!(
+        "grpc.client",
+        otel.name = %format!("/{}/{method}", bigfleet_proto::service_names::CAPACITY_PROVIDER),
+        otel.kind = "client",
+        otel.status_code = tracing::field::Empty,
+        rpc.system = "grpc",
+        rpc.service = bigfleet_proto::service_names::CAPACITY_PROVIDER,
+        rpc.method = method,
+        rpc.grpc.status_code = tracing::field::Empty,
+    );
+    let req = span.in_scope(|| traced(msg, Some(timeout)));
+    (span, req)
+}
+
+/// Records the call's outcome on its span and unwraps the response.
+fn finish<R>(
+    span: &tracing::Span,
+    result: Result<tonic::Response<R>, Status>,
+) -> Result<R, Status> {
+    match result {
+        Ok(resp) => {
+            span.record("rpc.grpc.status_code", 0);
+            Ok(resp.into_inner())
+        }
+        Err(status) => {
+            span.record("rpc.grpc.status_code", i32::from(status.code()));
+            span.record("otel.status_code", "ERROR");
+            Err(status)
+        }
     }
 }

@@ -1,15 +1,19 @@
 //! Trace context: a work item's span is a child of the context decide put on
-//! the item, and that trace continues into the calls the worker makes.
+//! the item, and that trace continues into the calls the worker makes, including a
+//! client span per provider RPC that the fake provider's server span continues.
 //! Own test binary because it installs the global tracing subscriber.
 
 mod common;
 
 use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
 
 use bigfleet_fake_provider::ProviderConfig;
 use bigfleet_model::MachineState::*;
 use common::*;
-use opentelemetry::trace::TracerProvider as _;
+use opentelemetry::trace::{SpanKind, TracerProvider as _};
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use svc_shard_execute::start;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -18,9 +22,11 @@ const DECIDE_SPAN: &str = "00f067aa0ba902b7";
 
 #[tokio::test]
 async fn an_items_trace_continues_into_the_gateway_call() {
-    let tracer = opentelemetry_sdk::trace::SdkTracerProvider::builder()
-        .build()
-        .tracer("execute-test");
+    let spans = Collect::default();
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_simple_exporter(spans.clone())
+        .build();
+    let tracer = provider.tracer("execute-test");
     let subscriber =
         tracing_subscriber::registry().with(tracing_opentelemetry::layer().with_tracer(tracer));
     tracing::subscriber::set_global_default(subscriber).unwrap();
@@ -58,4 +64,48 @@ async fn an_items_trace_continues_into_the_gateway_call() {
     );
     let untraced = parent("idle-2");
     assert_ne!(untraced.split('-').nth(1), Some(TRACE_ID));
+
+    // The provider call: execute's client span in decide's trace, and the (in-process)
+    // fake provider's server span as its child.
+    provider.force_flush().unwrap();
+    let spans = spans.0.lock().unwrap().clone();
+    let configure = "/bigfleet.v1alpha1.CapacityProvider/Configure";
+    let client = spans
+        .iter()
+        .find(|s| {
+            s.name == configure
+                && s.span_kind == SpanKind::Client
+                && s.span_context.trace_id().to_string() == TRACE_ID
+        })
+        .unwrap_or_else(|| panic!("no client span for Configure in the trace: {spans:#?}"));
+    let server = spans
+        .iter()
+        .find(|s| {
+            s.name == configure
+                && s.span_kind == SpanKind::Server
+                && s.parent_span_id == client.span_context.span_id()
+        })
+        .unwrap_or_else(|| panic!("no provider server span under the client span: {spans:#?}"));
+    assert_eq!(
+        server.span_context.trace_id(),
+        client.span_context.trace_id()
+    );
+    let item = spans
+        .iter()
+        .find(|s| s.span_context.span_id() == client.parent_span_id)
+        .expect("the client span's parent is exported");
+    assert_eq!(item.name, "execute bootstrap");
+}
+
+#[derive(Debug, Clone, Default)]
+struct Collect(Arc<Mutex<Vec<SpanData>>>);
+
+impl SpanExporter for Collect {
+    fn export(
+        &self,
+        batch: Vec<SpanData>,
+    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
+        self.0.lock().unwrap().extend(batch);
+        std::future::ready(Ok(()))
+    }
 }

@@ -45,7 +45,7 @@ impl Scenario {
         spec.provider = ProviderSpec::Fake(vec![FakeSeed::File(catalog(catalog_file))]);
         spec.decide_flags = vec!["--cycle-interval".into(), "200ms".into()];
         spec.env = vec![("RUST_LOG".into(), "info".into())];
-        spec.ready_timeout = Duration::from_secs(60);
+        spec.ready_timeout = Duration::from_secs(120);
         spec.stop_timeout = Duration::from_secs(10);
         tweak(&mut spec);
         let mesh = match Mesh::start(spec).await {

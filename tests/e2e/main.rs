@@ -4,5 +4,6 @@
 
 mod harness;
 mod scenarios;
+mod tools;
 mod tracing;
 mod up;

@@ -64,11 +64,7 @@ fn is_provider_call(service: &str, span: &str) -> bool {
     service == "bigfleet-fake-provider" || span.contains("CapacityProvider")
 }
 
-// Blocked on the services, reported to the lead (issue 9 report): the roll-up's trace stops
-// at decide's ApplyRollup (the cycle it wakes starts a new root trace), and no span is
-// recorded for the provider call (the fake provider's server has no trace layer; execute
-// opens no client span). Run with `--ignored` to see the spans that do arrive.
-#[ignore = "blocked: roll-up trace not continued into the cycle; no provider-call span"]
+// How the trace crosses decide's cycle: ADR-0080.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_provider() {
     let receiver = Receiver::default();
@@ -104,6 +100,8 @@ async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_pr
         "bigfleet-session-gateway",
         "bigfleet-shard-decide",
         "bigfleet-shard-execute",
+        // The provider's own server span, not only execute's client span.
+        "bigfleet-fake-provider",
     ];
     let result = eventually(Duration::from_secs(30), "one trace across the mesh", || async {
         let spans = seen.lock().clone();
@@ -114,7 +112,8 @@ async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_pr
             let e = by_trace.entry(trace.clone()).or_default();
             e.0.insert(service.clone());
             e.1 |= is_provider_call(service, name);
-            if name.ends_with("/Decide/ApplyRollup") {
+            // decide's server span for the hop: `/bigfleet.mesh.v1.Decide/ApplyRollup`.
+            if name.ends_with(".Decide/ApplyRollup") {
                 rollup_traces.insert(trace.clone());
             }
         }
@@ -151,6 +150,9 @@ async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_pr
     })
     .await;
     assert_eq!(result.len(), 32, "a 16-byte trace id");
+    for (_, service, name) in seen.lock().iter().filter(|(t, _, _)| *t == result) {
+        eprintln!("trace {result}: {service}: {name}");
+    }
     sc.finish().await;
     server.abort();
 }

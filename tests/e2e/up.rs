@@ -63,6 +63,10 @@ fn up(args: &[&str]) -> Child {
         .expect("spawn bigfleet up")
 }
 
+/// How long `up` may take to bring every child to ready. Generous on purpose: CI has two cores
+/// and runs other server-starting tests beside this one.
+const READY_TIMEOUT: Duration = Duration::from_secs(180);
+
 async fn wait_file(path: &Path, timeout: Duration) -> serde_json::Value {
     let deadline = Instant::now() + timeout;
     loop {
@@ -190,7 +194,7 @@ async fn up_brings_the_mesh_up_satisfies_demand_and_prints_a_summary() {
         "--data-dir",
         run.to_str().unwrap(),
     ]);
-    let doc = wait_file(&ports, Duration::from_secs(60)).await;
+    let doc = wait_file(&ports, READY_TIMEOUT).await;
     let children = children_of(child.id().unwrap());
     assert_eq!(
         children.len(),
@@ -261,7 +265,7 @@ async fn sigterm_stops_every_child_and_leaves_nothing_running() {
         "--data-dir",
         run.to_str().unwrap(),
     ]);
-    wait_file(&ports, Duration::from_secs(60)).await;
+    wait_file(&ports, READY_TIMEOUT).await;
     let up_pid = child.id().unwrap();
     let children = children_of(up_pid);
     // coordinator, 2 × (provider, decide, gateway, execute), inspect
@@ -287,7 +291,7 @@ async fn a_crashed_child_is_reported_with_its_last_log_lines() {
         "--data-dir",
         run.to_str().unwrap(),
     ]);
-    wait_file(&ports, Duration::from_secs(60)).await;
+    wait_file(&ports, READY_TIMEOUT).await;
     let children = children_of(child.id().unwrap());
     let decide = children
         .iter()
@@ -369,7 +373,7 @@ async fn a_sigkilled_up_takes_its_children_along() {
         "--data-dir",
         run.to_str().unwrap(),
     ]);
-    wait_file(&ports, Duration::from_secs(60)).await;
+    wait_file(&ports, READY_TIMEOUT).await;
     let children = children_of(child.id().unwrap());
     assert_eq!(children.len(), 6, "{children:?}");
     child.kill().await.unwrap();

@@ -20,6 +20,7 @@ use tonic::body::Body;
 use tonic::codec::{Codec, DecodeBuf, Decoder, EncodeBuf, Encoder};
 use tonic::server::{NamedService, UnaryService};
 use tonic::{Request, Response, Status};
+use tracing::Instrument;
 
 use crate::metrics::ProviderMetrics;
 use crate::{FakeProvider, MAX_MESSAGE_BYTES, ProviderError};
@@ -134,19 +135,44 @@ impl tower::Service<http::Request<Body>> for FakeProviderService {
     }
 
     fn call(&mut self, req: http::Request<Body>) -> Self::Future {
+        let span = server_span(&req);
         if req.uri().path() == LIST_PATH {
             let handler = self.list.clone();
-            Box::pin(async move {
-                let mut grpc = tonic::server::Grpc::new(ListCodec).apply_max_message_size_config(
-                    Some(MAX_MESSAGE_BYTES),
-                    Some(MAX_MESSAGE_BYTES),
-                );
-                Ok(grpc.unary(handler, req).await)
-            })
+            Box::pin(
+                async move {
+                    let mut grpc = tonic::server::Grpc::new(ListCodec)
+                        .apply_max_message_size_config(
+                            Some(MAX_MESSAGE_BYTES),
+                            Some(MAX_MESSAGE_BYTES),
+                        );
+                    Ok(grpc.unary(handler, req).await)
+                }
+                .instrument(span),
+            )
         } else {
-            tower::Service::call(&mut self.inner, req)
+            let fut = span.in_scope(|| tower::Service::call(&mut self.inner, req));
+            Box::pin(fut.instrument(span))
         }
     }
+}
+
+/// One `grpc.server` span per call, child of the caller's `traceparent`, so a provider call
+/// shows up in the trace of the action that made it. Same shape as the mesh's server spans;
+/// the fake is served by plain tonic (it must also stand in for third-party providers), so
+/// it opens the span itself.
+fn server_span(req: &http::Request<Body>) -> tracing::Span {
+    let path = req.uri().path();
+    let method = path.rsplit('/').next().unwrap_or_default();
+    let span = tracing::info_span!(
+        "grpc.server",
+        otel.name = %path,
+        otel.kind = "server",
+        rpc.system = "grpc",
+        rpc.service = CAPACITY_PROVIDER,
+        rpc.method = %method,
+    );
+    bigfleet_telemetry::propagation::set_parent_from_headers(&span, req.headers());
+    span
 }
 
 /// A List answer not encoded yet: the encoder writes it under the store's read lock

@@ -213,7 +213,18 @@ impl EtcdShards {
     /// Starts campaigning for the shard's leader lease in the background; the returned
     /// gate reports each won term.
     pub fn campaign(&self, campaign: Campaign) -> LeaderGate {
-        LeaderGate::spawn(self.clone(), campaign)
+        LeaderGate::spawn(self.clone(), campaign, tokio::sync::watch::channel(None).0)
+    }
+
+    /// As [`EtcdShards::campaign`], reporting each term's epoch (`None` between terms)
+    /// straight into `epochs` — for a consumer that had to exist before the campaign
+    /// could start (decide's hand-out gate), with no relay task in between.
+    pub fn campaign_with(
+        &self,
+        campaign: Campaign,
+        epochs: tokio::sync::watch::Sender<Option<u64>>,
+    ) -> LeaderGate {
+        LeaderGate::spawn(self.clone(), campaign, epochs)
     }
 
     /// Follows the shard's published Work endpoint.

@@ -85,18 +85,21 @@ pub struct Term {
 #[derive(Debug)]
 struct Shared {
     term: watch::Sender<Option<Term>>,
+    epoch: watch::Sender<Option<u64>>,
     actuating: watch::Sender<bool>,
 }
 
 impl Shared {
     fn begin(&self, term: Term) {
-        // Term first, flag second: whoever wakes on the flag finds the term already there.
+        // Term first, flag last: whoever wakes on the flag finds the term already there.
         self.term.send_replace(Some(term));
+        self.epoch.send_replace(Some(term.epoch));
         self.actuating.send_replace(true);
     }
 
     fn end(&self) {
         self.actuating.send_replace(false);
+        self.epoch.send_replace(None);
         self.term.send_replace(None);
     }
 }
@@ -116,9 +119,15 @@ pub struct LeaderGate {
 }
 
 impl LeaderGate {
-    pub(crate) fn spawn(etcd: EtcdShards, campaign: Campaign) -> Self {
+    pub(crate) fn spawn(
+        etcd: EtcdShards,
+        campaign: Campaign,
+        epoch: watch::Sender<Option<u64>>,
+    ) -> Self {
+        epoch.send_replace(None);
         let shared = Arc::new(Shared {
             term: watch::channel(None).0,
+            epoch,
             actuating: watch::channel(false).0,
         });
         let cancel = CancellationToken::new();
@@ -138,6 +147,12 @@ impl LeaderGate {
     /// The current term (`None`: standby, or between terms).
     pub fn terms(&self) -> watch::Receiver<Option<Term>> {
         self.shared.term.subscribe()
+    }
+
+    /// Just the current term's epoch (`None`: do not actuate) — the shape an actuation
+    /// gate that knows nothing about etcd consumes.
+    pub fn epochs(&self) -> watch::Receiver<Option<u64>> {
+        self.shared.epoch.subscribe()
     }
 
     pub fn current(&self) -> Option<Term> {

@@ -27,7 +27,7 @@ mod gate;
 pub mod testing;
 
 pub use clock::{LeaseClock, LeaseTiming};
-pub use config::{EtcdConfig, EtcdShards, EtcdTls, ShardKeys};
+pub use config::{DEFAULT_KEY_PREFIX, EtcdConfig, EtcdShards, EtcdTls, ShardKeys};
 pub use discovery::WorkEndpointWatcher;
 pub use epoch::EpochGrant;
 pub use gate::{Campaign, LeaderGate, Term};

@@ -183,6 +183,7 @@ async fn standby_takes_over_within_ttl_plus_2s_with_a_higher_epoch() {
     drop(a);
     let second = term_within(&b, Duration::from_secs(ttl + 2)).await;
     let took = killed.elapsed();
+    assert_eq!(*b.epochs().borrow(), Some(second.epoch));
     assert!(second.epoch > first.epoch, "{second:?} after {first:?}");
     assert!(
         took <= Duration::from_secs(ttl + 2),
@@ -221,8 +222,12 @@ async fn etcd_frozen_longer_than_the_ttl_pauses_then_resumes_with_a_higher_epoch
     let ttl = 2;
     let s = shards(etcd.endpoints(), ttl).await;
     let margin = s.timing().safety_margin;
-    let gate = s.campaign(Campaign::new("shard-p"));
+    // The epochs go into a channel that existed before the campaign (decide's shape).
+    let (tx, epochs) = tokio::sync::watch::channel(Some(999));
+    let gate = s.campaign_with(Campaign::new("shard-p"), tx);
+    assert_eq!(*epochs.borrow(), None, "cleared at once");
     let first = term_within(&gate, Duration::from_secs(5)).await;
+    assert_eq!(*epochs.borrow(), Some(first.epoch));
     // Let a keep-alive or two go through so the test starts mid-term.
     tokio::time::sleep(Duration::from_millis(800)).await;
     assert_eq!(gate.current(), Some(first));
@@ -234,6 +239,7 @@ async fn etcd_frozen_longer_than_the_ttl_pauses_then_resumes_with_a_higher_epoch
     not_actuating_within(&gate, Duration::from_secs(ttl)).await;
     let flipped = paused.elapsed();
     assert_eq!(gate.current(), None);
+    assert_eq!(*epochs.borrow(), None);
     assert!(
         flipped <= Duration::from_secs(ttl) - margin + Duration::from_millis(300),
         "flipped after {flipped:?}"
@@ -250,6 +256,7 @@ async fn etcd_frozen_longer_than_the_ttl_pauses_then_resumes_with_a_higher_epoch
     let second = term_within(&gate, Duration::from_secs(ttl + 3)).await;
     assert!(second.epoch > first.epoch, "{second:?} after {first:?}");
     assert_ne!(second.lease_id, first.lease_id);
+    assert_eq!(*epochs.borrow(), Some(second.epoch));
     eprintln!(
         "flipped after {flipped:?}; resumed with epoch {}",
         second.epoch

@@ -7,7 +7,7 @@ use std::time::Duration;
 use bigfleet_loadtest::decide_stub::{DecideStub, StubConfig};
 use clap::Parser;
 
-/// Serves a Decide double on <socket-dir>/decide.sock until SIGTERM or SIGINT.
+/// Serves a Decide double on `<socket-dir>/decide.sock` until SIGTERM or SIGINT.
 #[derive(Debug, Parser)]
 #[command(name = "decide-stub")]
 struct Cli {

@@ -24,7 +24,7 @@ struct Cli {
     /// Measurement window after every operator connected (e.g. 30s).
     #[arg(long, default_value = "30s", value_parser = humantime::parse_duration)]
     duration: Duration,
-    /// mTLS: directory with ca.crt and cluster-<id>.crt/.key files or ca.key to mint them.
+    /// mTLS: directory with ca.crt and `cluster-<id>.crt/.key` files or ca.key to mint them.
     #[arg(long)]
     tls_dir: Option<PathBuf>,
     /// TLS server name to verify (default: the target host).

@@ -7,8 +7,8 @@ use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
 
-/// W3C trace context of the cycle that decided an action (shared by all of
-/// that cycle's actions).
+/// W3C trace context an action's work item carries: the trace of the roll-up
+/// that caused it, else of the cycle that decided it (ADR-0080).
 pub type TraceContext = Arc<HashMap<String, String>>;
 
 /// Default bound of the action queue.
@@ -84,6 +84,18 @@ impl ActionLedger {
         trace: TraceContext,
         applicable: impl Fn(&Action) -> bool,
     ) -> EnqueueStats {
+        self.replace_queue_traced(actions, cycle, |_| trace.clone(), applicable)
+    }
+
+    /// As [`ActionLedger::replace_queue`], with each action's trace context chosen by
+    /// `trace_of` — asked only for actions that are actually enqueued (ADR-0080).
+    pub fn replace_queue_traced(
+        &mut self,
+        actions: Vec<Action>,
+        cycle: u64,
+        mut trace_of: impl FnMut(&Action) -> TraceContext,
+        applicable: impl Fn(&Action) -> bool,
+    ) -> EnqueueStats {
         self.queue.clear();
         self.queued.clear();
         let mut stats = EnqueueStats::default();
@@ -98,10 +110,11 @@ impl ActionLedger {
                 continue;
             }
             self.queued.insert(id.to_owned());
+            let trace = trace_of(&action);
             self.queue.push_back(QueuedAction {
                 action,
                 cycle,
-                trace: trace.clone(),
+                trace,
             });
             stats.enqueued += 1;
         }
@@ -205,6 +218,29 @@ mod tests {
         Action::Release {
             machine_id: id.to_owned(),
         }
+    }
+
+    #[test]
+    fn each_enqueued_action_gets_its_own_trace_and_skipped_ones_ask_for_none() {
+        let mut l = ActionLedger::new(1, "e1");
+        let mut asked = Vec::new();
+        let s = l.replace_queue_traced(
+            vec![release("a"), release("a"), release("b"), release("c")],
+            1,
+            |a| {
+                asked.push(a.machine_id().to_owned());
+                Arc::new(HashMap::from([("m".to_owned(), a.machine_id().to_owned())]))
+            },
+            |a| a.machine_id() != "c",
+        );
+        assert_eq!((s.enqueued, s.deduped, s.dropped), (1, 2, 1));
+        assert_eq!(
+            asked,
+            ["a"],
+            "duplicates, inapplicable and dropped ones are not traced"
+        );
+        let (f, _) = l.hand_out(1, |_| true);
+        assert_eq!(f.unwrap().trace.get("m").map(String::as_str), Some("a"));
     }
 
     #[test]

@@ -13,10 +13,14 @@
 //! * [`DecideService`] serves `bigfleet.mesh.v1.Decide` (roll-up ingest,
 //!   session events, the credit-based Work stream, Transition),
 //!   `bigfleet.v1alpha1.ShardRead` and `bigfleet.mesh.v1.ShardInfo`.
+//! * [`EpochSource`] says under which epoch work is handed out and whether it
+//!   may be at all ([`actuation`]): fixed (the epoch file) or leased (the
+//!   binary's etcd leader lease); only the hand-out pauses between terms.
 //! * Session frames leave through a [`Publisher`] to the gateway's `Publish`
 //!   stream ([`publish::forward_to_gateway`]).
 
 pub mod actions;
+pub mod actuation;
 pub mod inventory;
 pub mod ledgers;
 pub mod metrics;
@@ -26,7 +30,9 @@ pub mod rails;
 pub mod reconcile;
 pub mod service;
 pub mod shard;
+pub mod trace;
 
+pub use actuation::EpochSource;
 pub use metrics::ShardMetrics;
 pub use publish::{Publisher, SessionSink, forward_to_gateway};
 pub use rails::RailsConfig;

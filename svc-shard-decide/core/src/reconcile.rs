@@ -42,10 +42,23 @@ impl From<&pb::MachineList> for RawMachineList {
 /// The id (field 1) and state (field 2) of an encoded `Machine`, read without
 /// decoding anything else. `None` when the bytes are not a valid message.
 pub fn machine_head(raw: &[u8]) -> Option<(&str, i32)> {
+    head(raw).map(|h| (h.id, h.state))
+}
+
+/// What the merge reads of an encoded `Machine` before deciding whether to
+/// decode it: id (field 1), state (field 2) and cluster (field 14).
+struct Head<'a> {
+    id: &'a str,
+    state: i32,
+    cluster: &'a str,
+}
+
+fn head(raw: &[u8]) -> Option<Head<'_>> {
     use prost::encoding::decode_varint;
     let mut buf = raw;
     let mut id = "";
     let mut state = 0i32;
+    let mut cluster = "";
     while !buf.is_empty() {
         let key = decode_varint(&mut buf).ok()?;
         let field = key >> 3;
@@ -62,6 +75,8 @@ pub fn machine_head(raw: &[u8]) -> Option<(&str, i32)> {
                 let (value, rest) = (buf.get(..len)?, buf.get(len..)?);
                 if field == 1 {
                     id = std::str::from_utf8(value).ok()?;
+                } else if field == 14 {
+                    cluster = std::str::from_utf8(value).ok()?;
                 }
                 buf = rest;
             }
@@ -69,7 +84,16 @@ pub fn machine_head(raw: &[u8]) -> Option<(&str, i32)> {
             _ => return None,
         }
     }
-    Some((id, state))
+    Some(Head { id, state, cluster })
+}
+
+/// States in which the machine is bound to a cluster, so a listed binding that
+/// differs from ours is a divergence even when the state agrees.
+fn bound(state: MachineState) -> bool {
+    matches!(
+        state,
+        MachineState::Configuring | MachineState::Configured | MachineState::Draining
+    )
 }
 
 /// Where reconcile reads machines from: the provider's `List`.
@@ -195,7 +219,7 @@ pub fn merge(
     let hint = std::mem::take(order);
     order.reserve(list.len());
     for (i, raw) in list.iter().enumerate() {
-        let Some((id, state)) = machine_head(raw) else {
+        let Some(Head { id, state, cluster }) = head(raw) else {
             tracing::warn!("provider record is not a valid Machine message; rejected");
             r.rejected.push("structural");
             order.push(u32::MAX);
@@ -217,7 +241,10 @@ pub fn merge(
             r.skipped_in_flight += 1;
             continue;
         }
-        if i32::from(inv.state_at(pos).ordinal()) == state {
+        let local = inv.state_at(pos);
+        if i32::from(local.ordinal()) == state
+            && (!bound(local) || inv.assignment_at(pos).cluster == cluster)
+        {
             r.fast_path += 1;
             continue;
         }
@@ -301,7 +328,21 @@ fn apply_diverged(inv: &mut Inventory, pos: usize, mut m: Machine, now: i64, r: 
     if m.state == MachineState::Idle && local_state == MachineState::Draining {
         r.drained.push(m.id.clone());
     }
-    if !notify_cluster.is_empty() {
+    if !notify_cluster.is_empty() && !m.cluster.is_empty() && m.cluster != notify_cluster {
+        // The machine moved clusters behind our back. Telling the old cluster
+        // the new state would leave its operator believing in a node it no
+        // longer has, and the new cluster would never learn of its node: the
+        // old one hears the node left (Idle, as a completed drain says), the
+        // new one hears its state.
+        let mut left = m.clone();
+        left.state = MachineState::Idle;
+        r.notify.push((
+            notify_cluster.clone(),
+            node_state_update(&left, &notify_cluster),
+        ));
+        r.notify
+            .push((m.cluster.clone(), node_state_update(&m, &m.cluster)));
+    } else if !notify_cluster.is_empty() {
         r.notify.push((
             notify_cluster.clone(),
             node_state_update(&m, &notify_cluster),
@@ -611,6 +652,53 @@ mod tests {
         );
         assert_eq!(r.notify[0].0, "c1");
         assert_eq!(r.configured, [("c1".to_owned(), "mine".to_owned())]);
+    }
+
+    #[test]
+    fn a_machine_that_moved_clusters_leaves_the_old_and_reaches_the_new() {
+        let mut inv = Inventory::new();
+        let mut p = pm("a", MachineState::Draining);
+        p.cluster = "c5".into();
+        merge(&mut inv, &[p], true, 1, 0, |_| false);
+        let mut moved = pm("a", MachineState::Configured);
+        moved.cluster = "c0".into();
+        let r = merge(&mut inv, &[moved], true, 2, 0, |_| false);
+        assert_eq!(inv.get("a").unwrap().cluster, "c0");
+        let sent: Vec<(&str, i32)> = r
+            .notify
+            .iter()
+            .map(|(c, f)| (c.as_str(), f.state))
+            .collect();
+        assert_eq!(
+            sent,
+            [
+                ("c5", pb::MachineState::Idle as i32),
+                ("c0", pb::MachineState::Configured as i32)
+            ],
+            "never Configured to the cluster the node left"
+        );
+        assert!(r.notify.iter().all(|(c, f)| f.cluster_id == *c));
+    }
+
+    #[test]
+    fn same_state_in_another_cluster_is_a_divergence_not_a_fast_path() {
+        let mut inv = Inventory::new();
+        let mut p = pm("a", MachineState::Configured);
+        p.cluster = "c5".into();
+        merge(&mut inv, &[p.clone()], true, 1, 0, |_| false);
+        let r = merge(&mut inv, &[p.clone()], true, 2, 0, |_| false);
+        assert_eq!((r.fast_path, r.updated), (1, 0));
+        p.cluster = "c0".into();
+        let r = merge(&mut inv, &[p.clone()], true, 3, 0, |_| false);
+        assert_eq!((r.fast_path, r.updated), (0, 1));
+        assert_eq!(inv.get("a").unwrap().cluster, "c0");
+        assert_eq!(r.notify.len(), 2);
+        // Unbound states carry no binding to compare.
+        let mut idle = pm("b", MachineState::Idle);
+        merge(&mut inv, &[p.clone(), idle.clone()], true, 4, 0, |_| false);
+        idle.cluster = "stale".into();
+        let r = merge(&mut inv, &[p, idle], true, 5, 0, |_| false);
+        assert_eq!((r.fast_path, r.updated), (2, 0));
     }
 
     #[test]

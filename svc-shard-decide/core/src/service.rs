@@ -173,6 +173,8 @@ async fn serve_worker(
         let notified = decide.inner.work_ready.notified();
         tokio::pin!(notified);
         notified.as_mut().enable();
+        // Likewise for the actuation gate: a term that begins after the look wakes us.
+        let mut gate = decide.inner.actuation.subscribe();
         while credits > 0 {
             let Some(item) = decide.hand_out(stream).await else {
                 break;
@@ -196,6 +198,7 @@ async fn serve_worker(
                 }
             },
             () = &mut notified, if credits > 0 => {}
+            () = crate::actuation::changed(&mut gate), if credits > 0 => {}
             () = tx.closed() => break,
         }
     }

@@ -2,6 +2,7 @@
 //! events, reconcile, the cycle, worker transitions and hand-outs.
 
 use crate::actions::{ActionLedger, DEFAULT_QUEUE_CAPACITY, InFlight};
+use crate::actuation::{ActuationGate, EpochSource};
 use crate::inventory::{Inventory, InventorySummary};
 use crate::ledgers::{
     AGE_BUCKETS, HintCache, HintValue, ProvisioningClock, ShortfallEntry, ShortfallLedger,
@@ -11,6 +12,7 @@ use crate::metrics::ShardMetrics;
 use crate::publish::{Publisher, SessionSink};
 use crate::rails::{Admission, AuditLog, AuditRecord, QuarantineGuard, RailsConfig, kind_label};
 use crate::reconcile::{MachineSource, MergeReport, merge};
+use crate::trace::{RollupTraces, current_trace_context};
 use bigfleet_conv::{
     ConvError, action_to_proto, machine_from_proto, machine_state_from_proto, machine_to_proto,
     node_state_update, requirements_to_proto, rollup_from_proto,
@@ -33,8 +35,12 @@ use tokio::sync::Notify;
 #[derive(Debug, Clone)]
 pub struct DecideConfig {
     pub shard_id: String,
-    /// This process's fencing epoch (strictly increasing across restarts).
+    /// This process's fencing epoch (strictly increasing across restarts). With a
+    /// leased [`EpochSource`] it still names the process (action ids, coordinator
+    /// reports) while each term's own, higher epoch is what work items carry.
     pub epoch: u64,
+    /// Where hand-outs get their epoch, and whether they may happen at all.
+    pub epoch_source: EpochSource,
     pub cycle_interval: Duration,
     pub incremental_reconcile: bool,
     pub available_capacity_interval: Duration,
@@ -53,6 +59,7 @@ impl Default for DecideConfig {
         DecideConfig {
             shard_id: "shard-0".to_owned(),
             epoch: 1,
+            epoch_source: EpochSource::Fixed,
             cycle_interval: Duration::from_secs(1),
             incremental_reconcile: false,
             available_capacity_interval: Duration::from_secs(5),
@@ -152,10 +159,13 @@ fn system_clock() -> i64 {
 
 pub(crate) struct Inner {
     pub(crate) cfg: DecideConfig,
+    pub(crate) actuation: ActuationGate,
     pub(crate) inventory: tokio::sync::RwLock<Inventory>,
     needs: Mutex<crate::needs::NeedsTable>,
     guard: Mutex<QuarantineGuard>,
     first_rollup: RwLock<FxHashSet<String>>,
+    /// Per cluster, the trace of the roll-up that last changed its demand (ADR-0080).
+    rollup_traces: Mutex<RollupTraces>,
     parking: Mutex<ParkingLedger>,
     shortfalls: Mutex<ShortfallLedger>,
     verdicts: RwLock<Arc<VerdictTable>>,
@@ -211,18 +221,6 @@ fn label_capacity_type(c: bigfleet_model::CapacityType) -> &'static str {
 fn label_bucket(b: bigfleet_model::PenaltyBucket) -> &'static str {
     pb::PenaltyBucket::try_from(i32::from(b.ordinal()))
         .map_or("PENALTY_BUCKET_UNSPECIFIED", |b| b.as_str_name())
-}
-
-/// The current span's W3C context as a plain map (empty when not tracing).
-fn current_trace_context() -> crate::actions::TraceContext {
-    let mut headers = tonic::codegen::http::HeaderMap::new();
-    bigfleet_telemetry::propagation::inject_current_span(&mut headers);
-    Arc::new(
-        headers
-            .iter()
-            .filter_map(|(k, v)| Some((k.as_str().to_owned(), v.to_str().ok()?.to_owned())))
-            .collect(),
-    )
 }
 
 /// Worker transitions stamped in the order they were applied, so reconcile
@@ -334,10 +332,12 @@ impl Decide {
             .set(i64::from(cfg.rails.actuation_paused));
         let publisher = publisher.with_drop_counter(metrics.events_dropped.clone());
         let inner = Inner {
+            actuation: ActuationGate::new(cfg.epoch, &cfg.epoch_source),
             inventory: tokio::sync::RwLock::new(Inventory::new()),
             needs: Mutex::new(crate::needs::NeedsTable::new()),
             guard: Mutex::new(QuarantineGuard::new(cfg.rails.empty_rollup_guard)),
             first_rollup: RwLock::new(FxHashSet::default()),
+            rollup_traces: Mutex::new(RollupTraces::default()),
             parking: Mutex::new(ParkingLedger::new()),
             shortfalls: Mutex::new(ShortfallLedger::default()),
             verdicts: RwLock::new(Arc::new(VerdictTable::default())),
@@ -379,8 +379,16 @@ impl Decide {
         &self.inner.cfg
     }
 
+    /// The epoch reports carry: the current term's under a leased source, else the
+    /// process's own.
     pub fn epoch(&self) -> u64 {
-        self.inner.cfg.epoch
+        self.inner.actuation.reported_epoch()
+    }
+
+    /// The epoch a hand-out would carry now; `None` while hand-outs are paused (a
+    /// leased source between terms).
+    pub fn actuating_epoch(&self) -> Option<u64> {
+        self.inner.actuation.actuating_epoch()
     }
 
     pub fn metrics(&self) -> &ShardMetrics {
@@ -558,7 +566,22 @@ impl Decide {
             .iter()
             .map(|n| n.fingerprint().to_owned())
             .collect();
-        let in_force = inner.needs.lock().replace(&cluster, rollup.needs, received);
+        // The roll-up's trace (the ApplyRollup server span) is remembered only when this
+        // roll-up changed the cluster's demand; only a traced roll-up pays for the compare.
+        let trace = current_trace_context();
+        let (in_force, changed) = {
+            let mut needs = inner.needs.lock();
+            let before = (!trace.is_empty()).then(|| needs.needs_of(&cluster).to_vec());
+            let in_force = needs.replace(&cluster, rollup.needs, received);
+            let changed = before.is_some_and(|b| b.as_slice() != needs.needs_of(&cluster));
+            (in_force, changed)
+        };
+        if changed {
+            inner
+                .rollup_traces
+                .lock()
+                .record(&cluster, trace, Instant::now());
+        }
         inner
             .provisioning
             .lock()
@@ -570,7 +593,7 @@ impl Decide {
     }
 
     fn epoch_i64(&self) -> i64 {
-        i64::try_from(self.inner.cfg.epoch).unwrap_or(i64::MAX)
+        i64::try_from(self.epoch()).unwrap_or(i64::MAX)
     }
 
     /// A session became live: mark the cluster connected and resync every
@@ -899,10 +922,16 @@ impl Decide {
         }
         m.reclaims_capped.inc_by(rails.capped as u64);
         m.actions_deferred.inc_by(rails.deferred as u64);
-        let stats = inner
-            .ledger
+        let mut traces = inner
+            .rollup_traces
             .lock()
-            .replace_queue(rails.execute, cycle, trace, |a| applicable(&inv, a));
+            .for_cycle(cycle, Instant::now(), trace);
+        let stats = inner.ledger.lock().replace_queue_traced(
+            rails.execute,
+            cycle,
+            |a| traces.of(a),
+            |a| applicable(&inv, a),
+        );
         m.actions_deduped.inc_by(stats.deduped as u64);
         m.actions_dropped.inc_by(stats.dropped as u64);
         m.cycle_phase_duration
@@ -1027,9 +1056,12 @@ impl Decide {
     // ----- workers -----
 
     /// Hands the next queued action to `stream`, or `None` when nothing is
-    /// queued. Re-checks the machine's live state first.
+    /// queued or hand-outs are paused (no leadership term). Re-checks the
+    /// machine's live state first.
     pub async fn hand_out(&self, stream: u64) -> Option<mesh::WorkItem> {
         let inner = &self.inner;
+        // Read once: the item carries exactly the epoch of the term that allowed it.
+        let epoch = inner.actuation.actuating_epoch()?;
         let inv = inner.inventory.read().await;
         let (f, moot) = inner
             .ledger
@@ -1058,7 +1090,7 @@ impl Decide {
             machine,
             fencing: Some(mesh::Fencing {
                 shard_id: inner.cfg.shard_id.clone(),
-                epoch: self.epoch_i64(),
+                epoch: i64::try_from(epoch).unwrap_or(i64::MAX),
                 sequence_base: i64::try_from(base.base).unwrap_or(i64::MAX),
                 sequence_limit: i64::try_from(base.base.saturating_add(base.spacing))
                     .unwrap_or(i64::MAX),

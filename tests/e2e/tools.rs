@@ -1,0 +1,380 @@
+//! External tools against a whole mesh started by `bigfleet up` (simulated operators supply
+//! the demand): headless Chromium renders the dashboard svc-inspect serves, and grpcurl
+//! lists, describes and calls every gRPC endpoint named in the ports file.
+//!
+//! The tools come from `.tools/env` (`BIGFLEET_CHROMIUM`, `BIGFLEET_GRPCURL`). Unset, the
+//! test skips with a notice — except under `CI`, where a silently skipped check would pass
+//! for a green one.
+
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+use std::time::{Duration, Instant};
+
+use crate::harness::exe;
+
+/// The tool's path, `None` (with a notice) to skip; panics under `CI`.
+fn tool(var: &str) -> Option<PathBuf> {
+    match std::env::var_os(var) {
+        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
+        _ if std::env::var_os("CI").is_some() => {
+            panic!("{var} is unset under CI: scripts/test must source .tools/env")
+        }
+        _ => {
+            eprintln!("NOTICE: {var} is unset; skipping this test (source .tools/env to run it)");
+            None
+        }
+    }
+}
+
+/// Runs a blocking command off the async runtime; (success, stdout, stderr).
+async fn run(mut cmd: Command) -> (bool, String, String) {
+    let shown = format!("{cmd:?}");
+    let out = tokio::task::spawn_blocking(move || cmd.output())
+        .await
+        .unwrap()
+        .unwrap_or_else(|e| panic!("{shown}: {e}"));
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+/// `bigfleet up` with its ports file written; stopped with SIGTERM (or killed on drop).
+struct Up {
+    child: tokio::process::Child,
+    ports: serde_json::Value,
+    _dir: tempfile::TempDir,
+}
+
+impl Up {
+    async fn start() -> Up {
+        let dir = tempfile::Builder::new()
+            .prefix("bf-e2e-tools-")
+            .tempdir()
+            .unwrap();
+        let ports = dir.path().join("ports.json");
+        let child = tokio::process::Command::new(exe())
+            .args([
+                "up",
+                "--quiet",
+                "--clusters",
+                "2",
+                "--rollup-interval",
+                "1s",
+                "--cycle-interval",
+                "200ms",
+            ])
+            .arg("--ports-file")
+            .arg(&ports)
+            .arg("--data-dir")
+            .arg(dir.path().join("run"))
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::inherit())
+            .kill_on_drop(true)
+            .spawn()
+            .expect("spawn bigfleet up");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        let ports = loop {
+            if let Ok(text) = std::fs::read_to_string(&ports)
+                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
+            {
+                break v;
+            }
+            assert!(Instant::now() < deadline, "no ports file from bigfleet up");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        Up {
+            child,
+            ports,
+            _dir: dir,
+        }
+    }
+
+    fn inspect_http(&self) -> String {
+        self.ports["inspect"]["http"].as_str().unwrap().to_owned()
+    }
+
+    /// Waits until svc-inspect shows verdicts for `cluster`'s demand.
+    async fn wait_for_needs(&self, cluster: &str) {
+        let addr = self.inspect_http();
+        let path = format!("/api/v1/clusters/{cluster}/needs");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let body = http_get(&addr, &path).await;
+            let total = serde_json::from_str::<serde_json::Value>(&body)
+                .ok()
+                .and_then(|v| v["needs"]["total"].as_u64())
+                .unwrap_or(0);
+            if total > 0 {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "no needs of {cluster} in inspect: {body}"
+            );
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+    }
+
+    async fn stop(mut self) {
+        let pid = self.child.id().expect("still running");
+        let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+        rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+        let status = tokio::time::timeout(Duration::from_secs(30), self.child.wait())
+            .await
+            .expect("bigfleet up stops on SIGTERM")
+            .unwrap();
+        assert!(status.success(), "bigfleet up: {status}");
+    }
+}
+
+/// The body of an HTTP/1.0 GET (1.0 so the answer is never chunked); empty on any error,
+/// which the caller treats as "not yet".
+async fn http_get(addr: &str, path: &str) -> String {
+    let (addr, path) = (addr.to_owned(), path.to_owned());
+    tokio::task::spawn_blocking(move || {
+        let mut s = std::net::TcpStream::connect(&addr).ok()?;
+        s.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+        write!(s, "GET {path} HTTP/1.0\r\nHost: {addr}\r\n\r\n").ok()?;
+        let mut raw = String::new();
+        s.read_to_string(&mut raw).ok()?;
+        raw.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())
+    })
+    .await
+    .unwrap()
+    .unwrap_or_default()
+}
+
+fn target_dir() -> PathBuf {
+    std::env::var_os("CARGO_TARGET_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
+}
+
+fn chromium(bin: &Path, profile: &Path) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args([
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-background-networking",
+        "--disable-component-update",
+        "--disable-sync",
+        "--no-first-run",
+        "--disable-dev-shm-usage",
+        "--hide-scrollbars",
+    ])
+    .arg(format!("--user-data-dir={}", profile.display()));
+    cmd
+}
+
+/// The text a reader sees in the rendered DOM: tags, styles and the title dropped.
+fn visible(dom: &str) -> String {
+    let mut out = String::new();
+    let mut hidden = false;
+    for part in dom.split('<') {
+        let (tag, rest) = part.split_once('>').unwrap_or(("", part));
+        let lower = tag.to_lowercase();
+        if lower.starts_with("style") || lower.starts_with("title") {
+            hidden = true;
+        } else if lower.starts_with("/style") || lower.starts_with("/title") {
+            hidden = false;
+        }
+        if !hidden {
+            out.push(' ');
+            out.push_str(rest);
+        }
+    }
+    out.split_whitespace().collect::<Vec<_>>().join(" ")
+}
+
+/// Renders `url` in headless Chromium: its visible text, and a screenshot at `shot`.
+async fn dump_and_shoot(bin: &Path, url: &str, shot: &Path) -> String {
+    let profile = tempfile::tempdir().unwrap();
+    let mut dump = chromium(bin, profile.path());
+    dump.arg("--dump-dom").arg(url);
+    let (ok, dom, err) = run(dump).await;
+    assert!(ok, "chromium --dump-dom {url} failed: {err}");
+
+    let _ = std::fs::remove_file(shot);
+    let mut cmd = chromium(bin, profile.path());
+    cmd.arg(format!("--screenshot={}", shot.display()))
+        .arg("--window-size=1280,900")
+        .arg(url);
+    let (ok, _, err) = run(cmd).await;
+    assert!(ok, "chromium --screenshot {url} failed: {err}");
+    let png = std::fs::read(shot)
+        .unwrap_or_else(|e| panic!("{}: {e}; chromium said: {err}", shot.display()));
+    assert!(
+        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 5_000,
+        "{} is not a real screenshot",
+        shot.display()
+    );
+    visible(&dom)
+}
+
+/// Every `*grpc*` key of the ports file, as (json path, address).
+fn grpc_endpoints(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = format!("{path}.{k}");
+                if k.contains("grpc")
+                    && let Some(s) = x.as_str()
+                {
+                    out.push((p.clone(), s.to_owned()));
+                }
+                grpc_endpoints(x, &p, out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                grpc_endpoints(x, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}
+
+/// The services an endpoint must list, by its ports-file key. An endpoint this table does
+/// not know fails the test, so a new one cannot slip by unchecked.
+fn expected_services(name: &str) -> &'static [&'static str] {
+    if name == ".coordinator.grpc" {
+        &["bigfleet.v1alpha1.Coordinator"]
+    } else if name == ".coordinator.raft_grpc" {
+        &["bigfleet.mesh.v1.Raft"]
+    } else if name.ends_with(".gateway_grpc") {
+        &[
+            "bigfleet.v1alpha1.Shard",
+            "bigfleet.v1alpha1.ShardRead",
+            "bigfleet.mesh.v1.ShardInfo",
+        ]
+    } else if name == ".inspect.grpc" {
+        &["bigfleet.v1alpha1.ShardRead", "bigfleet.mesh.v1.Inspect"]
+    } else if name == ".provider.grpc" || name.starts_with(".providers[") {
+        &["bigfleet.v1alpha1.CapacityProvider"]
+    } else {
+        panic!("no expected services for endpoint {name}: extend expected_services")
+    }
+}
+
+fn grpcurl(bin: &Path, args: &[&str]) -> Command {
+    let mut cmd = Command::new(bin);
+    cmd.args(["-plaintext", "-max-time", "10"]).args(args);
+    cmd
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dashboard_and_grpcurl_against_a_running_mesh() {
+    let chromium_bin = tool("BIGFLEET_CHROMIUM");
+    let grpcurl_bin = tool("BIGFLEET_GRPCURL");
+    if chromium_bin.is_none() && grpcurl_bin.is_none() {
+        return;
+    }
+    let up = Up::start().await;
+    up.wait_for_needs("cluster-0").await;
+
+    if let Some(bin) = &chromium_bin {
+        let base = format!("http://{}", up.inspect_http());
+        let target = target_dir();
+        std::fs::create_dir_all(&target).unwrap();
+        let overview = dump_and_shoot(
+            bin,
+            &format!("{base}/"),
+            &target.join("e2e-dashboard-overview.png"),
+        )
+        .await;
+        for expected in [
+            "Fleet overview",
+            "1 / 1 shards reachable",
+            "shard-0",
+            "Machines by state",
+        ] {
+            assert!(
+                overview.contains(expected),
+                "overview lacks {expected:?}: {overview}"
+            );
+        }
+        let cluster = dump_and_shoot(
+            bin,
+            &format!("{base}/clusters/cluster-0"),
+            &target.join("e2e-dashboard-cluster.png"),
+        )
+        .await;
+        for expected in [
+            "Cluster cluster-0",
+            // The needs table's header and a row's shard column.
+            "Unmet reason",
+            "Residual deficit",
+            "Matching supply",
+            "shard-0",
+        ] {
+            assert!(
+                cluster.contains(expected),
+                "cluster page lacks {expected:?}: {cluster}"
+            );
+        }
+        assert!(
+            !cluster.contains("No reachable shard holds demand"),
+            "{cluster}"
+        );
+    }
+
+    if let Some(bin) = &grpcurl_bin {
+        let mut endpoints = Vec::new();
+        grpc_endpoints(&up.ports, "", &mut endpoints);
+        for want in [
+            ".coordinator.grpc",
+            ".shards[0].gateway_grpc",
+            ".inspect.grpc",
+        ] {
+            assert!(
+                endpoints.iter().any(|(n, _)| n == want),
+                "{want} missing from {endpoints:?}"
+            );
+        }
+        for (name, addr) in &endpoints {
+            let (ok, out, err) = run(grpcurl(bin, &[addr, "list"])).await;
+            assert!(ok, "grpcurl list {name} {addr}: {err}");
+            let listed: Vec<&str> = out.lines().map(str::trim).collect();
+            let expected = expected_services(name);
+            for svc in expected.iter().chain(&["grpc.health.v1.Health"]) {
+                assert!(listed.contains(svc), "{name} lacks {svc}: {out}");
+            }
+            let (ok, out, err) = run(grpcurl(bin, &[addr, "describe", expected[0]])).await;
+            assert!(ok, "grpcurl describe {name} {}: {err}", expected[0]);
+            assert!(
+                out.contains(&format!("{} is a service:", expected[0])) && out.contains("rpc "),
+                "{name} describe {}: {out}",
+                expected[0]
+            );
+        }
+
+        let gateway = up.ports["shards"][0]["gateway_grpc"].as_str().unwrap();
+        let inspect = up.ports["inspect"]["grpc"].as_str().unwrap();
+        for (name, addr) in [("gateway", gateway), ("inspect", inspect)] {
+            let (ok, out, err) = run(grpcurl(
+                bin,
+                &["-d", "{}", addr, "bigfleet.v1alpha1.ShardRead/InspectNeeds"],
+            ))
+            .await;
+            assert!(ok, "InspectNeeds on {name}: {err}");
+            let header_at = out
+                .find("\"header\"")
+                .unwrap_or_else(|| panic!("no header from {name}: {out}"));
+            assert!(
+                out.find("\"need\"").is_none_or(|n| header_at < n),
+                "{name}: header first: {out}"
+            );
+            assert!(out.contains("\"totalNeeds\""), "{name}: {out}");
+            assert!(
+                out.contains("\"clusterId\": \"cluster-0\""),
+                "{name}: {out}"
+            );
+        }
+    }
+    up.stop().await;
+}
