@@ -1,6 +1,6 @@
 //! The `bigfleet-inspect` command line (docs/flags.md), shared with `bigfleet svc inspect`.
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::time::Duration;
 
 use bigfleet_identity::TlsFlags;
@@ -70,19 +70,10 @@ pub struct Args {
 
 /// `:7795` ⇒ `0.0.0.0:7795`; `host:port` is resolved (first address).
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, InspectError> {
-    let err = |reason: String| InspectError::Listen {
+    bigfleet_mesh::parse_listen_addr(addr).map_err(|reason| InspectError::Listen {
         addr: addr.to_owned(),
         reason,
-    };
-    let full = if addr.starts_with(':') {
-        format!("0.0.0.0{addr}")
-    } else {
-        addr.to_owned()
-    };
-    full.to_socket_addrs()
-        .map_err(|e| err(e.to_string()))?
-        .next()
-        .ok_or_else(|| err("resolves to no address".to_owned()))
+    })
 }
 
 /// As [`parse_listen`], with `0` (or empty) meaning "disabled".

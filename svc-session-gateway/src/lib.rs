@@ -31,7 +31,7 @@ mod session;
 mod session_server;
 mod shard_svc;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -262,21 +262,10 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
 
 /// Parses a listen address; `:7780` means every interface.
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, StartError> {
-    let full = if addr.starts_with(':') {
-        format!("0.0.0.0{addr}")
-    } else {
-        addr.to_owned()
-    };
-    if let Ok(a) = full.parse() {
-        return Ok(a);
-    }
-    full.to_socket_addrs()
-        .ok()
-        .and_then(|mut it| it.next())
-        .ok_or_else(|| StartError::Address {
-            addr: addr.to_owned(),
-            reason: "expected host:port or :port".to_owned(),
-        })
+    bigfleet_mesh::parse_listen_addr(addr).map_err(|reason| StartError::Address {
+        addr: addr.to_owned(),
+        reason,
+    })
 }
 
 /// The binary: serves until SIGTERM/SIGINT, then drains.

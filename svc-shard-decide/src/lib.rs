@@ -20,7 +20,7 @@
 pub mod cli;
 pub mod coordinator;
 
-use std::net::{SocketAddr, ToSocketAddrs};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -537,21 +537,10 @@ pub fn etcd_mode(args: &Args) -> anyhow::Result<Option<EtcdMode>> {
 
 /// Parses a listen address; `:7782` means every interface.
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, StartError> {
-    let full = if addr.starts_with(':') {
-        format!("0.0.0.0{addr}")
-    } else {
-        addr.to_owned()
-    };
-    if let Ok(a) = full.parse() {
-        return Ok(a);
-    }
-    full.to_socket_addrs()
-        .ok()
-        .and_then(|mut it| it.next())
-        .ok_or_else(|| StartError::Address {
-            addr: addr.to_owned(),
-            reason: "expected host:port or :port".to_owned(),
-        })
+    bigfleet_mesh::parse_listen_addr(addr).map_err(|reason| StartError::Address {
+        addr: addr.to_owned(),
+        reason,
+    })
 }
 
 /// The decide settings the flags describe (epoch supplied by the caller).

@@ -24,6 +24,7 @@ mod client;
 mod conn;
 pub mod error;
 mod layers;
+mod listen;
 mod metrics;
 mod peer;
 mod rate_limit;
@@ -43,6 +44,7 @@ pub use layers::{
     AuthzCheck, CheckLayer, DeadlineLayer, ErrorMapLayer, IdentityCheck, RateLimitCheck,
     RequestCheck, TraceLayer,
 };
+pub use listen::parse_listen_addr;
 pub use metrics::{GrpcMetrics, MetricsLayer};
 pub use peer::{Peer, peer_of};
 pub use rate_limit::{RateLimit, TokenBuckets};
