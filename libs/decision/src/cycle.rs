@@ -389,7 +389,10 @@ fn phase1_actions(ctx: &Ctx<'_>, p1: &Phase1) -> Vec<Action> {
     let mut out = Vec::new();
     for i in 0..ctx.needs.len() {
         let claims = &p1.claims[i];
-        if claims.is_empty() {
+        // `acquired` counts exactly the Idle and Speculative claims, so a need
+        // covered by bound supply alone (most of a steady fleet) emits nothing
+        // and its claim list is not walked.
+        if p1.acquired[i] == 0 {
             continue;
         }
         let need = ctx.need(i as u32);

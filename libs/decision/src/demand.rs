@@ -112,7 +112,7 @@ impl Cp {
             prec: profile.precedence(),
             priority: profile.priority(),
             ip_dollars: profile.interruption_penalty_dollars(),
-            memo: (0..snap.shapes.len()).map(|_| AtomicU8::new(0)).collect(),
+            memo: (0..snap.g.shapes.len()).map(|_| AtomicU8::new(0)).collect(),
             reqs,
             pinned,
             same_slot,

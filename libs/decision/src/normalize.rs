@@ -72,23 +72,21 @@ impl<'a> Ctx<'a> {
         let snap = &self.snap;
         let cp = &self.profiles.cps[dn.cp as usize];
         let fits = |g: u32| {
-            let g = &snap.groups[g as usize];
+            let g = &snap.g.groups[g as usize];
             cp.matches(snap, g.shape) && qty::covers(snap.alloc(g.alloc), &dn.agg)
         };
         let ck = (dn.cluster, dn.cp, dn.agg.clone());
-        let cluster_half = *cluster_memo.entry(ck).or_insert_with(|| {
-            snap.cviews
-                .get(dn.cluster as usize)
-                .is_some_and(|cv| cv.groups.iter().any(|&g| fits(g)))
-        });
+        let cluster_half = *cluster_memo
+            .entry(ck)
+            .or_insert_with(|| snap.cluster_groups(dn.cluster).iter().any(|&g| fits(g)));
         if cluster_half {
             return true;
         }
         *shard_memo
             .entry((dn.cp, dn.agg.clone()))
             .or_insert_with(|| {
-                snap.free_groups.iter().any(|&g| {
-                    let itype = snap.shapes[snap.groups[g as usize].shape as usize].itype;
+                snap.g.free_groups.iter().any(|&g| {
+                    let itype = snap.g.shapes[snap.g.groups[g as usize].shape as usize].itype;
                     cp.pinned_allows(itype) && fits(g)
                 })
             })

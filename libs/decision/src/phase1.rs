@@ -180,6 +180,11 @@ pub(crate) struct P1<'c, 'a> {
     consumed: Vec<bool>,
     gavail: Vec<u32>,
     gcursor: Vec<u32>,
+    /// Per group: some member was claimed or consumed other than by the
+    /// in-order walk of [`Self::claim_merge`]'s one-group case. While clean,
+    /// every member from the group's cursor on is unclaimed and unconsumed,
+    /// so that walk can claim a whole run without reading `owner`.
+    gdirty: Vec<bool>,
     pools: FxHashMap<(u8, u32), Pool<'c>>,
     /// Per (profile, MinUnit): acquirable supply aggregated per domain.
     acq: FxHashMap<(u32, Qty), AcqIndex>,
@@ -268,8 +273,14 @@ impl<'c, 'a> P1<'c, 'a> {
                 candidates: vec![Vec::new(); if verdicts { n } else { 0 }],
             },
             consumed: vec![false; snap.slots()],
-            gavail: snap.groups.iter().map(|g| g.members.len() as u32).collect(),
-            gcursor: vec![0; snap.groups.len()],
+            gavail: snap
+                .g
+                .groups
+                .iter()
+                .map(|g| g.members.len() as u32)
+                .collect(),
+            gcursor: vec![0; snap.g.groups.len()],
+            gdirty: vec![false; snap.g.groups.len()],
             pools: FxHashMap::default(),
             acq: FxHashMap::default(),
             consumed_log: Vec::new(),
@@ -309,7 +320,8 @@ impl<'c, 'a> P1<'c, 'a> {
     /// the group, sparing a random access to the machine record.
     fn claim_in_group(&mut self, i: u32, r: u32, g: u32) {
         let snap = &self.ctx.snap;
-        let grp = &snap.groups[g as usize];
+        let grp = &snap.g.groups[g as usize];
+        self.gdirty[g as usize] = true;
         debug_assert_eq!(self.out.owner[r as usize], NONE, "machine claimed twice");
         self.out.owner[r as usize] = i;
         self.out.claims[i as usize].push(r);
@@ -333,9 +345,37 @@ impl<'c, 'a> P1<'c, 'a> {
             self.out.acquired[i as usize] += 1;
         }
         let g = snap.group_of(r);
-        if g != NONE && !self.consumed[r as usize] {
-            self.gavail[g as usize] -= 1;
+        if g != NONE {
+            self.gdirty[g as usize] = true;
+            if !self.consumed[r as usize] {
+                self.gavail[g as usize] -= 1;
+            }
         }
+    }
+
+    /// The clean one-group case of [`Self::claim_merge`]: claims the run of
+    /// members from position `c` that covers need `i` (or all of them), with
+    /// exactly the outcome of claiming them one by one.
+    fn claim_run(&mut self, i: u32, g: u32, c: usize) {
+        let snap = &self.ctx.snap;
+        let grp = &snap.g.groups[g as usize];
+        let cap = snap.alloc(grp.alloc);
+        let remaining = &mut self.out.remaining[i as usize];
+        let k = qty::units_to_cover(remaining, cap).min((grp.members.len() - c) as u64) as usize;
+        if k == 0 {
+            return;
+        }
+        let run = &grp.members[c..c + k];
+        for &r in run {
+            self.out.owner[r as usize] = i;
+        }
+        self.out.claims[i as usize].extend_from_slice(run);
+        qty::sub_assign_times(remaining, cap, k as i64);
+        if matches!(grp.state, MachineState::Idle | MachineState::Speculative) {
+            self.out.acquired[i as usize] += k as u32;
+        }
+        self.gavail[g as usize] -= k as u32;
+        self.gcursor[g as usize] = (c + k) as u32;
     }
 
     #[inline]
@@ -355,8 +395,12 @@ impl<'c, 'a> P1<'c, 'a> {
         if let [g] = groups {
             // One eligible group: its members are already in keep order.
             let g = *g;
-            let members = &snap.groups[g as usize].members;
+            let members = &snap.g.groups[g as usize].members;
             let mut c = self.gcursor[g as usize] as usize;
+            if !self.gdirty[g as usize] {
+                self.claim_run(i, g, c);
+                return;
+            }
             // Every member is eligible, so everything before the walk position
             // ends up claimed and the cursor follows it.
             while c < members.len() && !self.done(i) {
@@ -375,7 +419,7 @@ impl<'c, 'a> P1<'c, 'a> {
             }
             let mut best: Option<(u32, u32)> = None; // (kpos, group)
             for &g in groups {
-                let members = &snap.groups[g as usize].members;
+                let members = &snap.g.groups[g as usize].members;
                 let mut c = self.gcursor[g as usize] as usize;
                 while c < members.len() && !self.unclaimed(members[c]) {
                     c += 1;
@@ -389,7 +433,7 @@ impl<'c, 'a> P1<'c, 'a> {
                 }
             }
             let Some((_, g)) = best else { return };
-            let r = snap.groups[g as usize].members[self.gcursor[g as usize] as usize];
+            let r = snap.g.groups[g as usize].members[self.gcursor[g as usize] as usize];
             self.claim_in_group(i, r, g);
         }
     }
@@ -402,14 +446,11 @@ impl<'c, 'a> P1<'c, 'a> {
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
         let cp = ctx.cp_of(i);
-        let Some(cv) = snap.cviews.get(dn.cluster as usize) else {
-            return Vec::new();
-        };
-        cv.groups
+        snap.cluster_groups(dn.cluster)
             .iter()
             .copied()
             .filter(|&g| {
-                let grp = &snap.groups[g as usize];
+                let grp = &snap.g.groups[g as usize];
                 grp.state == state
                     && self.gavail[g as usize] > 0
                     && cp.matches(snap, grp.shape)
@@ -426,9 +467,6 @@ impl<'c, 'a> P1<'c, 'a> {
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
         let cp = ctx.cp_of(i);
-        let Some(cv) = snap.cviews.get(dn.cluster as usize) else {
-            return Vec::new();
-        };
         let Some(fp) = snap.fleet.fps.get(cp.fingerprint()) else {
             return Vec::new();
         };
@@ -438,7 +476,7 @@ impl<'c, 'a> P1<'c, 'a> {
         } else {
             snap.fleet.groups.get(group)
         };
-        cv.creating
+        snap.creating(dn.cluster)
             .iter()
             .copied()
             .filter(|&r| {
@@ -477,17 +515,17 @@ impl<'c, 'a> P1<'c, 'a> {
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
         let key = (dn.cp, dn.mu.clone());
-        let cap = |g: u32| -> Qty { Qty::from_slice(snap.alloc(snap.groups[g as usize].alloc)) };
+        let cap = |g: u32| -> Qty { Qty::from_slice(snap.alloc(snap.g.groups[g as usize].alloc)) };
         let mut idx = match self.acq.remove(&key) {
             Some(idx) => idx,
             None => {
                 let cp = ctx.cp_of(i);
                 let slot = cp.same_slot.expect("Same profile");
-                let groups = snap.free_groups.iter().copied().filter_map(|g| {
-                    let grp = &snap.groups[g as usize];
+                let groups = snap.g.free_groups.iter().copied().filter_map(|g| {
+                    let grp = &snap.g.groups[g as usize];
                     let v = snap.attr(grp.shape, slot);
                     (v != NONE
-                        && cp.pinned_allows(snap.shapes[grp.shape as usize].itype)
+                        && cp.pinned_allows(snap.g.shapes[grp.shape as usize].itype)
                         && cp.matches(snap, grp.shape)
                         && qty::covers(snap.alloc(grp.alloc), &dn.mu))
                     .then_some((g, v))
@@ -532,7 +570,7 @@ impl<'c, 'a> P1<'c, 'a> {
             g.map(|g| (dn.cluster, fp, g))
         });
         let own_list: &[u32] = own_key
-            .and_then(|k| snap.own_index.get(&k))
+            .and_then(|k| snap.g.own_index.get(&k))
             .map_or(&[], Vec::as_slice);
         let mut own_members: Vec<(u32, u32)> = Vec::new();
         for &r in own_list {
@@ -577,10 +615,10 @@ impl<'c, 'a> P1<'c, 'a> {
         let wanted = |v: u32| only.as_ref().is_none_or(|o| o.contains(&v));
 
         // Creditable half: bound groups of the cluster.
-        if let Some(cv) = snap.cviews.get(dn.cluster as usize) {
-            for &g in &cv.groups {
+        {
+            for &g in snap.cluster_groups(dn.cluster) {
                 let avail = self.gavail[g as usize];
-                let grp = &snap.groups[g as usize];
+                let grp = &snap.g.groups[g as usize];
                 if avail == 0 || !cp.matches(snap, grp.shape) {
                     continue;
                 }
@@ -773,6 +811,7 @@ impl<'c, 'a> P1<'c, 'a> {
                 self.consumed[r as usize] = true;
                 let g = snap.group_of(r);
                 self.gavail[g as usize] -= 1;
+                self.gdirty[g as usize] = true;
                 self.consumed_log.push(g);
                 qty::sub_assign(&mut rem, cap);
                 if qty::is_zero(&rem) {

@@ -21,8 +21,8 @@ pub(crate) fn run(
 ) -> Vec<Action> {
     let snap = &ctx.snap;
     let mut out = Vec::new();
-    let mut clusters: Vec<u32> = (0..snap.cviews.len() as u32)
-        .filter(|&c| !snap.cviews[c as usize].bound[0].is_empty())
+    let mut clusters: Vec<u32> = (0..snap.bound_clusters())
+        .filter(|&c| !snap.bound(c, 0).is_empty())
         .collect();
     clusters.sort_by(|a, b| snap.cluster_name(*a).cmp(snap.cluster_name(*b)));
     for c in clusters {
@@ -34,7 +34,8 @@ pub(crate) fn run(
         // kept (claimed) machines are roughly its prefix; emit the excess from
         // the other end so a per-cycle reclaim cap drains the most expensive,
         // least valuable machines first.
-        let mut excess: Vec<u32> = snap.cviews[c as usize].bound[0]
+        let mut excess: Vec<u32> = snap
+            .bound(c, 0)
             .iter()
             .copied()
             .filter(|&r| p1.owner[r as usize] == NONE && !p2.taken[r as usize])

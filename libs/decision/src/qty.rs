@@ -99,6 +99,33 @@ pub(crate) fn sub_assign(acc: &mut [i64], b: &[i64]) {
     }
 }
 
+/// How many subtractions of `b` (with [`sub_assign`]) bring `acc` to zero:
+/// the largest per-dimension ceiling quotient; `u64::MAX` when a positive
+/// dimension of `acc` is not reduced by `b` at all.
+pub(crate) fn units_to_cover(acc: &[i64], b: &[i64]) -> u64 {
+    let mut k = 0u64;
+    for (&a, &b) in acc.iter().zip(b) {
+        if a <= 0 {
+            continue;
+        }
+        if b <= 0 {
+            return u64::MAX;
+        }
+        k = k.max((a as u64).div_ceil(b as u64));
+    }
+    k
+}
+
+/// [`sub_assign`] applied `k ≥ 1` times, in one step (exact for the
+/// non-negative capacities it is used with: every step floors at zero).
+#[inline]
+pub(crate) fn sub_assign_times(acc: &mut [i64], b: &[i64], k: i64) {
+    for (a, b) in acc.iter_mut().zip(b) {
+        debug_assert!(*b >= 0, "capacities are clamped at zero");
+        *a = a.saturating_sub(b.saturating_mul(k)).max(0);
+    }
+}
+
 /// `acc += b` per dimension, saturating.
 #[inline]
 pub(crate) fn add_assign(acc: &mut [i64], b: &[i64]) {
@@ -160,6 +187,32 @@ mod tests {
         assert_eq!(s.as_slice(), &[3000, 0, 3000]);
         assert!(is_zero(&dims.zero()));
         assert!(!is_zero(&s));
+    }
+
+    proptest::proptest! {
+        /// The one-step run arithmetic equals subtracting one unit at a time
+        /// until covered (or `limit` units, whichever comes first).
+        #[test]
+        fn run_arithmetic_matches_unit_steps(
+            acc in proptest::collection::vec(-50i64..5_000, 1..4),
+            cap in proptest::collection::vec(0i64..700, 4),
+            limit in 0u64..40,
+        ) {
+            let cap = &cap[..acc.len()];
+            let mut stepped = acc.clone();
+            let mut steps = 0u64;
+            while steps < limit && !is_zero(&stepped) {
+                sub_assign(&mut stepped, cap);
+                steps += 1;
+            }
+            let k = units_to_cover(&acc, cap).min(limit);
+            let mut run = acc.clone();
+            if k > 0 {
+                sub_assign_times(&mut run, cap, k as i64);
+            }
+            proptest::prop_assert_eq!(k, steps);
+            proptest::prop_assert_eq!(run, stepped);
+        }
     }
 
     #[test]

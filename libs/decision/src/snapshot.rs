@@ -24,8 +24,8 @@ use rustc_hash::FxHashMap;
 use smallvec::SmallVec;
 use std::cmp::Ordering;
 use std::collections::HashMap;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// The hot record of one machine, borrowed from the fleet (indexed by handle).
 pub(crate) use crate::fleet::FRec as Rec;
@@ -51,15 +51,34 @@ pub(crate) struct Group {
 pub(crate) const BOUND_STATES: [MachineState; 2] =
     [MachineState::Configured, MachineState::Configuring];
 
-/// Per-cluster views.
-#[derive(Debug, Default, Clone)]
-pub(crate) struct ClusterView {
-    /// Configured and Configuring machines in keep-priority order.
-    pub bound: [Vec<u32>; 2],
-    /// In-flight Creating machines provisioned for this cluster, keep order.
-    pub creating: Vec<u32>,
-    /// Groups of Configured then Configuring machines.
-    pub groups: Vec<u32>,
+/// The demand-key-dependent half of a snapshot: machine shapes and the
+/// (state, cluster, shape, capacity) groups with the per-cluster bound lists.
+/// It depends on the fleet and on which attribute keys the demand mentions
+/// (and on whether free groups and the own-machine index are wanted), so the
+/// fleet's [`Base`] keeps the last one built and a cycle whose demand asks the
+/// same reuses it instead of walking every bound machine again.
+#[derive(Debug)]
+pub(crate) struct Grouping {
+    /// What this grouping was built for: the demand's attribute keys, free groups, own index.
+    key: (Vec<Box<str>>, bool, bool),
+    /// Shape of each fleet machine profile.
+    shape_of_profile: Vec<u32>,
+    pub shapes: Vec<Shape>,
+    /// Flat `shapes.len() × keys.len()` attribute values (`NONE` = absent).
+    shape_attrs: Vec<u32>,
+    /// Per handle: group (`NONE` for machines in no group).
+    group: Vec<u32>,
+    pub groups: Vec<Group>,
+    /// Idle and Speculative groups.
+    pub free_groups: Vec<u32>,
+    /// Per fleet cluster: Configured and Configuring machines in keep-priority
+    /// order (index = slot in [`BOUND_STATES`]).
+    bound: Vec<[Vec<u32>; 2]>,
+    /// Per fleet cluster: groups of Configured then Configuring machines.
+    cluster_groups: Vec<Vec<u32>>,
+    /// (cluster, stamped fingerprint, stamped group) of bound machines → ranks
+    /// in (Configured, Configuring) keep order. Built only for Same demand.
+    pub own_index: FxHashMap<(u32, u32, u32), Vec<u32>>,
 }
 
 /// The immutable inventory snapshot of one cycle, gathered from a [`Fleet`].
@@ -69,19 +88,14 @@ pub struct Snapshot<'a> {
     base: &'a Base,
     /// Machine records by handle (fleet slot; dead slots included).
     pub(crate) recs: &'a [Rec],
-    /// Shape of each fleet machine profile.
-    shape_of_profile: Vec<u32>,
-    /// Per handle: group.
-    group: Vec<u32>,
+    /// Shapes and groups (shared with the fleet's cache; see [`Grouping`]).
+    pub(crate) g: Arc<Grouping>,
     live: usize,
     /// Clusters the demand names that no machine is bound to (ids after the fleet's).
     extra_clusters: Vec<&'a str>,
     extra_cluster_ids: FxHashMap<&'a str, u32>,
     /// Attribute keys the demand mentions; index = slot in shape attribute tuples.
     pub(crate) keys: Vec<&'a str>,
-    pub(crate) shapes: Vec<Shape>,
-    /// Flat `shapes.len() × keys.len()` attribute values (`NONE` = absent).
-    pub(crate) shape_attrs: Vec<u32>,
     pub(crate) dims: Dims<'a>,
     /// Flat `allocs × dims` dense capacities (indexed by fleet alloc symbol).
     pub(crate) alloc_dense: Vec<i64>,
@@ -91,13 +105,9 @@ pub struct Snapshot<'a> {
     /// Speculative machines are listed lazily (see [`Self::state_list`]).
     lazy_spec: bool,
     pub(crate) min_prio: [i32; 9],
-    pub(crate) cviews: Vec<ClusterView>,
-    pub(crate) groups: Vec<Group>,
-    /// Idle and Speculative groups.
-    pub(crate) free_groups: Vec<u32>,
-    /// (cluster, stamped fingerprint, stamped group) of bound machines → ranks
-    /// in (Configured, Configuring) keep order. Built only for Same demand.
-    pub(crate) own_index: FxHashMap<(u32, u32, u32), Vec<u32>>,
+    /// Per cluster (the fleet's, then the demand's extra ones): in-flight
+    /// Creating machines provisioned for it, keep order.
+    creating: Vec<Vec<u32>>,
 }
 
 /// Speculative machines in id order, all and per instance type, with their
@@ -139,6 +149,28 @@ pub(crate) struct Base {
     /// ordinal (`i64::MAX` = none).
     idle_min: [i64; 5],
     fleet_bytes: usize,
+    /// The last grouping built over this fleet version.
+    grouping: GroupingCache,
+}
+
+/// The fleet's one-entry [`Grouping`] cache (cloning a fleet shares it).
+#[derive(Debug, Default)]
+struct GroupingCache(Mutex<Option<Arc<Grouping>>>);
+
+impl Clone for GroupingCache {
+    fn clone(&self) -> Self {
+        GroupingCache(Mutex::new(self.get()))
+    }
+}
+
+impl GroupingCache {
+    fn get(&self) -> Option<Arc<Grouping>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn put(&self, g: Arc<Grouping>) {
+        *self.0.lock().unwrap_or_else(|e| e.into_inner()) = Some(g);
+    }
 }
 
 const CAPACITY_TYPES: [CapacityType; 5] = [
@@ -323,6 +355,7 @@ impl Base {
             kpos,
             idle_min,
             fleet_bytes: fleet.heap_bytes(),
+            grouping: GroupingCache::default(),
         }
     }
 
@@ -366,28 +399,15 @@ impl Base {
     }
 }
 
-impl<'a> Snapshot<'a> {
-    pub(crate) fn build(fleet: &'a Fleet, spec: BuildSpec<'a>) -> Snapshot<'a> {
-        let base: &'a Base = fleet
-            .base
-            .get_or_init(|| Box::new(Base::build(fleet, spec.parallel)));
-        let n = fleet.len();
-        let nfc = fleet.clusters.len() as u32;
-        let mut extra_clusters: Vec<&'a str> = Vec::new();
-        let mut extra_cluster_ids: FxHashMap<&'a str, u32> = FxHashMap::default();
-        let mut cluster_id = |name: &'a str| -> u32 {
-            if let Some(c) = fleet.clusters.get(name) {
-                return c;
-            }
-            *extra_cluster_ids.entry(name).or_insert_with(|| {
-                extra_clusters.push(name);
-                nfc + extra_clusters.len() as u32 - 1
-            })
-        };
-        for c in &spec.demand_clusters {
-            cluster_id(c);
-        }
-
+impl Grouping {
+    fn build(
+        fleet: &Fleet,
+        base: &Base,
+        keys: &[&str],
+        key: (Vec<Box<str>>, bool, bool),
+    ) -> Grouping {
+        let (free, own) = (key.1, key.2);
+        let recs: &[Rec] = &fleet.recs;
         // Shapes: one per distinct (instance type, demand-key attributes) over
         // the fleet's machine profiles.
         let mut shapes: Vec<Shape> = Vec::new();
@@ -399,7 +419,7 @@ impl<'a> Snapshot<'a> {
             .map(|p| {
                 let mut key: SmallVec<[u32; 6]> = SmallVec::new();
                 key.push(p.itype);
-                key.extend(spec.keys.iter().map(|k| p.attribute(k)));
+                key.extend(keys.iter().map(|k| p.attribute(k)));
                 *shape_map.entry(key).or_insert_with_key(|key| {
                     shapes.push(Shape { itype: p.itype });
                     shape_attrs.extend_from_slice(&key[1..]);
@@ -408,63 +428,16 @@ impl<'a> Snapshot<'a> {
             })
             .collect();
 
-        // Dimensions and dense capacities, per fleet capacity symbol.
-        let dims = Dims::collect(
-            fleet
-                .allocs
-                .iter()
-                .chain(spec.demand_vectors.iter().copied()),
-        );
-        let mut alloc_dense = Vec::with_capacity(fleet.allocs.len() * dims.len());
-        for a in &fleet.allocs {
-            alloc_dense.extend_from_slice(&dims.dense_capacity(a));
-        }
-
-        let recs: &'a [Rec] = &fleet.recs;
-        let slots = recs.len();
-        let shape_of = |h: u32| shape_of_profile[recs[h as usize].profile as usize];
-        // In-flight Creating machines take their destination cluster (ADR-0022),
-        // in id order.
-        let mut creating: Vec<(u32, u32)> = Vec::new();
-        if let Some(dest) = spec.destinations.filter(|d| !d.is_empty()) {
-            for &h in &base.by_state[MachineState::Creating as usize] {
-                if let Some(c) = dest.get(&*fleet.ids[h as usize])
-                    && !c.is_empty()
-                {
-                    creating.push((cluster_id(c), h));
-                }
-            }
-        }
-        let n_clusters = nfc as usize + extra_clusters.len();
-        let mut cviews: Vec<ClusterView> = vec![ClusterView::default(); n_clusters];
-        for (c, h) in creating {
-            cviews[c as usize].creating.push(h);
-        }
-        for cv in &mut cviews {
-            cv.creating.sort_by(|a, b| {
-                keep_cmp(
-                    &recs[*a as usize],
-                    base.rank(*a),
-                    &recs[*b as usize],
-                    base.rank(*b),
-                )
-            });
-        }
-        // Speculative slots are most of a cloud fleet and only acquisition
-        // pools of short needs read them: list them on first use instead,
-        // unless Same scoring or verdicts need their groups now.
-        let lazy_spec = !spec.free_groups;
-        let mut min_prio = base.min_prio;
-        if !lazy_spec {
-            min_prio[MachineState::Speculative as usize] = base.spec(fleet).min_prio;
-        }
-
         // Groups from the cached keep order. Neighbours in keep order usually
         // share (shape, capacity), so the previous group is tried before the map.
-        let mut group = vec![NONE; slots];
+        let mut group = vec![NONE; recs.len()];
         let mut groups: Vec<Group> = Vec::new();
         let mut gmap: FxHashMap<(u8, u32, u32, u32), u32> = FxHashMap::default();
-        for (c, (cv, entries)) in cviews.iter_mut().zip(&base.bound).enumerate() {
+        let mut bound: Vec<[Vec<u32>; 2]> = Vec::with_capacity(base.bound.len());
+        let mut cluster_groups: Vec<Vec<u32>> = Vec::with_capacity(base.bound.len());
+        for (c, entries) in base.bound.iter().enumerate() {
+            let mut cgroups = Vec::new();
+            let mut lists: [Vec<u32>; 2] = Default::default();
             for (slot, list) in entries.iter().enumerate() {
                 let state = BOUND_STATES[slot];
                 let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
@@ -482,7 +455,7 @@ impl<'a> Snapshot<'a> {
                                 alloc: e.alloc,
                                 members: Vec::new(),
                             });
-                            cv.groups.push((groups.len() - 1) as u32);
+                            cgroups.push((groups.len() - 1) as u32);
                             (groups.len() - 1) as u32
                         });
                         prev = (sh, e.alloc, g);
@@ -492,13 +465,15 @@ impl<'a> Snapshot<'a> {
                     group[e.h as usize] = g;
                     handles.push(e.h);
                 }
-                cv.bound[slot] = handles;
+                lists[slot] = handles;
             }
+            bound.push(lists);
+            cluster_groups.push(cgroups);
         }
         // Free-machine groups feed Same scoring, foldability and verdict supply
         // counts only; plain demand never reads them.
         let mut free_groups = Vec::new();
-        let free_states: &[MachineState] = if spec.free_groups {
+        let free_states: &[MachineState] = if free {
             &[MachineState::Idle, MachineState::Speculative]
         } else {
             &[]
@@ -512,7 +487,7 @@ impl<'a> Snapshot<'a> {
             let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
             for &h in list {
                 let r = &recs[h as usize];
-                let sh = shape_of(h);
+                let sh = shape_of_profile[r.profile as usize];
                 let g = if prev.2 != NONE && prev.0 == sh && prev.1 == r.alloc {
                     prev.2
                 } else {
@@ -536,9 +511,9 @@ impl<'a> Snapshot<'a> {
         }
 
         let mut own_index: FxHashMap<(u32, u32, u32), Vec<u32>> = FxHashMap::default();
-        if spec.own_index {
-            for (c, cv) in cviews.iter().enumerate() {
-                for &h in cv.bound[0].iter().chain(cv.bound[1].iter()) {
+        if own {
+            for (c, lists) in bound.iter().enumerate() {
+                for &h in lists[0].iter().chain(lists[1].iter()) {
                     let r = &recs[h as usize];
                     if r.fp == NONE {
                         continue;
@@ -550,19 +525,115 @@ impl<'a> Snapshot<'a> {
                 }
             }
         }
+        Grouping {
+            key,
+            shape_of_profile,
+            shapes,
+            shape_attrs,
+            group,
+            groups,
+            free_groups,
+            bound,
+            cluster_groups,
+            own_index,
+        }
+    }
+}
+
+impl<'a> Snapshot<'a> {
+    pub(crate) fn build(fleet: &'a Fleet, spec: BuildSpec<'a>) -> Snapshot<'a> {
+        let base: &'a Base = fleet
+            .base
+            .get_or_init(|| Box::new(Base::build(fleet, spec.parallel)));
+        let n = fleet.len();
+        let nfc = fleet.clusters.len() as u32;
+        let mut extra_clusters: Vec<&'a str> = Vec::new();
+        let mut extra_cluster_ids: FxHashMap<&'a str, u32> = FxHashMap::default();
+        let mut cluster_id = |name: &'a str| -> u32 {
+            if let Some(c) = fleet.clusters.get(name) {
+                return c;
+            }
+            *extra_cluster_ids.entry(name).or_insert_with(|| {
+                extra_clusters.push(name);
+                nfc + extra_clusters.len() as u32 - 1
+            })
+        };
+        for c in &spec.demand_clusters {
+            cluster_id(c);
+        }
+
+        let recs: &'a [Rec] = &fleet.recs;
+        let key: (Vec<Box<str>>, bool, bool) = (
+            spec.keys.iter().map(|k| Box::from(*k)).collect(),
+            spec.free_groups,
+            spec.own_index,
+        );
+        let g = match base.grouping.get().filter(|g| g.key == key) {
+            Some(g) => g,
+            None => {
+                let g = Arc::new(Grouping::build(fleet, base, &spec.keys, key));
+                base.grouping.put(g.clone());
+                g
+            }
+        };
+
+        // Dimensions and dense capacities, per fleet capacity symbol.
+        let dims = Dims::collect(
+            fleet
+                .allocs
+                .iter()
+                .chain(spec.demand_vectors.iter().copied()),
+        );
+        let mut alloc_dense = Vec::with_capacity(fleet.allocs.len() * dims.len());
+        for a in &fleet.allocs {
+            alloc_dense.extend_from_slice(&dims.dense_capacity(a));
+        }
+
+        // In-flight Creating machines take their destination cluster (ADR-0022),
+        // in id order.
+        let mut pairs: Vec<(u32, u32)> = Vec::new();
+        if let Some(dest) = spec.destinations.filter(|d| !d.is_empty()) {
+            for &h in &base.by_state[MachineState::Creating as usize] {
+                if let Some(c) = dest.get(&*fleet.ids[h as usize])
+                    && !c.is_empty()
+                {
+                    pairs.push((cluster_id(c), h));
+                }
+            }
+        }
+        let n_clusters = nfc as usize + extra_clusters.len();
+        let mut creating: Vec<Vec<u32>> = vec![Vec::new(); n_clusters];
+        for (c, h) in pairs {
+            creating[c as usize].push(h);
+        }
+        for list in &mut creating {
+            list.sort_by(|a, b| {
+                keep_cmp(
+                    &recs[*a as usize],
+                    base.rank(*a),
+                    &recs[*b as usize],
+                    base.rank(*b),
+                )
+            });
+        }
+        // Speculative slots are most of a cloud fleet and only acquisition
+        // pools of short needs read them: list them on first use instead,
+        // unless Same scoring or verdicts need their groups now.
+        let lazy_spec = !spec.free_groups;
+        let mut min_prio = base.min_prio;
+        if !lazy_spec {
+            min_prio[MachineState::Speculative as usize] = base.spec(fleet).min_prio;
+        }
 
         Snapshot {
             fleet,
             base,
             recs,
-            shape_of_profile,
-            group,
+            g,
             live: n,
             extra_clusters,
             extra_cluster_ids,
             keys: spec.keys,
-            shapes,
-            shape_attrs,
             dims,
             alloc_dense,
             type_sorted_used: (0..base.type_lists.len())
@@ -571,11 +642,35 @@ impl<'a> Snapshot<'a> {
             idle_sorted_used: AtomicBool::new(false),
             lazy_spec,
             min_prio,
-            cviews,
-            groups,
-            free_groups,
-            own_index,
+            creating,
         }
+    }
+
+    /// Bound groups of a cluster (Configured, then Configuring); empty for a
+    /// cluster no machine is bound to.
+    pub(crate) fn cluster_groups(&self, c: u32) -> &[u32] {
+        self.g
+            .cluster_groups
+            .get(c as usize)
+            .map_or(&[], |v| v.as_slice())
+    }
+
+    /// Machines bound to a cluster in one of [`BOUND_STATES`] (by slot), keep order.
+    pub(crate) fn bound(&self, c: u32, slot: usize) -> &[u32] {
+        self.g
+            .bound
+            .get(c as usize)
+            .map_or(&[], |v| v[slot].as_slice())
+    }
+
+    /// Clusters that may have bound machines (ids `0..n`).
+    pub(crate) fn bound_clusters(&self) -> u32 {
+        self.g.bound.len() as u32
+    }
+
+    /// In-flight Creating machines provisioned for a cluster, keep order.
+    pub(crate) fn creating(&self, c: u32) -> &[u32] {
+        self.creating.get(c as usize).map_or(&[], |v| v.as_slice())
     }
 
     /// Number of machines.
@@ -606,7 +701,7 @@ impl<'a> Snapshot<'a> {
     /// Shape of a machine.
     #[inline]
     pub(crate) fn shape(&self, h: u32) -> u32 {
-        self.shape_of_profile[self.recs[h as usize].profile as usize]
+        self.g.shape_of_profile[self.recs[h as usize].profile as usize]
     }
 
     /// Position in machine id order (the universal tie-break).
@@ -618,7 +713,7 @@ impl<'a> Snapshot<'a> {
     /// Group of an Idle, Speculative, Configured or Configuring machine.
     #[inline]
     pub(crate) fn group_of(&self, h: u32) -> u32 {
-        self.group[h as usize]
+        self.g.group[h as usize]
     }
 
     /// Position in the (cluster, state) keep order of a bound machine.
@@ -643,12 +738,12 @@ impl<'a> Snapshot<'a> {
     /// Value of attribute slot `slot` for a shape (`NONE` when absent).
     #[inline]
     pub(crate) fn attr(&self, shape: u32, slot: usize) -> u32 {
-        self.shape_attrs[shape as usize * self.keys.len() + slot]
+        self.g.shape_attrs[shape as usize * self.keys.len() + slot]
     }
 
     pub(crate) fn attrs(&self, shape: u32) -> &[u32] {
         let k = self.keys.len();
-        &self.shape_attrs[shape as usize * k..(shape as usize + 1) * k]
+        &self.g.shape_attrs[shape as usize * k..(shape as usize + 1) * k]
     }
 
     pub(crate) fn cluster_name(&self, c: u32) -> &'a str {
@@ -782,8 +877,9 @@ impl<'a> Snapshot<'a> {
         let base = self.base;
         let slots = self.recs.len();
         let mut b = base.fleet_bytes;
-        b += (base.rank.len() + self.group.len() + slots) * 4;
-        b += self.shapes.len() * size_of::<Shape>() + self.shape_attrs.len() * 4;
+        let g = &self.g;
+        b += (base.rank.len() + g.group.len() + slots) * 4;
+        b += g.shapes.len() * size_of::<Shape>() + g.shape_attrs.len() * 4;
         b += self.alloc_dense.len() * 8;
         b += base.by_state.iter().map(v32).sum::<usize>();
         b += base.type_lists.iter().map(v32).sum::<usize>();
@@ -805,12 +901,13 @@ impl<'a> Snapshot<'a> {
         if self.idle_sorted_used.load(AtomicOrdering::Relaxed) {
             b += v32(&base.by_state[MachineState::Idle as usize]);
         }
-        for cv in &self.cviews {
-            b += v32(&cv.bound[0]) + v32(&cv.bound[1]) + v32(&cv.creating) + v32(&cv.groups);
+        for (lists, groups) in g.bound.iter().zip(&g.cluster_groups) {
+            b += v32(&lists[0]) + v32(&lists[1]) + v32(groups);
         }
-        b += self.groups.iter().map(|g| v32(&g.members)).sum::<usize>();
-        b += self.groups.len() * size_of::<Group>();
-        b += self
+        b += self.creating.iter().map(v32).sum::<usize>();
+        b += g.groups.iter().map(|g| v32(&g.members)).sum::<usize>();
+        b += g.groups.len() * size_of::<Group>();
+        b += g
             .own_index
             .values()
             .map(|v| v32(v) + size_of::<(u32, u32, u32, Vec<u32>)>())

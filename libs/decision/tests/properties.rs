@@ -468,10 +468,18 @@ proptest! {
             let machines: Vec<Machine> = live.values().map(|(m, _)| m.clone()).collect();
             let stamps: Vec<Option<i64>> = live.values().map(|(_, s)| *s).collect();
             let fresh = Fleet::from_machines(&machines, &stamps).unwrap();
-            for opts in [full(), CycleOptions::default(), CycleOptions { threads: 2, ..full() }] {
+            // Demands over different attribute keys in turn, so the cached
+            // grouping is replaced and rebuilt between cycles over one fleet.
+            let half = &w.demand[..w.demand.len() / 2];
+            let demands: [&[Need]; 4] = [&w.demand, half, &[], &w.demand];
+            let runs = demands.iter().flat_map(|d| {
+                [full(), CycleOptions::default(), CycleOptions { threads: 2, ..full() }]
+                    .map(|o| (*d, o))
+            });
+            for (demand, opts) in runs {
                 let input = |f| CycleInput {
                     now_unix_nanos: w.now,
-                    ..CycleInput::with_fleet(f, &w.demand)
+                    ..CycleInput::with_fleet(f, demand)
                 };
                 let mut got = run_cycle(&input(fleet), &opts).unwrap();
                 let mut want = run_cycle(&input(&fresh), &opts).unwrap();
