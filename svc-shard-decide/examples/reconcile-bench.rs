@@ -196,6 +196,9 @@ async fn main() -> anyhow::Result<()> {
             &o.seed.to_string(),
         ])
         .stdout(Stdio::piped())
+        // A profiler preloaded into this process (heaptrack, …) measures
+        // decide, not the provider child.
+        .env_remove("LD_PRELOAD")
         .spawn()?;
     {
         use std::io::BufRead as _;

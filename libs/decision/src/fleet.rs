@@ -11,8 +11,8 @@
 use crate::EngineError;
 use crate::intern::NONE;
 use bigfleet_model::{CapacityType, Machine, MachineProfile, MachineState, ResourceVector};
+use hashbrown::HashTable;
 use rustc_hash::{FxHashMap, FxHasher};
-use smallvec::SmallVec;
 use std::hash::{Hash, Hasher};
 use std::sync::OnceLock;
 
@@ -115,8 +115,9 @@ pub struct Fleet {
     pub(crate) idle: Vec<i64>,
     live: Vec<bool>,
     free: Vec<u32>,
-    /// id hash → slots with that hash.
-    index: FxHashMap<u64, SmallVec<[u32; 1]>>,
+    /// Live slots, found by the hash of their id (the table stores 4 bytes a
+    /// machine; the id itself lives once, in `ids`).
+    index: HashTable<u32>,
     /// Live slots in machine id order (rank → slot).
     pub(crate) order: Vec<u32>,
     /// `order` is `0..n`: slot == rank (no dead slots, slots in id order).
@@ -182,7 +183,7 @@ impl Fleet {
         f.ids.reserve(machines.len());
         f.idle.reserve(machines.len());
         f.live.reserve(machines.len());
-        f.index.reserve(machines.len());
+        f.index.reserve(machines.len(), |_| 0);
         // Slots are assigned in id order, so a fresh fleet's slot is its rank.
         let sorted = machines.windows(2).all(|w| w[0].id < w[1].id);
         let perm: Vec<usize> = if sorted {
@@ -196,15 +197,16 @@ impl Fleet {
             let m = &machines[i];
             let slot = slot as u32;
             let h = hash_id(&m.id);
-            let rec = f.record(m);
-            let bucket = f.index.entry(h).or_default();
-            if bucket.iter().any(|&s| *f.ids[s as usize] == *m.id) {
+            if f.slot_of(&m.id).is_some() {
                 return Err(EngineError::DuplicateMachineId(m.id.clone()));
             }
-            bucket.push(slot);
+            let rec = f.record(m);
             f.states.push(rec.state);
             f.recs.push(rec);
             f.ids.push(m.id.as_str().into());
+            let ids = &f.ids;
+            f.index
+                .insert_unique(h, slot, |&s| hash_id(&ids[s as usize]));
             f.idle
                 .push(idle_since.get(i).copied().flatten().unwrap_or(i64::MIN));
             f.live.push(true);
@@ -216,10 +218,8 @@ impl Fleet {
 
     fn slot_of(&self, id: &str) -> Option<u32> {
         self.index
-            .get(&hash_id(id))?
-            .iter()
+            .find(hash_id(id), |&s| &*self.ids[s as usize] == id)
             .copied()
-            .find(|&s| &*self.ids[s as usize] == id)
     }
 
     fn rank_of(&self, id: &str) -> Result<usize, usize> {
@@ -260,14 +260,23 @@ impl Fleet {
 
     fn record(&mut self, m: &Machine) -> FRec {
         FRec {
+            profile: self.intern_profile(&m.profile),
+            alloc: self.intern_alloc(m.effective_allocatable()),
+            ..self.record_without_hardware(m)
+        }
+    }
+
+    /// Everything of a record but the interned profile and allocatable.
+    fn record_without_hardware(&mut self, m: &Machine) -> FRec {
+        FRec {
             price: sane_price(m.price_per_hour),
             ip: sane_prob(m.interruption_probability),
             asg_ip: sane_price(m.assigned_interruption_penalty_dollars),
             asg_rp: sane_price(m.assigned_reclamation_penalty_dollars),
             asg_prio: m.assigned_priority,
             cluster: self.clusters.intern_opt(&m.cluster),
-            profile: self.intern_profile(&m.profile),
-            alloc: self.intern_alloc(m.effective_allocatable()),
+            profile: NONE,
+            alloc: NONE,
             fp: self.fps.intern_opt(&m.assigned_need_fingerprint),
             gstamp: self.groups.intern_opt(&m.assigned_group),
             state: m.state,
@@ -294,11 +303,73 @@ impl Fleet {
     }
 
     /// Inserts or replaces a machine with an explicit idle-since stamp (e.g.
-    /// restored after a restart).
-    pub fn upsert_with_idle_since(&mut self, m: &Machine, idle_since: Option<i64>) {
+    /// restored after a restart). Returns its slot.
+    pub fn upsert_with_idle_since(&mut self, m: &Machine, idle_since: Option<i64>) -> u32 {
         let rec = self.record(m);
         let slot = self.put(&m.id, rec);
         self.idle[slot as usize] = idle_since.unwrap_or(i64::MIN);
+        slot
+    }
+
+    // ---- slot addressing ----
+    //
+    // An owner that keeps its own per-machine data (the shard's inventory)
+    // indexes it by the fleet's slot, so the machine id and the id index exist
+    // once and an update of a known machine needs no lookup at all. Slots are
+    // stable while the machine lives; a removed machine's slot is reused.
+
+    /// The slot of a live machine.
+    pub fn slot(&self, id: &str) -> Option<u32> {
+        self.slot_of(id)
+    }
+
+    /// Slots in use or free (one past the highest slot).
+    pub fn slot_count(&self) -> usize {
+        self.recs.len()
+    }
+
+    /// The id of the machine in `slot`, when one lives there.
+    pub fn id_at_slot(&self, slot: u32) -> Option<&str> {
+        let s = slot as usize;
+        (s < self.live.len() && self.live[s]).then(|| &*self.ids[s])
+    }
+
+    /// The idle-since stamp of the machine in a live slot.
+    pub fn idle_since_at_slot(&self, slot: u32) -> Option<i64> {
+        let t = self.idle[slot as usize];
+        (t != i64::MIN).then_some(t)
+    }
+
+    /// Replaces the machine in a live `slot` (which must hold `m.id`). With
+    /// `same_hardware` the caller vouches that its profile and allocatable are
+    /// those already stored, so they are not interned again (a state change,
+    /// the common update, costs no hashing and no allocation).
+    pub fn replace_at_slot(
+        &mut self,
+        slot: u32,
+        m: &Machine,
+        idle_since: Option<i64>,
+        same_hardware: bool,
+    ) {
+        let s = slot as usize;
+        debug_assert!(
+            self.live[s] && *self.ids[s] == *m.id,
+            "slot holds the machine"
+        );
+        let rec = if same_hardware {
+            let old = self.recs[s];
+            FRec {
+                profile: old.profile,
+                alloc: old.alloc,
+                ..self.record_without_hardware(m)
+            }
+        } else {
+            self.record(m)
+        };
+        self.base.take();
+        self.recs[s] = rec;
+        self.states[s] = rec.state;
+        self.idle[s] = idle_since.unwrap_or(i64::MIN);
     }
 
     fn put(&mut self, id: &str, rec: FRec) -> u32 {
@@ -326,7 +397,9 @@ impl Fleet {
                 (self.recs.len() - 1) as u32
             }
         };
-        self.index.entry(hash_id(id)).or_default().push(slot);
+        let ids = &self.ids;
+        self.index
+            .insert_unique(hash_id(id), slot, |&s| hash_id(&ids[s as usize]));
         let pos = self.rank_of(id).unwrap_err();
         self.identity = self.identity && pos == self.order.len() && slot as usize == pos;
         self.order.insert(pos, slot);
@@ -342,12 +415,8 @@ impl Fleet {
         if let Ok(pos) = self.rank_of(id) {
             self.order.remove(pos);
         }
-        let h = hash_id(id);
-        if let Some(b) = self.index.get_mut(&h) {
-            b.retain(|s| *s != slot);
-            if b.is_empty() {
-                self.index.remove(&h);
-            }
+        if let Ok(e) = self.index.find_entry(hash_id(id), |&s| s == slot) {
+            e.remove();
         }
         self.live[slot as usize] = false;
         self.states[slot as usize] = MachineState::Unspecified;
@@ -390,7 +459,7 @@ impl Fleet {
             + self.idle.len() * 8
             + self.live.len()
             + self.order.len() * 4
-            + self.index.len() * (8 + size_of::<SmallVec<[u32; 1]>>() + 1)
+            + self.index.capacity() * (size_of::<u32>() + 1)
             + self.clusters.heap_bytes()
             + self.values.heap_bytes()
             + self.fps.heap_bytes()
@@ -447,6 +516,36 @@ mod tests {
         assert_eq!(f.idle_since("a"), Some(40));
         f.upsert_with_idle_since(&m("a", MachineState::Idle), Some(5));
         assert_eq!(f.idle_since("a"), Some(5));
+    }
+
+    #[test]
+    fn slot_addressing_matches_id_addressing() {
+        let mut f = Fleet::new();
+        let a = f.upsert_with_idle_since(&m("a", MachineState::Idle), Some(7));
+        let b = f.upsert_with_idle_since(&m("b", MachineState::Idle), None);
+        assert_eq!(f.slot("a"), Some(a));
+        assert_eq!(f.id_at_slot(b), Some("b"));
+        assert_eq!(f.idle_since_at_slot(a), Some(7));
+        let mut moved = m("a", MachineState::Configured);
+        moved.cluster = "c1".into();
+        f.replace_at_slot(a, &moved, None, true);
+        // The same as replacing by id with full interning.
+        let mut fresh = Fleet::new();
+        fresh.upsert_with_idle_since(&moved, None);
+        fresh.upsert_with_idle_since(&m("b", MachineState::Idle), None);
+        assert_eq!(
+            f.recs[a as usize],
+            fresh.recs[fresh.slot("a").unwrap() as usize]
+        );
+        assert_eq!(f.idle_since("a"), None);
+        assert!(f.remove("a"));
+        assert_eq!(f.id_at_slot(a), None);
+        assert_eq!(f.slot_count(), 2);
+        // A removed machine's slot is reused.
+        assert_eq!(
+            f.upsert_with_idle_since(&m("c", MachineState::Idle), None),
+            a
+        );
     }
 
     #[test]

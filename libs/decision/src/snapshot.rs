@@ -139,8 +139,10 @@ pub(crate) struct Base {
     type_sorted: Vec<OnceLock<Vec<u32>>>,
     idle_sorted: OnceLock<Vec<u32>>,
     spec: OnceLock<SpecLists>,
-    /// Per fleet cluster: Configured and Configuring entries in keep order.
-    bound: Vec<[Vec<BoundEntry>; 2]>,
+    /// Per fleet cluster: Configured and Configuring machines in keep order
+    /// (sorted from inline-key entries, kept as bare handles: this lives as
+    /// long as the fleet version).
+    bound: Vec<[Vec<u32>; 2]>,
     /// Per handle: rank in machine id order (empty when slot == rank) and
     /// position in the (cluster, state) keep order.
     rank: Vec<u32>,
@@ -252,8 +254,6 @@ impl Base {
                             [usize::from(r.state == MachineState::Configuring)]
                         .push(BoundEntry {
                             h,
-                            alloc: r.alloc,
-                            profile: r.profile,
                             price: r.price,
                             rp: r.asg_rp,
                         });
@@ -340,6 +340,10 @@ impl Base {
                 }
             }
         }
+        let bound: Vec<[Vec<u32>; 2]> = bound
+            .into_iter()
+            .map(|lists| lists.map(|l| l.iter().map(|e| e.h).collect()))
+            .collect();
         let type_sorted = (0..type_lists.len()).map(|_| OnceLock::new()).collect();
         Base {
             by_state,
@@ -442,28 +446,29 @@ impl Grouping {
                 let state = BOUND_STATES[slot];
                 let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
                 let mut handles = Vec::with_capacity(list.len());
-                for e in list {
-                    let sh = shape_of_profile[e.profile as usize];
-                    let g = if prev.2 != NONE && prev.0 == sh && prev.1 == e.alloc {
+                for &h in list {
+                    let r = &recs[h as usize];
+                    let sh = shape_of_profile[r.profile as usize];
+                    let g = if prev.2 != NONE && prev.0 == sh && prev.1 == r.alloc {
                         prev.2
                     } else {
-                        let k = (state as u8, c as u32, sh, e.alloc);
+                        let k = (state as u8, c as u32, sh, r.alloc);
                         let g = *gmap.entry(k).or_insert_with(|| {
                             groups.push(Group {
                                 state,
                                 shape: sh,
-                                alloc: e.alloc,
+                                alloc: r.alloc,
                                 members: Vec::new(),
                             });
                             cgroups.push((groups.len() - 1) as u32);
                             (groups.len() - 1) as u32
                         });
-                        prev = (sh, e.alloc, g);
+                        prev = (sh, r.alloc, g);
                         g
                     };
-                    groups[g as usize].members.push(e.h);
-                    group[e.h as usize] = g;
-                    handles.push(e.h);
+                    groups[g as usize].members.push(h);
+                    group[h as usize] = g;
+                    handles.push(h);
                 }
                 lists[slot] = handles;
             }
@@ -931,13 +936,11 @@ pub(crate) struct BuildSpec<'a> {
     pub parallel: bool,
 }
 
-/// A bound machine with its keep-order keys inline, so sorting and grouping
-/// read these entries sequentially instead of chasing records.
+/// A bound machine with its keep-order keys inline, so the sort reads these
+/// entries sequentially instead of chasing records.
 #[derive(Debug, Clone, Copy)]
 struct BoundEntry {
     h: u32,
-    alloc: u32,
-    profile: u32,
     price: f64,
     rp: f64,
 }

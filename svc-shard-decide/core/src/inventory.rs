@@ -4,8 +4,10 @@
 //! record whose repeated strings (clusters, fingerprints, groups, provider
 //! names) are interned symbols and whose hardware description (type, zone,
 //! capacity type, resources, labels) and allocatable vector are shared table
-//! entries; the id index stores hashes, not a second copy of every id. A full
-//! [`Machine`] is materialised only on the slow paths that need one.
+//! entries. Records are indexed by the engine fleet's slot, so the machine id,
+//! the id index and the idle-since stamps exist once (in the fleet) and an
+//! update of a known machine needs no lookup. A full [`Machine`] is
+//! materialised only on the slow paths that need one.
 //!
 //! Next to the records it maintains the engine's compact
 //! [`bigfleet_decision::Fleet`] (upserted on every change, so a cycle reads a
@@ -80,8 +82,6 @@ const META_KEYS: [&str; 5] = [
 
 /// Symbol of the empty string.
 const EMPTY: u32 = 0;
-/// `idle_since` value meaning "not idle / unknown".
-const NOT_IDLE: i64 = i64::MIN;
 
 /// Owned string interning with stable ids; id 0 is "".
 #[derive(Debug)]
@@ -166,22 +166,14 @@ fn profile_hash(p: &MachineProfile) -> u64 {
     })
 }
 
-fn id_hash(id: &str) -> u64 {
-    hash_of(|h| id.hash(h))
-}
-
 /// `shard_metadata` entries kept verbatim.
 type ExtraMeta = Box<[(Box<str>, Box<str>)]>;
 
 /// One machine, compactly (see the module docs).
-#[derive(Debug, Clone)]
+#[derive(Debug, Clone, Default)]
 struct Rec {
-    id: Box<str>,
     /// `None` together with `host_ref_is_id` set means "the machine id".
     host_ref: Option<Box<str>>,
-    last_error: Option<Box<str>>,
-    /// `shard_metadata` entries that cannot be rebuilt from the assigned fields.
-    extra_meta: Option<ExtraMeta>,
     price: f64,
     prob: f64,
     asg_ip: f64,
@@ -199,17 +191,34 @@ struct Rec {
     meta_mask: u8,
 }
 
+/// The parts of a machine most records do not have, kept beside the records
+/// (by slot) so the common record stays small.
+#[derive(Debug, Clone, Default, PartialEq)]
+struct Rare {
+    last_error: Option<Box<str>>,
+    /// `shard_metadata` entries that cannot be rebuilt from the assigned fields.
+    extra_meta: Option<ExtraMeta>,
+}
+
+impl Rec {
+    /// What a free slot holds (no heap, no cluster, counted nowhere).
+    fn vacant() -> Rec {
+        Rec::default()
+    }
+}
+
 /// Counter cell: (state, interruption bucket, profile id).
 type Cell = (MachineState, PenaltyBucket, u32);
 
 /// The inventory. Not synchronised: the owner wraps it in a lock.
 #[derive(Debug, Default)]
 pub struct Inventory {
+    /// By fleet slot (a free slot holds [`Rec::vacant`]).
     recs: Vec<Rec>,
-    idle_since: Vec<i64>,
-    /// Reconcile generation that last saw each machine (removal walk).
+    /// By slot, only for machines that have some.
+    rare: FxHashMap<u32, Rare>,
+    /// Reconcile generation that last saw each machine (removal walk), by slot.
     seen: Vec<u32>,
-    index: FxHashMap<u64, SmallVec<[u32; 1]>>,
     syms: Syms,
     profiles: Table<MachineProfile>,
     allocs: Table<ResourceVector>,
@@ -227,11 +236,11 @@ impl Inventory {
     }
 
     pub fn len(&self) -> usize {
-        self.recs.len()
+        self.fleet.len()
     }
 
     pub fn is_empty(&self) -> bool {
-        self.recs.is_empty()
+        self.fleet.is_empty()
     }
 
     /// The engine's compact view of the same machines.
@@ -239,14 +248,9 @@ impl Inventory {
         &self.fleet
     }
 
-    /// Position of a machine (valid until the next removal).
+    /// Position of a machine (its fleet slot: stable while it lives).
     pub fn position(&self, id: &str) -> Option<usize> {
-        self.index
-            .get(&id_hash(id))?
-            .iter()
-            .copied()
-            .find(|&p| &*self.recs[p as usize].id == id)
-            .map(|p| p as usize)
+        self.fleet.slot(id).map(|s| s as usize)
     }
 
     pub fn contains(&self, id: &str) -> bool {
@@ -257,9 +261,16 @@ impl Inventory {
         self.recs[pos].state
     }
 
-    /// The id at a position, if the position exists.
+    /// The id at a position, if a machine lives there.
     pub fn id_at(&self, pos: usize) -> Option<&str> {
-        self.recs.get(pos).map(|r| &*r.id)
+        u32::try_from(pos)
+            .ok()
+            .and_then(|s| self.fleet.id_at_slot(s))
+    }
+
+    /// Positions holding a machine.
+    fn live(&self) -> impl Iterator<Item = usize> + '_ {
+        (0..self.recs.len()).filter(|&p| self.id_at(p).is_some())
     }
 
     /// What reconcile needs to keep the shard's own assignment: cluster,
@@ -292,24 +303,25 @@ impl Inventory {
     }
 
     pub fn idle_since_of(&self, id: &str) -> Option<i64> {
-        let t = self.idle_since[self.position(id)?];
-        (t != NOT_IDLE).then_some(t)
+        self.fleet.idle_since(id)
     }
 
     /// Machine ids, in storage order.
     pub fn ids(&self) -> impl Iterator<Item = &str> {
-        self.recs.iter().map(|r| &*r.id)
+        (0..self.fleet.slot_count() as u32).filter_map(|s| self.fleet.id_at_slot(s))
     }
 
     fn materialize(&self, pos: usize) -> Machine {
         let r = &self.recs[pos];
+        let rare = self.rare.get(&(pos as u32));
+        let id = self.id_at(pos).expect("a live position");
         let reference = match (&r.host_ref, r.host_ref_is_id) {
             (Some(h), _) => h.to_string(),
-            (None, true) => r.id.to_string(),
+            (None, true) => id.to_owned(),
             (None, false) => String::new(),
         };
         let mut m = Machine {
-            id: r.id.to_string(),
+            id: id.to_owned(),
             state: r.state,
             host: Host {
                 provider: self.syms.resolve(r.host_provider).to_owned(),
@@ -319,7 +331,10 @@ impl Inventory {
             profile: self.profiles.items[r.profile as usize].clone(),
             price_per_hour: r.price,
             interruption_probability: r.prob,
-            last_error: r.last_error.as_deref().unwrap_or_default().to_owned(),
+            last_error: rare
+                .and_then(|x| x.last_error.as_deref())
+                .unwrap_or_default()
+                .to_owned(),
             assigned_priority: r.asg_prio,
             assigned_interruption_penalty_dollars: r.asg_ip,
             assigned_reclamation_penalty_dollars: r.asg_rp,
@@ -337,7 +352,10 @@ impl Inventory {
                 }
             }
         }
-        for (k, v) in r.extra_meta.iter().flat_map(|e| e.iter()) {
+        for (k, v) in rare
+            .and_then(|x| x.extra_meta.as_deref())
+            .unwrap_or_default()
+        {
             m.shard_metadata.insert(k.to_string(), v.to_string());
         }
         m
@@ -345,18 +363,23 @@ impl Inventory {
 
     /// `like` is the record being replaced: when the hardware description
     /// did not change (the common case: a state change), its table entries are
-    /// reused without hashing.
-    fn compact(&mut self, m: &Machine, like: Option<usize>) -> Rec {
+    /// reused without hashing. Also says whether the hardware is unchanged.
+    fn compact(&mut self, m: &Machine, like: Option<usize>) -> (Rec, Rare, bool) {
         let prev = like.map(|p| (self.recs[p].profile, self.recs[p].alloc));
-        let profile = match prev {
-            Some((id, _)) if self.profiles.items[id as usize] == m.profile => id,
-            _ => self.profiles.intern(profile_hash(&m.profile), &m.profile),
+        let (profile, same_profile) = match prev {
+            Some((id, _)) if self.profiles.items[id as usize] == m.profile => (id, true),
+            _ => (
+                self.profiles.intern(profile_hash(&m.profile), &m.profile),
+                false,
+            ),
         };
-        let alloc = match prev {
-            Some((_, id)) if self.allocs.items[id as usize] == m.allocatable => id,
-            _ => self
-                .allocs
-                .intern(hash_of(|h| m.allocatable.hash(h)), &m.allocatable),
+        let (alloc, same_alloc) = match prev {
+            Some((_, id)) if self.allocs.items[id as usize] == m.allocatable => (id, true),
+            _ => (
+                self.allocs
+                    .intern(hash_of(|h| m.allocatable.hash(h)), &m.allocatable),
+                false,
+            ),
         };
         let (host_ref, host_ref_is_id) = if m.host.reference.is_empty() {
             (None, false)
@@ -376,11 +399,8 @@ impl Inventory {
                 }
             }
         }
-        Rec {
-            id: m.id.as_str().into(),
+        let rec = Rec {
             host_ref,
-            last_error: (!m.last_error.is_empty()).then(|| m.last_error.as_str().into()),
-            extra_meta: (!extra.is_empty()).then(|| extra.into_boxed_slice()),
             price: m.price_per_hour,
             prob: m.interruption_probability,
             asg_ip: m.assigned_interruption_penalty_dollars,
@@ -395,6 +415,19 @@ impl Inventory {
             state: m.state,
             host_ref_is_id,
             meta_mask,
+        };
+        let rare = Rare {
+            last_error: (!m.last_error.is_empty()).then(|| m.last_error.as_str().into()),
+            extra_meta: (!extra.is_empty()).then(|| extra.into_boxed_slice()),
+        };
+        (rec, rare, same_profile && same_alloc)
+    }
+
+    fn set_rare(&mut self, p: usize, rare: Rare) {
+        if rare == Rare::default() {
+            self.rare.remove(&(p as u32));
+        } else {
+            self.rare.insert(p as u32, rare);
         }
     }
 
@@ -414,41 +447,47 @@ impl Inventory {
         now_unix_nanos: i64,
     ) -> Option<MachineState> {
         debug_assert_eq!(pos, self.position(&machine.id));
-        let rec = self.compact(&machine, pos);
         match pos {
             Some(p) => {
+                let (rec, rare, same_hardware) = self.compact(&machine, Some(p));
                 let before = self.recs[p].state;
                 self.account(p, -1);
                 self.recs[p] = rec;
-                self.restamp(p, before, now_unix_nanos);
+                self.set_rare(p, rare);
+                let idle = restamp(
+                    before,
+                    machine.state,
+                    self.fleet.idle_since_at_slot(p as u32),
+                    now_unix_nanos,
+                );
                 self.account(p, 1);
-                self.fleet.upsert_with_idle_since(&machine, self.idle_of(p));
+                self.fleet
+                    .replace_at_slot(p as u32, &machine, idle, same_hardware);
                 Some(before)
             }
             None => {
-                let p = self.recs.len();
-                self.index
-                    .entry(id_hash(&machine.id))
-                    .or_default()
-                    .push(p as u32);
-                self.recs.push(rec);
-                self.idle_since
-                    .push(if machine.state == MachineState::Idle {
-                        now_unix_nanos
-                    } else {
-                        NOT_IDLE
-                    });
-                self.seen.push(0);
-                self.account(p, 1);
-                self.fleet.upsert_with_idle_since(&machine, self.idle_of(p));
+                self.insert(machine, now_unix_nanos);
                 None
             }
         }
     }
 
-    fn idle_of(&self, p: usize) -> Option<i64> {
-        let t = self.idle_since[p];
-        (t != NOT_IDLE).then_some(t)
+    /// Adds a machine it does not hold yet; returns its position.
+    pub fn insert(&mut self, machine: Machine, now_unix_nanos: i64) -> usize {
+        debug_assert!(!self.contains(&machine.id));
+        let (rec, rare, _) = self.compact(&machine, None);
+        let idle = (machine.state == MachineState::Idle).then_some(now_unix_nanos);
+        let p = self.fleet.upsert_with_idle_since(&machine, idle) as usize;
+        if p == self.recs.len() {
+            self.recs.push(rec);
+            self.seen.push(0);
+        } else {
+            self.recs[p] = rec;
+            self.seen[p] = 0;
+        }
+        self.set_rare(p, rare);
+        self.account(p, 1);
+        p
     }
 
     /// Mutates one machine (a materialised copy, stored back), keeping every
@@ -467,17 +506,6 @@ impl Inventory {
         Some(r)
     }
 
-    /// Idle-since: stamped on entry into Idle, kept while Idle, cleared otherwise.
-    fn restamp(&mut self, p: usize, before: MachineState, now: i64) {
-        let after = self.recs[p].state;
-        self.idle_since[p] = match (before == MachineState::Idle, after == MachineState::Idle) {
-            (_, false) => NOT_IDLE,
-            (false, true) => now,
-            (true, true) if self.idle_since[p] == NOT_IDLE => now,
-            (true, true) => self.idle_since[p],
-        };
-    }
-
     /// Marks the machine at `pos` as listed in reconcile generation `generation`.
     pub fn mark_seen(&mut self, pos: usize, generation: u32) {
         self.seen[pos] = generation;
@@ -487,9 +515,8 @@ impl Inventory {
     /// which `keep` is false. Returns the removed records.
     pub fn remove_unseen(&mut self, generation: u32, keep: impl Fn(&str) -> bool) -> Vec<Machine> {
         let mut removed = Vec::new();
-        // Descending, so the record swapped into `p` was already checked.
-        for p in (0..self.recs.len()).rev() {
-            if self.seen[p] != generation && !keep(&self.recs[p].id) {
+        for p in 0..self.recs.len() {
+            if self.seen[p] != generation && self.id_at(p).is_some_and(|id| !keep(id)) {
                 removed.push(self.remove_at(p));
             }
         }
@@ -507,27 +534,9 @@ impl Inventory {
         let m = self.materialize(p);
         self.account(p, -1);
         self.fleet.remove(&m.id);
-        let h = id_hash(&m.id);
-        if let Some(slots) = self.index.get_mut(&h) {
-            slots.retain(|s| *s as usize != p);
-            if slots.is_empty() {
-                self.index.remove(&h);
-            }
-        }
-        let last = self.recs.len() - 1;
-        if p != last {
-            let moved = id_hash(&self.recs[last].id);
-            if let Some(slots) = self.index.get_mut(&moved) {
-                for s in slots.iter_mut() {
-                    if *s as usize == last {
-                        *s = p as u32;
-                    }
-                }
-            }
-        }
-        self.recs.swap_remove(p);
-        self.idle_since.swap_remove(p);
-        self.seen.swap_remove(p);
+        self.recs[p] = Rec::vacant();
+        self.rare.remove(&(p as u32));
+        self.seen[p] = 0;
         m
     }
 
@@ -633,10 +642,19 @@ impl Inventory {
         let Some(c) = self.syms.get(cluster).filter(|&c| c != EMPTY) else {
             return Vec::new();
         };
-        (0..self.recs.len())
+        self.live()
             .filter(|&p| self.recs[p].cluster == c)
             .map(|p| self.materialize(p))
             .collect()
+    }
+}
+
+/// Idle-since: stamped on entry into Idle, kept while Idle, cleared otherwise.
+fn restamp(before: MachineState, after: MachineState, was: Option<i64>, now: i64) -> Option<i64> {
+    match (before == MachineState::Idle, after == MachineState::Idle) {
+        (_, false) => None,
+        (false, true) => Some(now),
+        (true, true) => Some(was.unwrap_or(now)),
     }
 }
 
@@ -708,8 +726,8 @@ pub(crate) mod tests {
     /// Recomputes every counter from scratch and compares; checks the index.
     fn check_counters(inv: &Inventory) {
         let mut fresh = Inventory::new();
-        let all: Vec<Machine> = (0..inv.len()).map(|p| inv.materialize(p)).collect();
-        for m in &all {
+        let all: Vec<(usize, Machine)> = inv.live().map(|p| (p, inv.materialize(p))).collect();
+        for (_, m) in &all {
             fresh.upsert(m.clone(), 0);
         }
         let norm = |i: &Inventory| {
@@ -720,17 +738,32 @@ pub(crate) mod tests {
         assert_eq!(norm(inv), norm(&fresh));
         assert_eq!(inv.summary(), fresh.summary());
         assert_eq!(inv.free_supply(None), fresh.free_supply(None));
-        for (p, m) in all.iter().enumerate() {
-            assert_eq!(inv.position(&m.id), Some(p));
-            assert_eq!(inv.fleet.idle_since(&m.id), inv.idle_of(p));
+        assert_eq!(all.len(), inv.len());
+        for (p, m) in &all {
+            assert_eq!(inv.position(&m.id), Some(*p));
+            assert_eq!(inv.id_at(*p), Some(m.id.as_str()));
             assert_eq!(
                 inv.configured_in(&m.cluster),
                 fresh.configured_in(&m.cluster)
             );
         }
-        assert_eq!(inv.fleet.len(), inv.len());
-        let hashed: usize = inv.index.values().map(SmallVec::len).sum();
-        assert_eq!(hashed, inv.len());
+        // Free slots hold vacant records, counted nowhere.
+        for p in (0..inv.recs.len()).filter(|&p| inv.id_at(p).is_none()) {
+            assert_eq!(inv.recs[p].state, MachineState::Unspecified);
+            assert_eq!(inv.recs[p].cluster, EMPTY);
+            assert!(!inv.rare.contains_key(&(p as u32)));
+        }
+    }
+
+    #[test]
+    fn the_per_machine_record_stays_small() {
+        // 500K machines × this is most of decide's memory (issue 4: ≤ 300 MB
+        // with 50K needs); rare fields live beside the records.
+        assert!(
+            std::mem::size_of::<Rec>() <= 80,
+            "{}",
+            std::mem::size_of::<Rec>()
+        );
     }
 
     #[test]

@@ -277,9 +277,8 @@ pub fn merge(
         if !m.cluster.is_empty() {
             restore_assignment(&mut m);
         }
-        inv.upsert_at(None, m, now_unix_nanos);
-        // A new machine is appended.
-        inv.mark_seen(inv.len() - 1, generation);
+        let pos = inv.insert(m, now_unix_nanos);
+        inv.mark_seen(pos, generation);
         r.inserted += 1;
     }
     if full {
