@@ -25,6 +25,13 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         protos.push(COORDINATOR);
     }
     tonic_prost_build::configure()
+        // Machine records are decoded by the hundred thousand (reconcile) and
+        // land in the model's ordered maps: ordered maps on the wire side too
+        // skip a SipHash table per record and keep `shard_metadata` ordered
+        // end to end (ADR-0031).
+        .btree_map(".bigfleet.v1alpha1.Machine.labels")
+        .btree_map(".bigfleet.v1alpha1.Machine.shard_metadata")
+        .btree_map(".bigfleet.v1alpha1.ConfigureRequest.shard_metadata")
         .build_client(true)
         .build_server(true)
         .file_descriptor_set_path(out.join("bigfleet_descriptor.bin"))

@@ -1,5 +1,10 @@
 use clap::Parser;
 
+// The same allocator as the per-service binaries (ADR-0031): `bigfleet svc decide`
+// must behave like `bigfleet-shard-decide`.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
 #[tokio::main]
 async fn main() -> std::process::ExitCode {
     // `bigfleet svc <service> ...` parses the service's own flags and installs the

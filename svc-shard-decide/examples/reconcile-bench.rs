@@ -9,7 +9,19 @@
 //!
 //! Prints one JSON object: cold and steady full reconciles, incremental
 //! reconciles after 1% of the machines changed, one decision cycle over
-//! `--needs` demand rows, and decide's RSS (current and peak) afterwards.
+//! `--needs` demand rows, and decide's RSS (current and peak) afterwards,
+//! next to the bytes the allocator holds for live objects.
+
+// The binary's allocator and its build-time configuration (ADR-0031), so the
+// memory figures are the ones a running decide shows.
+#[global_allocator]
+static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
+
+/// Bytes in live allocations, MiB (jemalloc's `stats.allocated`).
+fn heap_live_mib() -> u64 {
+    let _ = tikv_jemalloc_ctl::epoch::advance();
+    tikv_jemalloc_ctl::stats::allocated::read().map_or(0, |b| (b >> 20) as u64)
+}
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
@@ -229,12 +241,14 @@ async fn main() -> anyhow::Result<()> {
         );
     }
     let rss_after_inventory = rss_kib("VmRSS:");
+    let live_after_inventory = heap_live_mib();
 
     for r in rollups(o.needs) {
         d.apply_rollup(&r)?;
     }
     anyhow::ensure!(d.need_rows() == o.needs, "needs in force {}", d.need_rows());
     let rss_after_needs = rss_kib("VmRSS:");
+    let live_after_needs = heap_live_mib();
     let mut cycles = Vec::new();
     let mut last = None;
     for _ in 0..3 {
@@ -257,6 +271,11 @@ async fn main() -> anyhow::Result<()> {
             })
             .collect();
     let rss = rss_kib("VmRSS:");
+    let live = heap_live_mib();
+    // Between cycles: the allocator hands freed pages back within its decay
+    // time (1 s, ADR-0031), so this is what a decide idling between cycles holds.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_settled = rss_kib("VmRSS:");
     let hwm = rss_kib("VmHWM:");
     let spec_ids = {
         let target = format!("unix://{}", sock.display());
@@ -369,7 +388,13 @@ async fn main() -> anyhow::Result<()> {
             "after_inventory": rss_after_inventory / 1024,
             "after_needs": rss_after_needs / 1024,
             "after_needs_and_cycles": rss / 1024,
+            "after_needs_and_cycles_settled_2s": rss_settled / 1024,
             "peak": hwm / 1024,
+        },
+        "heap_live_mib": {
+            "after_inventory": live_after_inventory,
+            "after_needs": live_after_needs,
+            "after_needs_and_cycles": live,
         },
     });
     println!("{}", serde_json::to_string_pretty(&out)?);

@@ -780,7 +780,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         let metadata = assignment_metadata(a);
         let ex = self.ex;
         let machine_id = self.machine_id.clone();
-        let wire_metadata: std::collections::HashMap<String, String> = metadata
+        let wire_metadata: std::collections::BTreeMap<String, String> = metadata
             .iter()
             .map(|(k, v)| (k.clone(), v.clone()))
             .collect();
@@ -838,7 +838,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
                         assigned_reclamation_penalty_dollars: Some(a.reclamation_penalty_dollars),
                         assigned_need_fingerprint: Some(a.need_fingerprint.clone()),
                         assigned_group: Some(a.group.clone()),
-                        shard_metadata: wire_metadata,
+                        shard_metadata: wire_metadata.into_iter().collect(),
                         provider_view: Some(view.raw),
                         ..Default::default()
                     },

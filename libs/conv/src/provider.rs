@@ -26,15 +26,23 @@ pub fn machine_state_to_proto(state: MachineState) -> i32 {
 /// are structural. `shard_metadata` is carried raw; decode it with
 /// [`Machine::apply_shard_metadata`] for newly seen records.
 pub fn machine_from_proto(m: &pb::Machine) -> Result<Machine, ConvError> {
+    machine_from_proto_owned(m.clone())
+}
+
+/// [`machine_from_proto`] taking the record by value: its strings and maps
+/// move into the model instead of being copied (reconcile decodes thousands
+/// of records a cycle and drops the wire form right after).
+pub fn machine_from_proto_owned(m: pb::Machine) -> Result<Machine, ConvError> {
+    let id = m.id.clone();
     let machine = machine_fields(m).map_err(|e| ConvError::InvalidMachine {
-        id: m.id.clone(),
+        id,
         source: Box::new(e),
     })?;
     machine.invariant()?;
     Ok(machine)
 }
 
-fn machine_fields(m: &pb::Machine) -> Result<Machine, ConvError> {
+fn machine_fields(m: pb::Machine) -> Result<Machine, ConvError> {
     let state = machine_state_from_proto(m.state)?;
     let capacity_type =
         CapacityType::from_ordinal(m.capacity_type).ok_or_else(|| ConvError::EnumOutOfRange {
@@ -53,37 +61,28 @@ fn machine_fields(m: &pb::Machine) -> Result<Machine, ConvError> {
     let allocatable = optional_resources("allocatable", m.allocatable.as_ref())?;
     let host = m
         .host
-        .as_ref()
         .map(|h| Host {
-            provider: h.provider.clone(),
-            reference: h.r#ref.clone(),
+            provider: h.provider,
+            reference: h.r#ref,
         })
         .unwrap_or_default();
     Ok(Machine {
-        id: m.id.clone(),
+        id: m.id,
         state,
         host,
-        cluster: m.cluster.clone(),
+        cluster: m.cluster,
         profile: MachineProfile {
-            instance_type: m.instance_type.clone(),
-            zone: m.zone.clone(),
+            instance_type: m.instance_type,
+            zone: m.zone,
             capacity_type,
             resources,
-            labels: m
-                .labels
-                .iter()
-                .map(|(k, v)| (k.clone(), v.clone()))
-                .collect(),
+            labels: m.labels.into_iter().collect(),
         },
         price_per_hour: m.price_per_hour,
         interruption_probability: m.interruption_probability,
-        last_error: m.last_error.clone(),
+        last_error: m.last_error,
         allocatable,
-        shard_metadata: m
-            .shard_metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect(),
+        shard_metadata: m.shard_metadata.into_iter().collect(),
         ..Machine::default()
     })
 }
@@ -158,11 +157,11 @@ mod tests {
             resources: Some(pb::Resources {
                 resources: HashMap::from([("nvidia.com/gpu".into(), "8".into())]),
             }),
-            labels: HashMap::from([("rack".into(), "r1".into())]),
+            labels: std::collections::BTreeMap::from([("rack".into(), "r1".into())]),
             last_error: String::new(),
             allocatable: None,
             cluster: "c1".into(),
-            shard_metadata: HashMap::from([(
+            shard_metadata: std::collections::BTreeMap::from([(
                 "bigfleet.lucy.sh/assigned-priority".into(),
                 "7".into(),
             )]),

@@ -119,10 +119,10 @@ fn machine() -> impl Strategy<Value = pb::Machine> {
         (enum_value(), float(), float()),
         (resources_msg(), resources_msg()),
         (
-            proptest::collection::hash_map(text(), text(), 0..3),
+            proptest::collection::btree_map(text(), text(), 0..3),
             text(),
             text(),
-            proptest::collection::hash_map(text(), text(), 0..3),
+            proptest::collection::btree_map(text(), text(), 0..3),
         ),
     )
         .prop_map(

@@ -11,7 +11,7 @@
 //! [`cases`] lists the tests that work against any provider; [`node_readiness_adr0056`]
 //! needs the in-process fake to play the node. [`run_suite`] runs a list and reports.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -251,7 +251,7 @@ fn create_req(
 fn configure_req(
     id: &str,
     cluster: &str,
-    metadata: HashMap<String, String>,
+    metadata: BTreeMap<String, String>,
     (shard_id, shard_epoch, sequence_number): (String, i64, i64),
 ) -> ConfigureRequest {
     ConfigureRequest {
@@ -421,7 +421,7 @@ async fn make_configured(
     client: &mut Client,
     ctx: &Ctx,
     cluster: &str,
-    metadata: HashMap<String, String>,
+    metadata: BTreeMap<String, String>,
 ) -> Result<String, Failure> {
     let id = make_idle(client, ctx).await?;
     ack_op(
@@ -467,7 +467,7 @@ pub async fn full_lifecycle(mut client: Client) -> Outcome {
     ack_op(
         "Configure",
         client
-            .configure(configure_req(&id, &cluster, HashMap::new(), ctx.next()))
+            .configure(configure_req(&id, &cluster, BTreeMap::new(), ctx.next()))
             .await,
     )?;
     let m = wait_state(
@@ -535,13 +535,13 @@ pub async fn configure_idempotent(mut client: Client) -> Outcome {
     let a = ack_op(
         "Configure",
         client
-            .configure(configure_req(&id, &cluster, HashMap::new(), ctx.next()))
+            .configure(configure_req(&id, &cluster, BTreeMap::new(), ctx.next()))
             .await,
     )?;
     let b = ack_op(
         "Configure again",
         client
-            .configure(configure_req(&id, &cluster, HashMap::new(), ctx.next()))
+            .configure(configure_req(&id, &cluster, BTreeMap::new(), ctx.next()))
             .await,
     )?;
     same_op("Configure", &a, &b)?;
@@ -550,7 +550,7 @@ pub async fn configure_idempotent(mut client: Client) -> Outcome {
 
 pub async fn drain_idempotent(mut client: Client) -> Outcome {
     let ctx = Ctx::new("drain-idem");
-    let id = make_configured(&mut client, &ctx, &cluster_name(), HashMap::new()).await?;
+    let id = make_configured(&mut client, &ctx, &cluster_name(), BTreeMap::new()).await?;
     let a = ack_op("Drain", client.drain(drain_req(&id, 30, ctx.next())).await)?;
     let b = ack_op(
         "Drain again",
@@ -753,7 +753,7 @@ pub async fn drain_on_speculative(mut client: Client) -> Outcome {
 
 pub async fn delete_on_configured(mut client: Client) -> Outcome {
     let ctx = Ctx::new("delete-configured");
-    let id = make_configured(&mut client, &ctx, &cluster_name(), HashMap::new()).await?;
+    let id = make_configured(&mut client, &ctx, &cluster_name(), BTreeMap::new()).await?;
     match client.delete(delete_req(&id, ctx.next())).await {
         Ok(ack) => fail!("Delete on CONFIGURED was accepted: {:?}", ack.into_inner()),
         Err(s) if s.code() == Code::FailedPrecondition => {
@@ -811,7 +811,7 @@ pub async fn transitional_state_observability(mut client: Client) -> Outcome {
 /// CONFIGURED and never stuck DRAINING.
 pub async fn drain_grace_timeout(mut client: Client) -> Outcome {
     let ctx = Ctx::new("drain-grace");
-    let id = make_configured(&mut client, &ctx, &cluster_name(), HashMap::new()).await?;
+    let id = make_configured(&mut client, &ctx, &cluster_name(), BTreeMap::new()).await?;
     ack_op("Drain", client.drain(drain_req(&id, 0, ctx.next())).await)?;
     let deadline = Instant::now() + Duration::from_secs(10);
     loop {
@@ -985,8 +985,8 @@ pub async fn fencing_checked_before_not_found(mut client: Client) -> Outcome {
 
 // ---- shard_metadata -------------------------------------------------------------------------
 
-fn well_known_metadata() -> HashMap<String, String> {
-    HashMap::from([
+fn well_known_metadata() -> BTreeMap<String, String> {
+    BTreeMap::from([
         (
             "bigfleet.lucy.sh/assigned-priority".to_owned(),
             "1000".to_owned(),
@@ -1014,7 +1014,7 @@ fn well_known_metadata() -> HashMap<String, String> {
 fn check_bound(
     m: &Machine,
     cluster: &str,
-    metadata: &HashMap<String, String>,
+    metadata: &BTreeMap<String, String>,
     seen_via: &str,
 ) -> Result<(), Failure> {
     ensure!(
@@ -1094,7 +1094,7 @@ pub async fn metadata_and_binding_clear_on_drain(mut client: Client) -> Outcome 
 
 pub async fn metadata_unknown_keys_preserved_verbatim(mut client: Client) -> Outcome {
     let ctx = Ctx::new("metadata-verbatim");
-    let metadata = HashMap::from([
+    let metadata = BTreeMap::from([
         ("example.com/unicode".to_owned(), "grüße 🚀 日本".to_owned()),
         ("example.com/tab".to_owned(), "a\tb".to_owned()),
         ("example.com/empty".to_owned(), String::new()),
@@ -1127,7 +1127,7 @@ pub async fn node_readiness_adr0056(mut client: Client, provider: &FakeProvider)
             .configure(configure_req(
                 &id,
                 &cluster_name(),
-                HashMap::new(),
+                BTreeMap::new(),
                 ctx.next(),
             ))
             .await,

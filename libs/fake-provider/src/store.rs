@@ -290,7 +290,7 @@ struct Record {
     cluster: Option<Box<str>>,
     // Boxed: an unbound machine (most of a 500K fleet) then pays 8 bytes, not 48.
     #[allow(clippy::box_collection)]
-    metadata: Option<Box<HashMap<String, String>>>,
+    metadata: Option<Box<BTreeMap<String, String>>>,
     last_error: Option<Box<str>>,
     /// The latest accepted operation: the idempotency key is (machine, kind) and only the
     /// latest kind can still be in its in-flight or target state.
@@ -969,7 +969,7 @@ fn pool_statics(catalog: &Catalog, seed: &catalog::SeedMachine) -> Machine {
     let pool = &catalog.pools[seed.pool];
     let it = &catalog.instance_types[&pool.instance_type];
     let zone = &pool.zones[seed.zone];
-    let mut labels: HashMap<String, String> = it
+    let mut labels: BTreeMap<String, String> = it
         .labels
         .iter()
         .chain(&pool.labels)

@@ -115,6 +115,13 @@ pub struct ChannelConfig {
     /// HTTP/2 keepalive pings, so dead peers are noticed on idle long-lived streams.
     pub keepalive_interval: Duration,
     pub keepalive_timeout: Duration,
+    /// HTTP/2 receive windows (per stream, per connection) and the largest DATA frame
+    /// the peer may send us. A provider's List is tens of MB: with the protocol's 64 KiB
+    /// defaults it would stall for a window update every 64 KiB and arrive in 16 KiB
+    /// frames. Windows are limits, not buffers: nothing is allocated up front.
+    pub stream_window: u32,
+    pub connection_window: u32,
+    pub max_frame: u32,
 }
 
 impl Default for ChannelConfig {
@@ -125,6 +132,9 @@ impl Default for ChannelConfig {
             connect_timeout: Duration::from_secs(5),
             keepalive_interval: Duration::from_secs(30),
             keepalive_timeout: Duration::from_secs(10),
+            stream_window: 16 << 20,
+            connection_window: 32 << 20,
+            max_frame: 1 << 20,
         }
     }
 }
@@ -217,7 +227,10 @@ fn prepare(target: &Target, cfg: &ChannelConfig) -> Result<(Endpoint, Connector)
         .tcp_nodelay(true)
         .http2_keep_alive_interval(cfg.keepalive_interval)
         .keep_alive_timeout(cfg.keepalive_timeout)
-        .keep_alive_while_idle(true);
+        .keep_alive_while_idle(true)
+        .initial_stream_window_size(cfg.stream_window)
+        .initial_connection_window_size(cfg.connection_window)
+        .max_frame_size(cfg.max_frame);
     Ok((endpoint, connector))
 }
 

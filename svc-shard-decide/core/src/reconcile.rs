@@ -6,7 +6,7 @@
 //! removal walk (a delta cannot express removal).
 
 use crate::inventory::Inventory;
-use bigfleet_conv::{machine_from_proto, node_state_update};
+use bigfleet_conv::{machine_from_proto_owned, node_state_update};
 use bigfleet_mesh::MeshChannel;
 use bigfleet_model::{Machine, MachineState};
 use bigfleet_proto::v1alpha1 as pb;
@@ -180,7 +180,7 @@ fn decode(raw: &[u8]) -> Result<Machine, bigfleet_conv::ConvError> {
             path: format!("wire encoding ({e})"),
         }),
     })?;
-    machine_from_proto(&pm)
+    machine_from_proto_owned(pm)
 }
 
 /// Merges a List answer into `inv`.

@@ -38,7 +38,7 @@ struct PState {
     latency: Duration,
     calls: Vec<Call>,
     blobs: Vec<Vec<u8>>,
-    metadata: Vec<HashMap<String, String>>,
+    metadata: Vec<std::collections::BTreeMap<String, String>>,
 }
 
 #[derive(Default)]

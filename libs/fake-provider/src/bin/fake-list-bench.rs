@@ -8,7 +8,7 @@
 //! answer in-process, no transport) and `client_decode_ms` (prost decoding that answer
 //! in-process, no transport).
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -163,7 +163,7 @@ async fn main() -> anyhow::Result<()> {
         "only {} idle machines to change, need {k}",
         flip.len()
     );
-    let metadata: HashMap<String, String> = HashMap::from([
+    let metadata: BTreeMap<String, String> = BTreeMap::from([
         ("bigfleet.lucy.sh/assigned-priority".into(), "100".into()),
         (
             "bigfleet.lucy.sh/assigned-need-fingerprint".into(),

@@ -370,7 +370,7 @@ fn metadata_is_stored_verbatim_echoed_everywhere_and_cleared_with_the_cluster() 
         ("weird \t key", ""),
         ("ünïcødé", "日本\u{1}\r\n"),
     ];
-    let want: HashMap<String, String> =
+    let want: std::collections::BTreeMap<String, String> =
         md.iter().map(|(k, v)| ((*k).into(), (*v).into())).collect();
     let ack = p.configure(&configure(&id, "c9", md, 1)).unwrap();
     let snap = ack.machine.unwrap();
