@@ -21,7 +21,7 @@ pub use capacity::{
 pub use error::ConvError;
 pub use mesh::{action_from_proto, action_kind_from_proto, action_kind_to_proto, action_to_proto};
 pub use provider::{
-    machine_from_proto, machine_from_proto_owned, machine_state_from_proto, machine_state_to_proto, machine_to_proto,
-    resources_message,
+    machine_from_proto, machine_from_proto_owned, machine_state_from_proto, machine_state_to_proto,
+    machine_to_proto, resources_message,
 };
 pub use shard::{bootstrap_request, node_state_update, node_supersedes_key, reclaim_instruction};
