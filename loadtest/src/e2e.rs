@@ -1,15 +1,20 @@
-//! The scale harness (`e2e-bench`): a whole shard — session gateway, decide and an execute
-//! worker pool over Unix sockets, against an instant in-process fake provider — in this
-//! process, driven by simulated operators.
+//! The scale harness (`e2e-bench`): a whole shard — session gateway, decide and execute
+//! workers over Unix sockets, against an in-process fake provider (instant, or with a delay
+//! before every mutating call) — driven by simulated operators.
 //!
 //! * [`run_bench`]: N single-machine units of demand against N Idle machines; how long
-//!   until every unit is Configured, actions per second, cycle p99.
+//!   until every unit is Configured, actions per second, cycle p99, and whether every
+//!   machine was handled exactly once.
 //! * [`crate::soak::run_soak`] (its own module): many cycles of churning demand, then a
 //!   settle and checks for leaked, phantom or stuck records.
 //!
-//! Everything runs in-process (the same `start` APIs the binaries' `run` wraps) so the
-//! numbers measure the services, not process start-up; `bigfleet up` is the multi-process
-//! counterpart.
+//! Gateway, decide and provider run in-process (the same `start` APIs the binaries' `run`
+//! wraps). Execute runs either as one in-process pool ([`ExecuteMode::InProcess`]) or as N
+//! separate OS processes of the real service ([`ExecuteMode::Processes`], [`workers`]),
+//! each dialing decide's Work socket, so the hand-out across processes is what a
+//! multi-replica execute Deployment sees.
+
+pub mod workers;
 
 use std::collections::BTreeMap;
 use std::sync::Arc;
@@ -25,6 +30,7 @@ use serde::Serialize;
 
 use crate::demand::{Demand, NeedSpec};
 use crate::operator::{Operator, OperatorConfig, OperatorHandle};
+pub use workers::{WorkerCommand, WorkerProcesses, WorkerTargets};
 
 /// Instance type of a bench unit: one unit fills one machine.
 pub const UNIT_TYPE: &str = "c.unit.16";
@@ -47,16 +53,39 @@ fn start_err(what: &'static str) -> impl Fn(String) -> HarnessError {
     move |reason| HarnessError::Start { what, reason }
 }
 
+/// Where execute runs.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub enum ExecuteMode {
+    /// One worker pool inside this process.
+    #[default]
+    InProcess,
+    /// `count` worker processes started with `command`, each with the shard's concurrency.
+    Processes { count: u32, command: WorkerCommand },
+}
+
+impl ExecuteMode {
+    /// Worker processes (0 for the in-process pool).
+    pub fn processes(&self) -> u32 {
+        match self {
+            Self::InProcess => 0,
+            Self::Processes { count, .. } => *count,
+        }
+    }
+}
+
 /// How the in-process shard is configured.
 #[derive(Debug, Clone)]
 pub struct ShardConfig {
     pub catalog: Catalog,
     pub cycle_interval: Duration,
-    /// Execute actions in flight.
+    /// Execute actions in flight (per process in [`ExecuteMode::Processes`]).
     pub concurrency: u32,
     pub reclaim_cap_fraction: f64,
     /// Per-cluster roll-ups per second at the gateway.
     pub rollup_rate: f64,
+    pub execute: ExecuteMode,
+    /// Delay before every mutating provider call is handled.
+    pub provider_latency: Duration,
 }
 
 impl ShardConfig {
@@ -67,6 +96,8 @@ impl ShardConfig {
             concurrency: 256,
             reclaim_cap_fraction: 0.05,
             rollup_rate: 50.0,
+            execute: ExecuteMode::InProcess,
+            provider_latency: Duration::ZERO,
         }
     }
 }
@@ -144,13 +175,18 @@ pub fn unit_demand(units: u32, priority: i32) -> Demand {
     )])
 }
 
-/// One shard in this process.
+enum Execute {
+    InProcess(svc_shard_execute::Running),
+    Processes(WorkerProcesses),
+}
+
+/// One shard in this process (execute possibly in child processes).
 pub struct InProcessShard {
     pub provider: Arc<FakeProvider>,
     provider_server: bigfleet_fake_provider::ServerHandle,
     decide: svc_shard_decide::Running,
     gateway: svc_session_gateway::Running,
-    execute: svc_shard_execute::Running,
+    execute: Execute,
     decide_registry: MetricsRegistry,
     gateway_target: String,
     _dir: tempfile::TempDir,
@@ -165,16 +201,23 @@ impl std::fmt::Debug for InProcessShard {
 }
 
 impl InProcessShard {
-    /// Provider, decide (ready after its first reconcile), gateway and execute pool.
+    /// Provider, decide (ready after its first reconcile), gateway and execute workers
+    /// (connected, for worker processes).
     pub async fn start(cfg: ShardConfig) -> Result<Self, HarnessError> {
         let dir = tempfile::Builder::new().prefix("bf-bench-").tempdir()?;
         let provider = Arc::new(FakeProvider::from_catalog(
             &cfg.catalog,
             ProviderConfig::default(),
         )?);
-        let provider_server =
-            bigfleet_fake_provider::spawn_uds(&dir.path().join("provider.sock"), provider.clone())
-                .await?;
+        let provider_server = bigfleet_fake_provider::server::spawn_uds_with(
+            &dir.path().join("provider.sock"),
+            provider.clone(),
+            bigfleet_fake_provider::server::ServeOptions {
+                rpc_latency: cfg.provider_latency,
+                ..Default::default()
+            },
+        )
+        .await?;
         let provider_target = provider_server.target();
 
         let args = svc_shard_decide::Args::try_parse_from([
@@ -212,16 +255,30 @@ impl InProcessShard {
                 .ok_or_else(|| start_err("gateway")("no public address".into()))?
         );
 
-        let mut x = svc_shard_execute::Config::new(
-            &format!("unix://{}", decide.socket_path().display()),
-            &format!("unix://{}", gateway.socket_path().display()),
-            &provider_target,
-        );
-        x.concurrency = cfg.concurrency;
-        x.drain_timeout = Duration::from_secs(2);
-        let execute = svc_shard_execute::start(x)
-            .await
-            .map_err(|e| start_err("execute")(e.to_string()))?;
+        let targets = WorkerTargets {
+            decide: workers::unix_target(decide.socket_path()),
+            gateway: workers::unix_target(gateway.socket_path()),
+            provider: provider_target.clone(),
+        };
+        let mut execute = match &cfg.execute {
+            ExecuteMode::InProcess => {
+                let mut x = svc_shard_execute::Config::new(
+                    &targets.decide,
+                    &targets.gateway,
+                    &targets.provider,
+                );
+                x.concurrency = cfg.concurrency;
+                x.drain_timeout = Duration::from_secs(2);
+                Execute::InProcess(
+                    svc_shard_execute::start(x)
+                        .await
+                        .map_err(|e| start_err("execute")(e.to_string()))?,
+                )
+            }
+            ExecuteMode::Processes { count, command } => Execute::Processes(
+                WorkerProcesses::spawn(command, *count, cfg.concurrency, &targets)?,
+            ),
+        };
 
         let deadline = Instant::now() + Duration::from_secs(30);
         while !decide.decide().is_ready() {
@@ -229,6 +286,24 @@ impl InProcessShard {
                 return Err(start_err("decide")("not ready after 30s".into()));
             }
             tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Every worker process holds a Work stream before any demand arrives, so the
+        // hand-out is shared from the first action on.
+        if let Execute::Processes(procs) = &mut execute {
+            let want = procs.len() as u64;
+            loop {
+                procs.check_alive()?;
+                let text = decide_registry.encode_text().unwrap_or_default();
+                if sum_metric(&text, "bigfleet_shard_work_streams", None) >= want {
+                    break;
+                }
+                if Instant::now() > deadline {
+                    return Err(start_err("execute processes")(format!(
+                        "fewer than {want} work streams after 30s"
+                    )));
+                }
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
         }
         Ok(Self {
             provider,
@@ -256,14 +331,59 @@ impl InProcessShard {
         self.decide.decide().cycle_count()
     }
 
-    /// Actions the worker pool finished (any outcome) and how many succeeded.
+    /// Actions the workers reported done to decide (any outcome) and how many succeeded,
+    /// from decide's own counter (one source whatever runs execute).
     pub fn actions_executed(&self) -> (u64, u64) {
-        let text = self.execute.registry().encode_text().unwrap_or_default();
-        let name = "bigfleet_shard_action_execute_outcomes_total";
+        let text = self.decide_registry.encode_text().unwrap_or_default();
+        let name = workers::OUTCOMES_METRIC;
         (
             sum_metric(&text, name, None),
             sum_metric(&text, name, Some(("outcome", "success"))),
         )
+    }
+
+    /// Decide's finished actions per outcome label.
+    pub fn outcomes(&self) -> BTreeMap<String, u64> {
+        let text = self.decide_registry.encode_text().unwrap_or_default();
+        label_counts(&text, workers::OUTCOMES_METRIC, "outcome")
+    }
+
+    /// Per worker process: actions it finished and how many succeeded, from its own
+    /// metrics (empty for the in-process pool).
+    pub async fn per_process_executed(&self) -> Result<Vec<(u64, u64)>, HarnessError> {
+        match &self.execute {
+            Execute::InProcess(_) => Ok(Vec::new()),
+            Execute::Processes(p) => p.executed().await,
+        }
+    }
+
+    /// CPU seconds used so far by this process (decide, gateway, provider, operators and
+    /// an in-process pool) and by the worker processes together (`None` off Linux).
+    pub fn cpu_seconds(&self) -> Option<(f64, f64)> {
+        let own = workers::process_cpu_seconds(std::process::id())?;
+        let workers = match &self.execute {
+            Execute::InProcess(_) => 0.0,
+            Execute::Processes(p) => p.cpu_seconds()?.iter().sum(),
+        };
+        Some((own, workers))
+    }
+
+    /// An error when a worker process died.
+    pub fn check_workers(&mut self) -> Result<(), HarnessError> {
+        match &mut self.execute {
+            Execute::InProcess(_) => Ok(()),
+            Execute::Processes(p) => p.check_alive(),
+        }
+    }
+
+    /// Machines in `state` at the provider (a counter read, no listing).
+    pub fn provider_count(&self, state: pb::MachineState) -> u64 {
+        let name = state.as_str_name().trim_start_matches("MACHINE_STATE_");
+        self.provider
+            .stats()
+            .by_state
+            .get(&name.to_ascii_lowercase())
+            .map_or(0, |n| *n as u64)
     }
 
     /// p99 of decide's cycle duration (upper bound of the bucket holding it), ms.
@@ -294,7 +414,10 @@ impl InProcessShard {
 
     /// Stops everything, workers first.
     pub async fn shutdown(self) {
-        self.execute.shutdown().await;
+        match self.execute {
+            Execute::InProcess(x) => x.shutdown().await,
+            Execute::Processes(p) => p.shutdown().await,
+        }
         let _ = self.gateway.shutdown().await;
         let _ = self.decide.shutdown().await;
         self.provider_server.shutdown().await;
@@ -324,6 +447,31 @@ pub fn sum_metric(text: &str, name: &str, label: Option<(&str, &str)>) -> u64 {
         }
     }
     total as u64
+}
+
+/// A counter's values summed per value of `label`.
+pub fn label_counts(text: &str, name: &str, label: &str) -> BTreeMap<String, u64> {
+    let mut out = BTreeMap::new();
+    let key = format!("{label}=\"");
+    for line in text.lines() {
+        let Some(rest) = line.strip_prefix(name) else {
+            continue;
+        };
+        if !rest.starts_with('{') {
+            continue;
+        }
+        let Some(start) = rest.find(&key) else {
+            continue;
+        };
+        let value_text = &rest[start + key.len()..];
+        let Some(end) = value_text.find('"') else {
+            continue;
+        };
+        if let Some(v) = rest.rsplit(' ').next().and_then(|v| v.parse::<f64>().ok()) {
+            *out.entry(value_text[..end].to_owned()).or_insert(0) += v as u64;
+        }
+    }
+    out
 }
 
 /// The upper bound of the first histogram bucket whose cumulative count reaches `q` of
@@ -379,8 +527,28 @@ pub struct BenchConfig {
     /// Clusters sharing the units (each one need).
     pub clusters: u32,
     pub cycle_interval: Duration,
+    /// Actions in flight per execute pool (per process in [`ExecuteMode::Processes`]).
     pub concurrency: u32,
     pub timeout: Duration,
+    pub execute: ExecuteMode,
+    /// Delay before every mutating provider call is handled.
+    pub provider_latency: Duration,
+}
+
+impl BenchConfig {
+    /// `units` over 4 clusters, 100 ms cycles, 64 in flight, in-process execute, instant
+    /// provider, 120 s budget.
+    pub fn new(units: u32) -> Self {
+        Self {
+            units,
+            clusters: 4,
+            cycle_interval: Duration::from_millis(100),
+            concurrency: 64,
+            timeout: Duration::from_secs(120),
+            execute: ExecuteMode::InProcess,
+            provider_latency: Duration::ZERO,
+        }
+    }
 }
 
 /// What `e2e-bench --units N --json` prints.
@@ -390,13 +558,35 @@ pub struct BenchReport {
     pub configured: u64,
     /// From the demand change to the last unit Configured (`null` when it never happened).
     pub seconds_to_all_configured: Option<f64>,
-    /// Executed actions per second over that window.
+    /// From decide's first action to the last unit Configured: the window of
+    /// `actions_per_s` (cycle and roll-up latency before the first action excluded).
+    pub seconds_first_action_to_all_configured: Option<f64>,
+    /// Actions decide saw done per second over that window.
     pub actions_per_s: f64,
     pub cycle_p99_ms: f64,
     pub cycles: u64,
     pub clusters: u32,
+    /// Execute worker processes; 0 = one pool inside the bench process.
+    pub execute_processes: u32,
+    pub concurrency_per_pool: u32,
+    pub provider_latency_ms: f64,
+    /// Actions reported done to decide (any outcome) and the successful ones.
     pub actions_executed: u64,
     pub actions_succeeded: u64,
+    /// Decide's done actions per outcome.
+    pub outcomes: BTreeMap<String, u64>,
+    /// Per worker process: actions it finished, from its own metrics.
+    pub per_process_actions: Vec<u64>,
+    /// Transitions the provider started (a replayed call starts none).
+    pub provider_operations: u64,
+    /// CPU seconds over the run (demand change to all Configured) of the bench process
+    /// (decide, gateway, provider, operators; plus the pool when in-process) and of the
+    /// worker processes; `null` off Linux.
+    pub cpu_seconds_shard: Option<f64>,
+    pub cpu_seconds_workers: Option<f64>,
+    /// Every unit Configured by exactly one successful action and exactly one provider
+    /// transition, and (processes) the workers' own counts add up to decide's.
+    pub exactly_once: bool,
 }
 
 /// N single-machine units against N Idle machines.
@@ -404,7 +594,9 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport, HarnessError> {
     let mut shard_cfg = ShardConfig::new(unit_catalog(cfg.units, 0));
     shard_cfg.cycle_interval = cfg.cycle_interval;
     shard_cfg.concurrency = cfg.concurrency;
-    let shard = InProcessShard::start(shard_cfg).await?;
+    shard_cfg.execute = cfg.execute.clone();
+    shard_cfg.provider_latency = cfg.provider_latency;
+    let mut shard = InProcessShard::start(shard_cfg).await?;
     let clusters = cfg.clusters.clamp(1, cfg.units.max(1));
     let mut ops = Vec::new();
     for c in 0..clusters {
@@ -424,6 +616,10 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport, HarnessError> {
         }
     }
     let (a0, s0) = shard.actions_executed();
+    let outcomes0 = shard.outcomes();
+    let ops0 = shard.provider.stats().operations;
+    let workers0 = shard.per_process_executed().await?;
+    let cpu0 = shard.cpu_seconds();
     let started = Instant::now();
     for (c, o) in ops.iter().enumerate() {
         let c = c as u32;
@@ -433,34 +629,80 @@ pub async fn run_bench(cfg: &BenchConfig) -> Result<BenchReport, HarnessError> {
     let target = u64::from(cfg.units);
     let mut configured = 0u64;
     let mut took = None;
+    let mut first_action = None;
+    let mut last_liveness = Instant::now();
     while started.elapsed() < cfg.timeout {
-        configured = shard
-            .provider
-            .ids_in_state(pb::MachineState::Configured)
-            .len() as u64;
+        if first_action.is_none() && shard.decide().action_counts() != (0, 0) {
+            first_action = Some(started.elapsed());
+        }
+        configured = shard.provider_count(pb::MachineState::Configured);
         if configured >= target {
             took = Some(started.elapsed());
             break;
         }
+        if last_liveness.elapsed() > Duration::from_secs(1) {
+            shard.check_workers()?;
+            last_liveness = Instant::now();
+        }
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    let window = took.unwrap_or_else(|| started.elapsed());
-    // The provider shows Configured a moment before the workers count the action as done.
+    let end = took.unwrap_or_else(|| started.elapsed());
+    let cpu1 = shard.cpu_seconds();
+    // An action shorter than the 5 ms poll can come and go unseen: then it started
+    // within the last poll before the first Configured.
+    let first = first_action.unwrap_or_default().min(end);
+    let window = end.saturating_sub(first);
+    // The provider shows Configured a moment before the workers report the action done.
     let drain = Instant::now() + Duration::from_secs(5);
     while shard.decide().action_counts() != (0, 0) && Instant::now() < drain {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     let (a1, s1) = shard.actions_executed();
+    let mut outcomes = shard.outcomes();
+    for (k, v) in outcomes0 {
+        if let Some(n) = outcomes.get_mut(&k) {
+            *n = n.saturating_sub(v);
+        }
+    }
+    outcomes.retain(|_, n| *n > 0);
+    let workers1 = shard.per_process_executed().await?;
+    let per_process: Vec<(u64, u64)> = workers1
+        .iter()
+        .enumerate()
+        .map(|(i, &(a, s))| {
+            let (a0, s0) = workers0.get(i).copied().unwrap_or_default();
+            (a - a0, s - s0)
+        })
+        .collect();
+    let provider_operations = shard.provider.stats().operations - ops0;
+    let executed = a1 - a0;
+    let succeeded = s1 - s0;
+    let workers_agree = per_process.is_empty()
+        || (per_process.iter().map(|p| p.0).sum::<u64>() == executed
+            && per_process.iter().map(|p| p.1).sum::<u64>() == succeeded);
     let report = BenchReport {
         units: cfg.units,
         configured,
         seconds_to_all_configured: took.map(|d| round3(d.as_secs_f64())),
-        actions_per_s: round3((a1 - a0) as f64 / window.as_secs_f64().max(1e-9)),
+        seconds_first_action_to_all_configured: took.map(|_| round3(window.as_secs_f64())),
+        actions_per_s: round3(executed as f64 / window.as_secs_f64().max(1e-9)),
         cycle_p99_ms: round3(shard.cycle_p99_ms()),
         cycles: shard.cycles(),
         clusters,
-        actions_executed: a1 - a0,
-        actions_succeeded: s1 - s0,
+        execute_processes: cfg.execute.processes(),
+        concurrency_per_pool: cfg.concurrency,
+        provider_latency_ms: round3(cfg.provider_latency.as_secs_f64() * 1000.0),
+        actions_executed: executed,
+        actions_succeeded: succeeded,
+        outcomes,
+        per_process_actions: per_process.iter().map(|p| p.0).collect(),
+        provider_operations,
+        cpu_seconds_shard: cpu0.zip(cpu1).map(|(a, b)| round3(b.0 - a.0)),
+        cpu_seconds_workers: cpu0.zip(cpu1).map(|(a, b)| round3(b.1 - a.1)),
+        exactly_once: configured == target
+            && succeeded == target
+            && provider_operations == target
+            && workers_agree,
     };
     for o in &ops {
         o.stop();
@@ -496,6 +738,10 @@ mod tests {
         assert_eq!(histogram_quantile(text, "h", 0.99), 0.1);
         assert_eq!(histogram_quantile(text, "h", 0.5), 0.001);
         assert_eq!(histogram_quantile("", "h", 0.99), 0.0);
+        let by = label_counts(text, n, "outcome");
+        assert_eq!(by.get("success"), Some(&7));
+        assert_eq!(by.get("fenced"), Some(&2));
+        assert_eq!(by.len(), 2);
     }
 
     #[test]
@@ -511,17 +757,20 @@ mod tests {
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
     async fn a_small_bench_configures_every_unit() {
         let report = run_bench(&BenchConfig {
-            units: 20,
             clusters: 2,
             cycle_interval: Duration::from_millis(50),
             concurrency: 32,
             timeout: Duration::from_secs(30),
+            ..BenchConfig::new(20)
         })
         .await
         .unwrap();
         assert_eq!(report.configured, 20, "{report:?}");
         assert!(report.seconds_to_all_configured.is_some(), "{report:?}");
         assert!(report.actions_executed >= 20, "{report:?}");
+        assert!(report.exactly_once, "{report:?}");
+        assert_eq!(report.provider_operations, 20, "{report:?}");
+        assert!(report.per_process_actions.is_empty(), "{report:?}");
         assert!(report.cycles > 0);
     }
 }

@@ -71,6 +71,10 @@ pub struct Args {
     /// ADR-0056: hold every Configure in CONFIGURING until the admin API marks it ready.
     #[arg(long, env = "BIGFLEET_READINESS_HOLD")]
     pub readiness_hold: bool,
+    /// Every mutating call (Create, Configure, Drain, Delete) waits this long before it is
+    /// handled, like a cloud API's round trip (independent of the transition latencies).
+    #[arg(long, env = "BIGFLEET_RPC_LATENCY", value_parser = duration)]
+    pub rpc_latency: Option<Duration>,
     /// Transitions still running after this long land in FAILED.
     #[arg(long, env = "BIGFLEET_TRANSITION_TIMEOUT", value_parser = duration)]
     pub transition_timeout: Option<Duration>,
@@ -196,7 +200,10 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         }
     };
 
-    let mut opts = ServeOptions::default();
+    let mut opts = ServeOptions {
+        rpc_latency: args.rpc_latency.unwrap_or_default(),
+        ..ServeOptions::default()
+    };
     if let Some(addr) = metrics_addr {
         let registry = MetricsRegistry::new();
         let metrics = ProviderMetrics::register(&registry)?;
@@ -313,6 +320,14 @@ mod tests {
         assert_eq!(c.failure_rates.configure, 0.25);
         assert_eq!(c.failure_style, FailureStyle::Fail);
         assert!(!c.delete_supported);
+    }
+
+    #[test]
+    fn rpc_latency_is_independent_of_transitions() {
+        let a = parse(&["--rpc-latency", "50ms"]).unwrap();
+        assert_eq!(a.rpc_latency, Some(Duration::from_millis(50)));
+        assert_eq!(a.provider_config().transitions, TransitionModel::instant());
+        assert_eq!(parse(&[]).unwrap().rpc_latency, None);
     }
 
     #[test]

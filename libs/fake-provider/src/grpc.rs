@@ -4,7 +4,7 @@
 use std::convert::Infallible;
 use std::sync::Arc;
 use std::task::{Context, Poll};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use bigfleet_proto::service_names::CAPACITY_PROVIDER;
 use bigfleet_proto::v1alpha1::capacity_provider_server::{
@@ -32,11 +32,31 @@ const LIST_PATH: &str = "/bigfleet.v1alpha1.CapacityProvider/List";
 pub struct ProviderGrpc {
     provider: Arc<FakeProvider>,
     metrics: Option<ProviderMetrics>,
+    /// Delay before every mutating call (Create, Configure, Drain, Delete) is handled.
+    rpc_latency: Duration,
 }
 
 impl ProviderGrpc {
     pub fn new(provider: Arc<FakeProvider>, metrics: Option<ProviderMetrics>) -> Self {
-        Self { provider, metrics }
+        Self {
+            provider,
+            metrics,
+            rpc_latency: Duration::ZERO,
+        }
+    }
+
+    /// Every mutating call waits `latency` before it is handled, like a cloud API's round
+    /// trip. Get and List stay immediate: the latency being modelled is the worker's, and
+    /// delaying List would slow decide's reconcile instead.
+    pub fn with_rpc_latency(mut self, latency: Duration) -> Self {
+        self.rpc_latency = latency;
+        self
+    }
+
+    async fn delay(&self) {
+        if !self.rpc_latency.is_zero() {
+            tokio::time::sleep(self.rpc_latency).await;
+        }
     }
 
     fn observe<T>(
@@ -61,6 +81,7 @@ impl CapacityProvider for ProviderGrpc {
         &self,
         request: Request<CreateRequest>,
     ) -> Result<Response<TransitionAck>, Status> {
+        self.delay().await;
         self.observe("Create", self.provider.create(request.get_ref()))
     }
 
@@ -68,6 +89,7 @@ impl CapacityProvider for ProviderGrpc {
         &self,
         request: Request<ConfigureRequest>,
     ) -> Result<Response<TransitionAck>, Status> {
+        self.delay().await;
         self.observe("Configure", self.provider.configure(request.get_ref()))
     }
 
@@ -75,6 +97,7 @@ impl CapacityProvider for ProviderGrpc {
         &self,
         request: Request<DrainRequest>,
     ) -> Result<Response<TransitionAck>, Status> {
+        self.delay().await;
         self.observe("Drain", self.provider.drain(request.get_ref()))
     }
 
@@ -82,6 +105,7 @@ impl CapacityProvider for ProviderGrpc {
         &self,
         request: Request<DeleteRequest>,
     ) -> Result<Response<TransitionAck>, Status> {
+        self.delay().await;
         self.observe("Delete", self.provider.delete(request.get_ref()))
     }
 
@@ -110,10 +134,20 @@ impl FakeProviderService {
     }
 
     pub fn with_metrics(provider: Arc<FakeProvider>, metrics: Option<ProviderMetrics>) -> Self {
-        let inner =
-            CapacityProviderServer::new(ProviderGrpc::new(provider.clone(), metrics.clone()))
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        Self::with_options(provider, metrics, Duration::ZERO)
+    }
+
+    /// With metrics and a delay before every mutating call ([`ProviderGrpc::with_rpc_latency`]).
+    pub fn with_options(
+        provider: Arc<FakeProvider>,
+        metrics: Option<ProviderMetrics>,
+        rpc_latency: Duration,
+    ) -> Self {
+        let inner = CapacityProviderServer::new(
+            ProviderGrpc::new(provider.clone(), metrics.clone()).with_rpc_latency(rpc_latency),
+        )
+        .max_decoding_message_size(MAX_MESSAGE_BYTES)
+        .max_encoding_message_size(MAX_MESSAGE_BYTES);
         Self {
             inner,
             list: ListHandler { provider, metrics },

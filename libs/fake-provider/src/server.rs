@@ -88,6 +88,8 @@ impl Drop for ServerHandle {
 #[derive(Clone, Default)]
 pub struct ServeOptions {
     pub metrics: Option<ProviderMetrics>,
+    /// Delay before every mutating call is handled (`--rpc-latency`).
+    pub rpc_latency: std::time::Duration,
 }
 
 fn builder() -> Server {
@@ -119,7 +121,11 @@ async fn router(
         .add_service(health)
         .add_service(v1)
         .add_service(v1alpha)
-        .add_service(FakeProviderService::with_metrics(provider, opts.metrics)))
+        .add_service(FakeProviderService::with_options(
+            provider,
+            opts.metrics,
+            opts.rpc_latency,
+        )))
 }
 
 /// Serves `provider` on `addr` (port 0 picks a free one).

@@ -1,10 +1,14 @@
-//! `e2e-bench`: the scale harness — a whole shard in-process against an instant fake
-//! provider. `--units N` measures time to Configure N single-machine units; `--soak-cycles N`
-//! churns demand for N cycles and checks for leaked or stuck records.
+//! `e2e-bench`: the scale harness — a whole shard against an in-process fake provider.
+//! `--units N` measures time to Configure N single-machine units (execute in-process, or
+//! `--execute-processes N` separate worker processes; `--provider-latency` delays every
+//! mutating provider call); `--soak-cycles N` churns demand for N cycles and checks for
+//! leaked or stuck records. `e2e-bench execute-worker <flags>` is the execute service
+//! itself (the worker processes' default command).
 
 use std::time::Duration;
 
-use bigfleet_loadtest::e2e::{BenchConfig, run_bench};
+use bigfleet_loadtest::e2e::workers::EXECUTE_WORKER_ARG;
+use bigfleet_loadtest::e2e::{BenchConfig, ExecuteMode, WorkerCommand, run_bench};
 use bigfleet_loadtest::soak::{SoakConfig, run_soak};
 use clap::Parser;
 
@@ -23,9 +27,19 @@ struct Cli {
     /// Decide's cycle ticker (default 100ms for the bench, 5ms for the soak).
     #[arg(long, value_parser = humantime::parse_duration)]
     cycle_interval: Option<Duration>,
-    /// Execute actions in flight.
-    #[arg(long, default_value_t = 256)]
+    /// Execute actions in flight, per worker pool (the service's default).
+    #[arg(long, default_value_t = 64)]
     concurrency: u32,
+    /// Run execute as this many separate worker processes (0: one pool in this process).
+    #[arg(long, default_value_t = 0)]
+    execute_processes: u32,
+    /// Command of a worker process, e.g. `target/release/bigfleet-shard-execute` or
+    /// `target/release/bigfleet svc shard-execute`; default: `<this binary> execute-worker`.
+    #[arg(long)]
+    execute_cmd: Option<String>,
+    /// Delay before every mutating provider call (Create, Configure, Drain, Delete).
+    #[arg(long, default_value = "0s", value_parser = humantime::parse_duration)]
+    provider_latency: Duration,
     /// Give up on the bench after this long.
     #[arg(long, default_value = "120s", value_parser = humantime::parse_duration)]
     timeout: Duration,
@@ -34,9 +48,25 @@ struct Cli {
     json: bool,
 }
 
+/// `e2e-bench execute-worker <flags>`: exactly `bigfleet-shard-execute <flags>`.
+async fn execute_worker(argv: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
+    let args = svc_shard_execute::Args::parse_from(argv);
+    let cfg = bigfleet_telemetry::TelemetryConfig::from_env(
+        "bigfleet-shard-execute",
+        args.log.log_format,
+    );
+    let _telemetry = bigfleet_telemetry::init(&cfg)?;
+    svc_shard_execute::run(args).await
+}
+
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+    let mut argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    if argv.get(1).is_some_and(|a| a == EXECUTE_WORKER_ARG) {
+        argv.remove(1);
+        return execute_worker(argv).await;
+    }
+    let cli = Cli::parse_from(argv);
     let _telemetry = bigfleet_telemetry::init(&bigfleet_telemetry::TelemetryConfig::from_lookup(
         "e2e-bench",
         Default::default(),
@@ -84,26 +114,57 @@ async fn main() -> anyhow::Result<()> {
         anyhow::ensure!(r.ok, "soak checks failed");
         return Ok(());
     }
+    let execute = if cli.execute_processes == 0 {
+        ExecuteMode::InProcess
+    } else {
+        let command = match cli.execute_cmd.as_deref() {
+            Some(line) => WorkerCommand::parse(line)
+                .ok_or_else(|| anyhow::anyhow!("--execute-cmd is empty"))?,
+            None => WorkerCommand::this_binary()?,
+        };
+        ExecuteMode::Processes {
+            count: cli.execute_processes,
+            command,
+        }
+    };
     let cfg = BenchConfig {
-        units: cli.units,
         clusters: cli.clusters.unwrap_or(4),
         cycle_interval: cli.cycle_interval.unwrap_or(Duration::from_millis(100)),
         concurrency: cli.concurrency,
         timeout: cli.timeout,
+        execute,
+        provider_latency: cli.provider_latency,
+        ..BenchConfig::new(cli.units)
     };
     let r = run_bench(&cfg).await?;
     if cli.json {
         println!("{}", serde_json::to_string(&r)?);
     } else {
         println!(
-            "{} units: {} configured in {} — {:.1} actions/s, cycle p99 {:.1} ms ({} cycles)",
+            "{} units: {} configured in {} — {:.1} actions/s, cycle p99 {:.1} ms ({} cycles)\n\
+             execute: {}, {} in flight each, provider latency {} ms; outcomes {:?}, \
+             per process {:?}, provider transitions {} — {}",
             r.units,
             r.configured,
             r.seconds_to_all_configured
                 .map_or_else(|| "(not all)".to_owned(), |s| format!("{s:.3}s")),
             r.actions_per_s,
             r.cycle_p99_ms,
-            r.cycles
+            r.cycles,
+            match r.execute_processes {
+                0 => "in-process pool".to_owned(),
+                n => format!("{n} processes"),
+            },
+            r.concurrency_per_pool,
+            r.provider_latency_ms,
+            r.outcomes,
+            r.per_process_actions,
+            r.provider_operations,
+            if r.exactly_once {
+                "each machine handled exactly once"
+            } else {
+                "DUPLICATE OR MISSING WORK"
+            }
         );
     }
     anyhow::ensure!(
@@ -112,5 +173,6 @@ async fn main() -> anyhow::Result<()> {
         r.configured,
         r.units
     );
+    anyhow::ensure!(r.exactly_once, "work was not done exactly once: {r:?}");
     Ok(())
 }
