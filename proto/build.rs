@@ -32,6 +32,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .btree_map(".bigfleet.v1alpha1.Machine.labels")
         .btree_map(".bigfleet.v1alpha1.Machine.shard_metadata")
         .btree_map(".bigfleet.v1alpha1.ConfigureRequest.shard_metadata")
+        .btree_map(".bigfleet.v1alpha1.Resources.resources")
         .build_client(true)
         .build_server(true)
         .file_descriptor_set_path(out.join("bigfleet_descriptor.bin"))

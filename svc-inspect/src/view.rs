@@ -385,7 +385,7 @@ fn sorted(map: &HashMap<String, String>) -> BTreeMap<String, String> {
 }
 
 fn resources_of(r: Option<&pb::Resources>) -> BTreeMap<String, String> {
-    r.map(|r| sorted(&r.resources)).unwrap_or_default()
+    r.map(|r| r.resources.clone()).unwrap_or_default()
 }
 
 #[cfg(test)]

@@ -6,7 +6,6 @@ use bigfleet_model::{
     WhenUnsatisfiable, parse_quantity,
 };
 use bigfleet_proto::v1alpha1 as pb;
-use std::collections::HashMap;
 
 /// Characters that separate fields inside a profile fingerprint. Kubernetes
 /// label keys and values never contain them; rejecting them keeps "equal
@@ -240,15 +239,14 @@ fn bucket_at(path: impl FnOnce() -> String, value: i32) -> Result<PenaltyBucket,
 /// Parses a wire quantity map at `path` (`{"cpu": "500m"}`). Unparseable or negative
 /// quantities are errors; the reported dimension is the first bad one by name,
 /// so the error does not depend on hash-map order.
-pub(crate) fn resources_at(
+pub(crate) fn resources_at<'a>(
     path: &str,
-    map: &HashMap<String, String>,
+    map: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> Result<ResourceVector, ConvError> {
-    let mut names: Vec<&String> = map.keys().collect();
-    names.sort_unstable();
-    let mut dims = Vec::with_capacity(names.len());
-    for name in names {
-        let value = &map[name];
+    let mut entries: Vec<(&String, &String)> = map.into_iter().collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let mut dims = Vec::with_capacity(entries.len());
+    for (name, value) in entries {
         let dim_path = || format!("{path}[{name:?}]");
         if name.is_empty() {
             return Err(ConvError::EmptyField { path: dim_path() });
@@ -268,8 +266,8 @@ pub(crate) fn resources_at(
     Ok(ResourceVector::from_milli(dims))
 }
 
-/// Canonical quantity strings for the wire.
-pub fn resources_to_map(v: &ResourceVector) -> HashMap<String, String> {
+/// Canonical quantity strings for the wire (into whichever map the message uses).
+pub fn resources_to_map<M: FromIterator<(String, String)>>(v: &ResourceVector) -> M {
     v.to_quantity_map().into_iter().collect()
 }
 
@@ -292,7 +290,7 @@ mod tests {
                     values: vec![],
                 },
             ],
-            aggregate_resources: HashMap::from([
+            aggregate_resources: std::collections::HashMap::from([
                 ("nvidia.com/gpu".into(), "64".into()),
                 ("memory".into(), "512Gi".into()),
             ]),
@@ -304,7 +302,7 @@ mod tests {
             }],
             interruption_penalty_bucket: 16,
             reclamation_penalty_bucket: 0,
-            min_unit: HashMap::from([("nvidia.com/gpu".into(), "8".into())]),
+            min_unit: std::collections::HashMap::from([("nvidia.com/gpu".into(), "8".into())]),
             group: "rack\0gang-7".into(),
         }
     }

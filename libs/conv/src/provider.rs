@@ -139,7 +139,6 @@ pub fn resources_message(v: &ResourceVector) -> Option<pb::Resources> {
 mod tests {
     use super::*;
     use bigfleet_model::{InvariantError, StructuralViolation};
-    use std::collections::HashMap;
 
     fn configured() -> pb::Machine {
         pb::Machine {
@@ -155,7 +154,10 @@ mod tests {
             price_per_hour: 6.0,
             interruption_probability: 0.0,
             resources: Some(pb::Resources {
-                resources: HashMap::from([("nvidia.com/gpu".into(), "8".into())]),
+                resources: std::collections::BTreeMap::from([(
+                    "nvidia.com/gpu".into(),
+                    "8".into(),
+                )]),
             }),
             labels: std::collections::BTreeMap::from([("rack".into(), "r1".into())]),
             last_error: String::new(),
@@ -263,7 +265,10 @@ mod tests {
             (
                 Box::new(|m: &mut pb::Machine| {
                     m.allocatable = Some(pb::Resources {
-                        resources: HashMap::from([("memory".into(), "-1Gi".into())]),
+                        resources: std::collections::BTreeMap::from([(
+                            "memory".into(),
+                            "-1Gi".into(),
+                        )]),
                     });
                 }),
                 "allocatable[\"memory\"]",

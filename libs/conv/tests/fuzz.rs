@@ -104,7 +104,9 @@ fn rollup() -> impl Strategy<Value = pb::ClusterCapacityNeeds> {
 }
 
 fn resources_msg() -> impl Strategy<Value = Option<pb::Resources>> {
-    proptest::option::of(quantity_map().prop_map(|resources| pb::Resources { resources }))
+    proptest::option::of(quantity_map().prop_map(|m| pb::Resources {
+        resources: m.into_iter().collect(),
+    }))
 }
 
 fn machine() -> impl Strategy<Value = pb::Machine> {

@@ -18,7 +18,7 @@
 //!
 //! Errors answer `{"error": "..."}` with 404 (unknown machine), 409 (wrong state) or 400.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 
 use axum::extract::{Path, State};
@@ -260,7 +260,7 @@ async fn shed(State(p): AppState, Json(b): Json<Shed>) -> ApiResult {
 #[derive(Deserialize)]
 struct SetAllocatable {
     id: String,
-    allocatable: HashMap<String, String>,
+    allocatable: BTreeMap<String, String>,
 }
 
 async fn set_allocatable(State(p): AppState, Json(b): Json<SetAllocatable>) -> ApiResult {

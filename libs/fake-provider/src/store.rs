@@ -9,7 +9,7 @@
 //! machine nobody looks at cannot be observed to lag).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap, HashMap};
+use std::collections::{BTreeMap, BinaryHeap};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -863,7 +863,7 @@ impl FakeProvider {
     pub fn set_allocatable(
         &self,
         id: &str,
-        allocatable: HashMap<String, String>,
+        allocatable: BTreeMap<String, String>,
     ) -> Result<Machine, ProviderError> {
         self.with_record(id, |g, slot| {
             let mut statics = g.rec(slot).tpl.statics.clone();

@@ -250,7 +250,10 @@ fn machine(id: &str, state: MachineState, cluster: &str) -> pb::Machine {
         price_per_hour: 2.5,
         interruption_probability: 0.01,
         resources: Some(pb::Resources {
-            resources: HashMap::from([("nvidia.com/gpu".to_owned(), "8".to_owned())]),
+            resources: std::collections::BTreeMap::from([(
+                "nvidia.com/gpu".to_owned(),
+                "8".to_owned(),
+            )]),
         }),
         cluster: cluster.to_owned(),
         ..pb::Machine::default()

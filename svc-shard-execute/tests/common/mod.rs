@@ -3,7 +3,7 @@
 
 #![allow(dead_code)]
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -127,7 +127,7 @@ pub fn machine(id: &str, state: MachineState, cluster: &str) -> pb::Machine {
         price_per_hour: 2.5,
         interruption_probability: 0.01,
         resources: Some(pb::Resources {
-            resources: HashMap::from([("nvidia.com/gpu".to_owned(), "8".to_owned())]),
+            resources: BTreeMap::from([("nvidia.com/gpu".to_owned(), "8".to_owned())]),
         }),
         cluster: cluster.to_owned(),
         ..pb::Machine::default()

@@ -540,7 +540,7 @@ fn fast_encoding_matches_prost_for_every_machine() {
     ))
     .unwrap();
     p.fail_machine(&idle[1], "disk on fire").unwrap();
-    p.set_allocatable(&idle[2], HashMap::from([("cpu".into(), "1".into())]))
+    p.set_allocatable(&idle[2], BTreeMap::from([("cpu".into(), "1".into())]))
         .unwrap();
     p.add_machine(Machine {
         id: "custom".into(),
@@ -804,7 +804,7 @@ fn fail_machine_and_set_allocatable_are_changes() {
     let m = p
         .set_allocatable(
             &idle,
-            HashMap::from([("nvidia.com/gpu".into(), "7".into())]),
+            BTreeMap::from([("nvidia.com/gpu".into(), "7".into())]),
         )
         .unwrap();
     assert_eq!(m.allocatable.unwrap().resources["nvidia.com/gpu"], "7");
