@@ -81,15 +81,24 @@ pub struct LoadReport {
     /// Failed connects, lost sessions, rejected or unapplied roll-ups and dropped responses
     /// over the whole run.
     pub errors: u64,
-    /// Gateway resident memory at the end of the window (needs `--gateway-pid`).
+    /// Gateway resident memory at the end of the window, under roll-up load (needs
+    /// `--gateway-pid`).
     pub rss_mb_gateway: Option<f64>,
     /// Gateway resident memory before any operator connected.
     pub rss_mb_gateway_baseline: Option<f64>,
-    /// Gateway resident memory right after every operator connected (each has sent one
-    /// roll-up and is otherwise idle).
-    pub rss_mb_gateway_connected: Option<f64>,
-    /// (connected − baseline) / sessions, in KiB.
-    pub rss_kb_per_session: Option<f64>,
+    /// Gateway resident memory once every operator is connected and has had its first
+    /// roll-up acknowledged: every session has done its Hello and a roll-up and sits
+    /// between roll-ups.
+    pub rss_mb_gateway_idle: Option<f64>,
+    /// (idle − baseline) / sessions, in KiB: the memory one idle session costs the gateway.
+    pub rss_kb_per_idle_session: Option<f64>,
+    /// (end of window − baseline) / sessions, in KiB: the same after the measurement
+    /// window's roll-up load (includes what the allocator kept from that churn).
+    pub rss_kb_per_session_under_load: Option<f64>,
+    /// Gateway CPU time (user + system) spent during the measurement window, in seconds.
+    pub cpu_s_gateway: Option<f64>,
+    /// This load generator's own CPU time during the measurement window, in seconds.
+    pub cpu_s_load: Option<f64>,
     pub ramp_s: f64,
     pub measure_s: f64,
     pub connect_failures: u64,
@@ -145,14 +154,52 @@ fn is_loopback(ip: IpAddr) -> bool {
 /// Resident memory of `pid` in MiB, from `/proc/<pid>/status`.
 pub fn rss_mb(pid: u32) -> Option<f64> {
     let status = std::fs::read_to_string(format!("/proc/{pid}/status")).ok()?;
+    vm_rss_mb(&status)
+}
+
+/// `VmRSS` of a `/proc/<pid>/status` text, in MiB.
+fn vm_rss_mb(status: &str) -> Option<f64> {
     let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
     let kb: f64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kb / 1024.0)
 }
 
+/// CPU time (user + system) `pid` has used, in seconds, from `/proc/<pid>/stat`.
+pub fn cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    stat_cpu_ticks(&stat).map(|ticks| ticks as f64 / CLOCK_TICKS_PER_SECOND)
+}
+
+/// `USER_HZ`: the unit of `/proc/<pid>/stat` times, 100 on every Linux ABI we run on.
+const CLOCK_TICKS_PER_SECOND: f64 = 100.0;
+
+/// utime + stime (fields 14 and 15) of a `/proc/<pid>/stat` line. The command name (field
+/// 2) may contain spaces and parentheses, so fields are counted after its closing `)`.
+fn stat_cpu_ticks(stat: &str) -> Option<u64> {
+    let rest = &stat[stat.rfind(')')? + 1..];
+    let mut fields = rest.split_whitespace().skip(11); // field 3 is the first after `)`
+    let utime: u64 = fields.next()?.parse().ok()?;
+    let stime: u64 = fields.next()?.parse().ok()?;
+    Some(utime + stime)
+}
+
+/// Memory per session in KiB: `(now − baseline) / sessions`, both in MiB.
+pub fn kb_per_session(
+    baseline_mb: Option<f64>,
+    now_mb: Option<f64>,
+    sessions: usize,
+) -> Option<f64> {
+    match (baseline_mb, now_mb) {
+        (Some(b), Some(n)) if sessions > 0 => Some((n - b) * 1024.0 / sessions as f64),
+        _ => None,
+    }
+}
+
 #[derive(Debug, Default, Clone, Copy)]
 struct Totals {
     connected: usize,
+    /// Operators connected whose current session has had a roll-up acknowledged.
+    connected_and_acked: usize,
     rollups_sent: u64,
     acks: u64,
     connect_failures: u64,
@@ -169,6 +216,7 @@ impl Totals {
         for op in ops {
             let s: OperatorStats = op.stats();
             t.connected += usize::from(s.connected);
+            t.connected_and_acked += usize::from(s.connected && s.rollup_acks > 0);
             t.rollups_sent += s.rollups_sent;
             t.acks += s.rollup_acks;
             t.connect_failures += s.connect_failures;
@@ -259,8 +307,21 @@ pub async fn run(cfg: LoadConfig, mut progress: impl FnMut(&str)) -> Result<Load
             break;
         }
     }
+    // Idle memory is measured only once every session has done its Hello and its first
+    // roll-up (sent right after the Hello ack), so nothing is counted before the session
+    // did real work.
+    loop {
+        let t = Totals::of(&ops);
+        if t.connected_and_acked >= cfg.sessions || ramp_start.elapsed() >= cfg.ramp_timeout {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
     let ramp_s = ramp_start.elapsed().as_secs_f64();
-    let connected_rss = rss(());
+    let idle_rss = rss(());
+    let cpu_gw = |_: ()| cfg.gateway_pid.and_then(cpu_seconds);
+    let cpu_self = |_: ()| cpu_seconds(std::process::id());
+    let (gw_cpu_start, load_cpu_start) = (cpu_gw(()), cpu_self(()));
 
     // Measurement window.
     latency.reset();
@@ -288,6 +349,9 @@ pub async fn run(cfg: LoadConfig, mut progress: impl FnMut(&str)) -> Result<Load
     let measure_s = window_start.elapsed().as_secs_f64();
     let end = Totals::of(&ops);
     let end_rss = rss(());
+    let delta = |a: Option<f64>, b: Option<f64>| a.zip(b).map(|(a, b)| b - a);
+    let cpu_s_gateway = delta(gw_cpu_start, cpu_gw(()));
+    let cpu_s_load = delta(load_cpu_start, cpu_self(()));
 
     for op in &ops {
         op.stop();
@@ -297,10 +361,6 @@ pub async fn run(cfg: LoadConfig, mut progress: impl FnMut(&str)) -> Result<Load
     }
 
     let acks = end.acks - start_totals.acks;
-    let per_session = match (baseline, connected_rss) {
-        (Some(b), Some(c)) if cfg.sessions > 0 => Some((c - b) * 1024.0 / cfg.sessions as f64),
-        _ => None,
-    };
     Ok(LoadReport {
         sessions: cfg.sessions,
         connected: end.connected,
@@ -312,8 +372,11 @@ pub async fn run(cfg: LoadConfig, mut progress: impl FnMut(&str)) -> Result<Load
         errors: end.errors(),
         rss_mb_gateway: end_rss,
         rss_mb_gateway_baseline: baseline,
-        rss_mb_gateway_connected: connected_rss,
-        rss_kb_per_session: per_session,
+        rss_mb_gateway_idle: idle_rss,
+        rss_kb_per_idle_session: kb_per_session(baseline, idle_rss, cfg.sessions),
+        rss_kb_per_session_under_load: kb_per_session(baseline, end_rss, cfg.sessions),
+        cpu_s_gateway,
+        cpu_s_load,
         ramp_s,
         measure_s,
         connect_failures: end.connect_failures,
@@ -339,6 +402,38 @@ mod tests {
             Err(LoadError::NotLoopback(_))
         ));
         assert!(ensure_loopback("no-port").is_err());
+    }
+
+    #[test]
+    fn per_session_memory_is_the_growth_over_the_baseline() {
+        assert_eq!(kb_per_session(Some(10.0), Some(30.0), 1024), Some(20.0));
+        assert_eq!(kb_per_session(Some(10.0), Some(30.0), 0), None);
+        assert_eq!(kb_per_session(None, Some(30.0), 10), None);
+        assert_eq!(kb_per_session(Some(10.0), None, 10), None);
+    }
+
+    #[test]
+    fn status_and_stat_parsing() {
+        let status = "Name:\tgw\nVmHWM:\t  9000 kB\nVmRSS:\t  2048 kB\nThreads:\t3\n";
+        assert_eq!(vm_rss_mb(status), Some(2.0));
+        assert_eq!(vm_rss_mb("Name:\tgw\n"), None);
+        // A command name with spaces and parentheses must not shift the fields.
+        let stat = "42 (gw (x) y) S 1 42 42 0 -1 4194560 100 0 0 0 250 50 0 0 20 0 3 0";
+        assert_eq!(stat_cpu_ticks(stat), Some(300));
+        assert_eq!(stat_cpu_ticks("42 (gw) S 1"), None);
+    }
+
+    #[test]
+    fn own_cpu_is_readable() {
+        // Burn a little CPU so the counter cannot be zero by accident of timing.
+        let mut x = 0u64;
+        let start = std::time::Instant::now();
+        while start.elapsed() < Duration::from_millis(30) {
+            x = x.wrapping_mul(31).wrapping_add(7);
+        }
+        std::hint::black_box(x);
+        assert!(cpu_seconds(std::process::id()).unwrap() > 0.0);
+        assert!(cpu_seconds(u32::MAX).is_none());
     }
 
     #[test]

@@ -2,7 +2,7 @@
 //!
 //! Memory matters here (10,000 idle sessions per gateway), so a session is one small
 //! allocation: no per-session channels, tasks only while there is work, and queues that
-//! allocate on first use. The receive pump, the roll-up lane, the Gateway service and the
+//! allocate on first use and free their storage once drained. The receive pump, the roll-up lane, the Gateway service and the
 //! outbound stream all meet in [`SessionInner`] behind one short-held mutex.
 
 use std::collections::{HashMap, VecDeque};
@@ -422,7 +422,9 @@ impl futures::Stream for SessionStream {
         {
             return Poll::Ready(Some(Ok(msg)));
         }
-        if inner.control.capacity() > CONTROL_CAPACITY {
+        // Drained: an idle session keeps no queue memory (an ack every couple of seconds
+        // re-allocating is far cheaper than 10,000 sessions each holding it).
+        if inner.control.capacity() > 0 {
             inner.control = VecDeque::new();
         }
         if !inner
@@ -501,6 +503,11 @@ mod tests {
             "only the newest frame per key: {second:?}"
         );
         assert!(futures::poll!(out.next()).is_pending());
+        assert_eq!(
+            s.inner.lock().control.capacity(),
+            0,
+            "a drained control queue holds no memory"
+        );
         s.end(REASON_REPLACED, Some(Status::aborted("replaced")));
         let end = out.next().await.unwrap().unwrap_err();
         assert_eq!(end.code(), tonic::Code::Aborted);

@@ -18,9 +18,9 @@ use tonic::codegen::{Body, BoxFuture, StdError, http};
 use tonic::server::{Grpc, NamedService, StreamingService};
 use tonic_prost::{ProstDecoder, ProstEncoder};
 
-/// Initial codec buffer per session and direction. Roll-ups and frames of a few KiB grow it
-/// once; typical acks and updates fit.
-const SESSION_BUFFER: usize = 1024;
+/// Initial codec buffer per session and direction. Acks (~30 bytes) and Hellos fit; the
+/// decode buffer grows once to the cluster's roll-up size and is reused from then on.
+const SESSION_BUFFER: usize = 256;
 /// Batching bound for outbound frames (tonic's default).
 const YIELD_THRESHOLD: usize = 32 * 1024;
 const SESSION_PATH: &str = "/bigfleet.v1alpha1.Shard/Session";
