@@ -33,16 +33,25 @@ pub fn machine_from_proto(m: &pb::Machine) -> Result<Machine, ConvError> {
 /// move into the model instead of being copied (reconcile decodes thousands
 /// of records a cycle and drops the wire form right after).
 pub fn machine_from_proto_owned(m: pb::Machine) -> Result<Machine, ConvError> {
-    let id = m.id.clone();
-    let machine = machine_fields(m).map_err(|e| ConvError::InvalidMachine {
-        id,
+    // Everything that can fail reads the record; only then do its fields move.
+    let checked = check_fields(&m).map_err(|e| ConvError::InvalidMachine {
+        id: m.id.clone(),
         source: Box::new(e),
     })?;
+    let machine = into_machine(m, checked);
     machine.invariant()?;
     Ok(machine)
 }
 
-fn machine_fields(m: pb::Machine) -> Result<Machine, ConvError> {
+/// The parts of a record that need parsing, parsed.
+struct Checked {
+    state: MachineState,
+    capacity_type: CapacityType,
+    resources: ResourceVector,
+    allocatable: ResourceVector,
+}
+
+fn check_fields(m: &pb::Machine) -> Result<Checked, ConvError> {
     let state = machine_state_from_proto(m.state)?;
     let capacity_type =
         CapacityType::from_ordinal(m.capacity_type).ok_or_else(|| ConvError::EnumOutOfRange {
@@ -57,8 +66,15 @@ fn machine_fields(m: pb::Machine) -> Result<Machine, ConvError> {
             path: "instance_type".to_owned(),
         });
     }
-    let resources = optional_resources("resources", m.resources.as_ref())?;
-    let allocatable = optional_resources("allocatable", m.allocatable.as_ref())?;
+    Ok(Checked {
+        state,
+        capacity_type,
+        resources: optional_resources("resources", m.resources.as_ref())?,
+        allocatable: optional_resources("allocatable", m.allocatable.as_ref())?,
+    })
+}
+
+fn into_machine(m: pb::Machine, c: Checked) -> Machine {
     let host = m
         .host
         .map(|h| Host {
@@ -66,25 +82,25 @@ fn machine_fields(m: pb::Machine) -> Result<Machine, ConvError> {
             reference: h.r#ref,
         })
         .unwrap_or_default();
-    Ok(Machine {
+    Machine {
         id: m.id,
-        state,
+        state: c.state,
         host,
         cluster: m.cluster,
         profile: MachineProfile {
             instance_type: m.instance_type,
             zone: m.zone,
-            capacity_type,
-            resources,
-            labels: m.labels.into_iter().collect(),
+            capacity_type: c.capacity_type,
+            resources: c.resources,
+            labels: m.labels,
         },
         price_per_hour: m.price_per_hour,
         interruption_probability: m.interruption_probability,
         last_error: m.last_error,
-        allocatable,
-        shard_metadata: m.shard_metadata.into_iter().collect(),
+        allocatable: c.allocatable,
+        shard_metadata: m.shard_metadata,
         ..Machine::default()
-    })
+    }
 }
 
 fn optional_resources(path: &str, r: Option<&pb::Resources>) -> Result<ResourceVector, ConvError> {
