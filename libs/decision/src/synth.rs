@@ -718,19 +718,29 @@ pub fn measure(
     s: &Scenario,
     cycles: usize,
     opts: &crate::CycleOptions,
+    churn: usize,
 ) -> Result<BenchResult, crate::EngineError> {
     use std::time::Instant;
     let t = Instant::now();
-    let fleet = s.fleet()?;
+    let mut fleet = s.fleet()?;
     let fleet_build_ms = t.elapsed().as_secs_f64() * 1e3;
-    let input = s.fleet_input(&fleet);
-    crate::run_cycle(&input, opts)?;
-    let mut last = crate::run_cycle(&input, opts)?;
+    crate::run_cycle(&s.fleet_input(&fleet), opts)?;
+    let mut last = crate::run_cycle(&s.fleet_input(&fleet), opts)?;
     let mut times = Vec::with_capacity(cycles);
     let mut floor = f64::INFINITY;
+    let mut next = 0usize;
     for _ in 0..cycles.max(1) {
+        // A shard's fleet changes between cycles (reconcile, transitions):
+        // re-upserting machines drops the fleet's cached snapshot parts, so
+        // the timed cycle rebuilds them, as it would in the shard.
+        for _ in 0..churn.min(s.machines.len()) {
+            let k = next % s.machines.len();
+            next += 1;
+            let stamp = s.idle_since.get(k).copied().flatten();
+            fleet.upsert_with_idle_since(&s.machines[k], stamp);
+        }
         let t = Instant::now();
-        let out = crate::run_cycle(&input, opts)?;
+        let out = crate::run_cycle(&s.fleet_input(&fleet), opts)?;
         times.push(t.elapsed().as_secs_f64() * 1e3);
         last = out;
         let t = Instant::now();

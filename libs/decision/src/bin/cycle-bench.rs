@@ -34,6 +34,11 @@ struct Args {
     /// Also compute per-need verdicts.
     #[arg(long)]
     verdicts: bool,
+    /// Re-upsert this many machines before each timed cycle (0 = an unchanged
+    /// fleet). Any change drops the fleet's cached snapshot parts, so this
+    /// times a cycle after the shard's fleet changed.
+    #[arg(long, default_value_t = 0)]
+    churn: usize,
     /// Print one JSON object (otherwise a human line).
     #[arg(long)]
     json: bool,
@@ -49,7 +54,7 @@ fn main() -> anyhow::Result<()> {
         verdicts: args.verdicts,
         ..CycleOptions::default()
     };
-    let r = measure(&scenario, args.cycles, &opts).context("running cycles")?;
+    let r = measure(&scenario, args.cycles, &opts, args.churn).context("running cycles")?;
     let mut out = std::io::stdout().lock();
     if args.json {
         // Field order as documented (serde_json's `json!` would sort keys).
