@@ -283,6 +283,8 @@ impl<V: ShardView> CoordClient<V> {
                 | Payload::CrossShardDrain(_)
                 | Payload::TransferOwnership(_),
             ) => {
+                // The reference acks these no-op stubs ACCEPTED; an ACCEPTED ack would
+                // tell the coordinator machines moved when nothing did (ADR-0032).
                 return ack(
                     id,
                     Outcome::RejectedInvalid,
