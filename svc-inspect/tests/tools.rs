@@ -4,34 +4,12 @@
 
 mod common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
+use bigfleet_testkit::tools::{dump_and_shoot, run, tool};
 use common::{Harness, Options, Pki, target_dir};
-
-fn tool(var: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ => {
-            eprintln!("NOTICE: {var} is unset; skipping this test (source .tools/env to run it)");
-            None
-        }
-    }
-}
-
-/// Runs a blocking command off the async runtime; (success, stdout, stderr).
-async fn run(mut cmd: Command) -> (bool, String, String) {
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .expect("the tool starts");
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
 
 fn grpcurl(bin: &Path, tls: Option<(&Pki, &str)>, args: &[&str]) -> Command {
     let mut cmd = Command::new(bin);
@@ -154,67 +132,6 @@ async fn grpcurl_over_mtls_follows_the_role_matrix() {
     let (ok, _, err) = run(grpcurl(&bin, None, &call)).await;
     assert!(!ok, "plaintext must not reach an mTLS server: {err}");
     h.shutdown().await;
-}
-
-fn chromium(bin: &Path, profile: &Path) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()));
-    cmd
-}
-
-/// The DOM text Chromium rendered, tags stripped.
-fn visible(dom: &str) -> String {
-    let mut out = String::new();
-    let mut depth_style = false;
-    for part in dom.split('<') {
-        let (tag, rest) = part.split_once('>').unwrap_or(("", part));
-        let lower = tag.to_lowercase();
-        if lower.starts_with("style") || lower.starts_with("title") {
-            depth_style = true;
-        } else if lower.starts_with("/style") || lower.starts_with("/title") {
-            depth_style = false;
-        }
-        if !depth_style {
-            out.push(' ');
-            out.push_str(rest);
-        }
-    }
-    out.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-async fn dump_and_shoot(bin: &Path, url: &str, shot: &Path) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let mut dump = chromium(bin, profile.path());
-    dump.arg("--dump-dom").arg(url);
-    let (ok, dom, err) = run(dump).await;
-    assert!(ok, "chromium --dump-dom failed: {err}");
-
-    let _ = std::fs::remove_file(shot);
-    let mut cmd = chromium(bin, profile.path());
-    cmd.arg(format!("--screenshot={}", shot.display()))
-        .arg("--window-size=1280,900")
-        .arg(url);
-    let (ok, _, err) = run(cmd).await;
-    assert!(ok, "chromium --screenshot failed: {err}");
-    let png = std::fs::read(shot)
-        .unwrap_or_else(|e| panic!("{}: {e}; chromium said: {err}", shot.display()));
-    assert!(
-        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 5_000,
-        "{} is not a real screenshot",
-        shot.display()
-    );
-    visible(&dom)
 }
 
 #[tokio::test]

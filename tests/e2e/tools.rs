@@ -12,34 +12,7 @@ use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use crate::harness::exe;
-
-/// The tool's path, `None` (with a notice) to skip; panics under `CI`.
-fn tool(var: &str) -> Option<PathBuf> {
-    match std::env::var_os(var) {
-        Some(p) if !p.is_empty() => Some(PathBuf::from(p)),
-        _ if std::env::var_os("CI").is_some() => {
-            panic!("{var} is unset under CI: scripts/test must source .tools/env")
-        }
-        _ => {
-            eprintln!("NOTICE: {var} is unset; skipping this test (source .tools/env to run it)");
-            None
-        }
-    }
-}
-
-/// Runs a blocking command off the async runtime; (success, stdout, stderr).
-async fn run(mut cmd: Command) -> (bool, String, String) {
-    let shown = format!("{cmd:?}");
-    let out = tokio::task::spawn_blocking(move || cmd.output())
-        .await
-        .unwrap()
-        .unwrap_or_else(|e| panic!("{shown}: {e}"));
-    (
-        out.status.success(),
-        String::from_utf8_lossy(&out.stdout).into_owned(),
-        String::from_utf8_lossy(&out.stderr).into_owned(),
-    )
-}
+use bigfleet_testkit::tools::{dump_and_shoot, run, tool};
 
 /// `bigfleet up` with its ports file written; stopped with SIGTERM (or killed on drop).
 struct Up {
@@ -152,68 +125,6 @@ fn target_dir() -> PathBuf {
     std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
-}
-
-fn chromium(bin: &Path, profile: &Path) -> Command {
-    let mut cmd = Command::new(bin);
-    cmd.args([
-        "--headless",
-        "--no-sandbox",
-        "--disable-gpu",
-        "--disable-background-networking",
-        "--disable-component-update",
-        "--disable-sync",
-        "--no-first-run",
-        "--disable-dev-shm-usage",
-        "--hide-scrollbars",
-    ])
-    .arg(format!("--user-data-dir={}", profile.display()));
-    cmd
-}
-
-/// The text a reader sees in the rendered DOM: tags, styles and the title dropped.
-fn visible(dom: &str) -> String {
-    let mut out = String::new();
-    let mut hidden = false;
-    for part in dom.split('<') {
-        let (tag, rest) = part.split_once('>').unwrap_or(("", part));
-        let lower = tag.to_lowercase();
-        if lower.starts_with("style") || lower.starts_with("title") {
-            hidden = true;
-        } else if lower.starts_with("/style") || lower.starts_with("/title") {
-            hidden = false;
-        }
-        if !hidden {
-            out.push(' ');
-            out.push_str(rest);
-        }
-    }
-    out.split_whitespace().collect::<Vec<_>>().join(" ")
-}
-
-/// Renders `url` in headless Chromium: its visible text, and a screenshot at `shot`.
-async fn dump_and_shoot(bin: &Path, url: &str, shot: &Path) -> String {
-    let profile = tempfile::tempdir().unwrap();
-    let mut dump = chromium(bin, profile.path());
-    dump.arg("--dump-dom").arg(url);
-    let (ok, dom, err) = run(dump).await;
-    assert!(ok, "chromium --dump-dom {url} failed: {err}");
-
-    let _ = std::fs::remove_file(shot);
-    let mut cmd = chromium(bin, profile.path());
-    cmd.arg(format!("--screenshot={}", shot.display()))
-        .arg("--window-size=1280,900")
-        .arg(url);
-    let (ok, _, err) = run(cmd).await;
-    assert!(ok, "chromium --screenshot {url} failed: {err}");
-    let png = std::fs::read(shot)
-        .unwrap_or_else(|e| panic!("{}: {e}; chromium said: {err}", shot.display()));
-    assert!(
-        png.starts_with(b"\x89PNG\r\n\x1a\n") && png.len() > 5_000,
-        "{} is not a real screenshot",
-        shot.display()
-    );
-    visible(&dom)
 }
 
 /// Every `*grpc*` key of the ports file, as (json path, address).

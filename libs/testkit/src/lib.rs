@@ -1,4 +1,5 @@
-//! Test helpers: throwaway CAs and role certificates, process and sandbox helpers.
+//! Test helpers: throwaway CAs and role certificates, process and sandbox helpers, and
+//! the external tools (headless Chromium, grpcurl) the end-to-end suites drive.
 //!
 //! A normal (non-dev) library on purpose: `bigfleet up --tls` uses [`TestCa`] to mint a
 //! throwaway CA and one certificate per role for a local mesh, exactly as the test suites do.
@@ -7,6 +8,7 @@
 
 mod ca;
 mod sandbox;
+pub mod tools;
 
 pub use ca::{IssuedCert, LeafSpec, TestCa, TlsPaths, role_file_stem};
 pub use sandbox::{free_tcp_port, temp_dir, unix_socket_path};
