@@ -277,10 +277,20 @@ fn assignment_metadata(a: &Assignment) -> BTreeMap<String, String> {
 /// A provider's view of the machine from an acknowledgement, validated like
 /// any provider record.
 struct AckView {
+    /// The provider's operation id (for the logs of an unfinished transition).
+    operation_id: String,
     state: MachineState,
     last_error: String,
     host: Option<pb::HostRef>,
     raw: pb::Machine,
+}
+
+/// What a provider mutation's acknowledgement says next.
+enum Answer {
+    /// The machine as the provider now reports it.
+    View(Box<AckView>),
+    /// The provider finishes asynchronously; reconcile completes the transition.
+    Async(String),
 }
 
 /// One action in progress.
@@ -611,7 +621,32 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
 
     /// Validates an acknowledgement's machine snapshot through the provider
     /// ingest rules. `Ok(None)`: the provider sent no snapshot.
+    /// Reads a mutation's answer: the machine as the provider now reports it, or a note
+    /// that the provider finishes asynchronously (reconcile completes the transition). A
+    /// failed call or an unusable acknowledgement fails the action from `from`.
+    async fn read_answer(
+        &self,
+        from: MachineState,
+        rpc: &'static str,
+        result: Result<pb::TransitionAck, CallError>,
+        on_error: Outcome,
+    ) -> Result<Answer, Fail> {
+        let ack = match result {
+            Ok(ack) => ack,
+            Err(e) => return Err(self.call_failed(from, rpc, e, on_error).await),
+        };
+        let op = ack.operation_id.clone();
+        match self.ack_view(rpc, ack) {
+            Ok(Some(view)) => Ok(Answer::View(Box::new(view))),
+            Ok(None) => Ok(Answer::Async(format!(
+                "{rpc} accepted as {op:?}; reconcile completes it"
+            ))),
+            Err(e) => Err(self.mark_failed(from, on_error, e).await),
+        }
+    }
+
     fn ack_view(&self, prefix: &str, ack: pb::TransitionAck) -> Result<Option<AckView>, String> {
+        let operation_id = ack.operation_id;
         let Some(raw) = ack.machine else {
             return Ok(None);
         };
@@ -624,6 +659,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
             ));
         }
         Ok(Some(AckView {
+            operation_id,
             state: m.state,
             last_error: m.last_error,
             host: raw.host.clone(),
@@ -677,24 +713,19 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
                 )
             })
             .await;
-        let ack = match result {
-            Ok(ack) => ack,
-            Err(e) => {
-                return Err(self
-                    .call_failed(MachineState::Creating, "create", e, Outcome::ProviderError)
-                    .await);
-            }
+        let view = match self
+            .read_answer(
+                MachineState::Creating,
+                "create",
+                result,
+                Outcome::ProviderError,
+            )
+            .await?
+        {
+            Answer::View(v) => *v,
+            Answer::Async(note) => return Ok(note),
         };
-        let op = ack.operation_id.clone();
-        let view = match self.ack_view("create", ack) {
-            Ok(Some(v)) => v,
-            Ok(None) => return Ok(format!("create accepted as {op:?}; reconcile completes it")),
-            Err(e) => {
-                return Err(self
-                    .mark_failed(MachineState::Creating, Outcome::ProviderError, e)
-                    .await);
-            }
-        };
+        let op = &view.operation_id;
         match view.state {
             MachineState::Idle => {
                 self.transition(
@@ -800,33 +831,19 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
                 )
             })
             .await;
-        let ack = match result {
-            Ok(ack) => ack,
-            Err(e) => {
-                return Err(self
-                    .call_failed(
-                        MachineState::Configuring,
-                        "configure",
-                        e,
-                        Outcome::ConfigureError,
-                    )
-                    .await);
-            }
+        let view = match self
+            .read_answer(
+                MachineState::Configuring,
+                "configure",
+                result,
+                Outcome::ConfigureError,
+            )
+            .await?
+        {
+            Answer::View(v) => *v,
+            Answer::Async(note) => return Ok(note),
         };
-        let op = ack.operation_id.clone();
-        let view = match self.ack_view("configure", ack) {
-            Ok(Some(v)) => v,
-            Ok(None) => {
-                return Ok(format!(
-                    "configure accepted as {op:?}; reconcile completes it"
-                ));
-            }
-            Err(e) => {
-                return Err(self
-                    .mark_failed(MachineState::Configuring, Outcome::ConfigureError, e)
-                    .await);
-            }
-        };
+        let op = &view.operation_id;
         match view.state {
             MachineState::Configured => {
                 self.transition(
@@ -1034,24 +1051,19 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
                 )
             })
             .await;
-        let ack = match result {
-            Ok(ack) => ack,
-            Err(e) => {
-                return Err(self
-                    .call_failed(MachineState::Draining, "drain", e, Outcome::ProviderError)
-                    .await);
-            }
+        let view = match self
+            .read_answer(
+                MachineState::Draining,
+                "drain",
+                result,
+                Outcome::ProviderError,
+            )
+            .await?
+        {
+            Answer::View(v) => *v,
+            Answer::Async(note) => return Ok(note),
         };
-        let op = ack.operation_id.clone();
-        let view = match self.ack_view("drain", ack) {
-            Ok(Some(v)) => v,
-            Ok(None) => return Ok(format!("drain accepted as {op:?}; reconcile completes it")),
-            Err(e) => {
-                return Err(self
-                    .mark_failed(MachineState::Draining, Outcome::ProviderError, e)
-                    .await);
-            }
-        };
+        let op = &view.operation_id;
         match view.state {
             MachineState::Idle => {
                 // Decide clears the binding and assignment on entering Idle.
@@ -1128,24 +1140,19 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
                 )
             })
             .await;
-        let ack = match result {
-            Ok(ack) => ack,
-            Err(e) => {
-                return Err(self
-                    .call_failed(MachineState::Deleting, "delete", e, Outcome::ProviderError)
-                    .await);
-            }
+        let view = match self
+            .read_answer(
+                MachineState::Deleting,
+                "delete",
+                result,
+                Outcome::ProviderError,
+            )
+            .await?
+        {
+            Answer::View(v) => *v,
+            Answer::Async(note) => return Ok(note),
         };
-        let op = ack.operation_id.clone();
-        let view = match self.ack_view("delete", ack) {
-            Ok(Some(v)) => v,
-            Ok(None) => return Ok(format!("delete accepted as {op:?}; reconcile completes it")),
-            Err(e) => {
-                return Err(self
-                    .mark_failed(MachineState::Deleting, Outcome::ProviderError, e)
-                    .await);
-            }
-        };
+        let op = &view.operation_id;
         match view.state {
             MachineState::Speculative => {
                 self.transition(
