@@ -371,6 +371,8 @@ async fn main() -> anyhow::Result<()> {
         "incremental_reconcile_cold_ms": cold_inc_ms,
         "incremental_changes_per_round": per_round,
         "incremental_changed_total": changed_total,
+        // Every round, in order, before `stats` sorts them: the spread matters here.
+        "incremental_reconcile_1pct_rounds_ms": inc.iter().map(|v| (v * 1000.0).round() / 1000.0).collect::<Vec<_>>(),
         "incremental_reconcile_1pct": stats(&mut inc),
         "incremental_reconcile_1pct_merge_only": stats(&mut inc_merge),
         "incremental_reconcile_no_changes_ms": inc_noop,
