@@ -54,37 +54,62 @@ struct Head<'a> {
 }
 
 fn head(raw: &[u8]) -> Option<Head<'_>> {
-    use prost::encoding::decode_varint;
-    let mut buf = raw;
     let mut id = "";
     let mut state = 0i32;
     let mut cluster = "";
+    walk(raw, |field, _, value| {
+        match (field, value) {
+            (2, Value::Varint(v)) => state = v as i32,
+            (1, Value::Len(b)) => id = std::str::from_utf8(b).ok()?,
+            (14, Value::Len(b)) => cluster = std::str::from_utf8(b).ok()?,
+            _ => {}
+        }
+        Some(())
+    })?;
+    Some(Head { id, state, cluster })
+}
+
+/// One field's value as the wire carries it.
+enum Value<'a> {
+    Varint(u64),
+    Len(&'a [u8]),
+    Fixed,
+}
+
+/// Calls `f(field number, the field's whole encoding, its value)` for every top-level
+/// field of an encoded message, in order. `None` when the bytes are not well-formed (or
+/// use groups), or when `f` says so.
+fn walk<'a>(
+    raw: &'a [u8],
+    mut f: impl FnMut(u64, &'a [u8], Value<'a>) -> Option<()>,
+) -> Option<()> {
+    use prost::encoding::decode_varint;
+    let mut buf = raw;
     while !buf.is_empty() {
+        let start = raw.len() - buf.len();
         let key = decode_varint(&mut buf).ok()?;
-        let field = key >> 3;
-        match key & 7 {
-            0 => {
-                let v = decode_varint(&mut buf).ok()?;
-                if field == 2 {
-                    state = v as i32;
-                }
+        let value = match key & 7 {
+            0 => Value::Varint(decode_varint(&mut buf).ok()?),
+            1 => {
+                buf = buf.get(8..)?;
+                Value::Fixed
             }
-            1 => buf = buf.get(8..)?,
             2 => {
                 let len = usize::try_from(decode_varint(&mut buf).ok()?).ok()?;
                 let (value, rest) = (buf.get(..len)?, buf.get(len..)?);
-                if field == 1 {
-                    id = std::str::from_utf8(value).ok()?;
-                } else if field == 14 {
-                    cluster = std::str::from_utf8(value).ok()?;
-                }
                 buf = rest;
+                Value::Len(value)
             }
-            5 => buf = buf.get(4..)?,
+            5 => {
+                buf = buf.get(4..)?;
+                Value::Fixed
+            }
             _ => return None,
-        }
+        };
+        let end = raw.len() - buf.len();
+        f(key >> 3, &raw[start..end], value)?;
     }
-    Some(Head { id, state, cluster })
+    Some(())
 }
 
 /// States in which the machine is bound to a cluster, so a listed binding that
@@ -173,6 +198,100 @@ pub struct MergeReport {
     pub drained: Vec<String>,
 }
 
+/// A machine record's fields that describe the machine itself rather than its hardware:
+/// id, state, host, last_error, cluster, shard_metadata.
+fn per_machine(field: u64) -> bool {
+    matches!(field, 1 | 2 | 3 | 12 | 14 | 15)
+}
+
+/// Decoded hardware (type, zone, capacity, price, interruption probability, resources,
+/// labels, allocatable) of the records one merge has seen, keyed by the exact wire bytes
+/// of those fields. A fleet has few distinct hardware descriptions, so a changed
+/// record usually decodes only its own few fields; equal bytes decode to equal values,
+/// so the result is the full decoder's (a property test holds the two equal).
+#[derive(Default)]
+struct HardwareMemo {
+    map: rustc_hash::FxHashMap<Box<[u8]>, Hardware>,
+    mine: Vec<u8>,
+    hw: Vec<u8>,
+}
+
+struct Hardware {
+    profile: bigfleet_model::MachineProfile,
+    allocatable: bigfleet_model::ResourceVector,
+    price: f64,
+    prob: f64,
+}
+
+/// Bounds the memo when a provider reports many distinct hardware descriptions.
+const MEMO_MAX: usize = 4096;
+
+impl HardwareMemo {
+    fn decode(&mut self, raw: &[u8]) -> Result<Machine, bigfleet_conv::ConvError> {
+        self.mine.clear();
+        self.hw.clear();
+        let (mine, hw) = (&mut self.mine, &mut self.hw);
+        let split = walk(raw, |field, bytes, _| {
+            if per_machine(field) {
+                mine.extend_from_slice(bytes);
+            } else {
+                hw.extend_from_slice(bytes);
+            }
+            Some(())
+        })
+        .is_some();
+        if split
+            && let Some(h) = self.map.get(self.hw.as_slice())
+            && let Some(m) = assemble(&self.mine, h)
+        {
+            return Ok(m);
+        }
+        // Anything unusual (first sight of this hardware, a field that does not
+        // decode, an invariant the record breaks) takes the full path, which decides
+        // and reports exactly as always.
+        let m = decode(raw)?;
+        if split && self.map.len() < MEMO_MAX {
+            self.map.insert(
+                self.hw.as_slice().into(),
+                Hardware {
+                    profile: m.profile.clone(),
+                    allocatable: m.allocatable.clone(),
+                    price: m.price_per_hour,
+                    prob: m.interruption_probability,
+                },
+            );
+        }
+        Ok(m)
+    }
+}
+
+/// A machine from its own fields' encoding and known hardware; `None` when anything is
+/// off (the caller then decodes the whole record).
+fn assemble(mine: &[u8], h: &Hardware) -> Option<Machine> {
+    let pm = pb::Machine::decode(mine).ok()?;
+    let m = Machine {
+        id: pm.id,
+        state: bigfleet_conv::machine_state_from_proto(pm.state).ok()?,
+        host: pm
+            .host
+            .map(|h| bigfleet_model::Host {
+                provider: h.provider,
+                reference: h.r#ref,
+            })
+            .unwrap_or_default(),
+        cluster: pm.cluster,
+        profile: h.profile.clone(),
+        price_per_hour: h.price,
+        interruption_probability: h.prob,
+        last_error: pm.last_error,
+        allocatable: h.allocatable.clone(),
+        shard_metadata: pm.shard_metadata,
+        ..Machine::default()
+    };
+    m.invariant().ok()?;
+    Some(m)
+}
+
 fn decode(raw: &[u8]) -> Result<Machine, bigfleet_conv::ConvError> {
     let pm = pb::Machine::decode(raw).map_err(|e| bigfleet_conv::ConvError::InvalidMachine {
         id: String::new(),
@@ -216,6 +335,7 @@ pub fn merge(
         ..MergeReport::default()
     };
     let mut fresh: Vec<(&str, &Bytes)> = Vec::new();
+    let mut memo = HardwareMemo::default();
     let hint = std::mem::take(order);
     order.reserve(list.len());
     for (i, raw) in list.iter().enumerate() {
@@ -248,7 +368,7 @@ pub fn merge(
             r.fast_path += 1;
             continue;
         }
-        let m = match decode(raw) {
+        let m = match memo.decode(raw) {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(machine = %id, reason = e.reason(), error = %e, "provider record rejected");
@@ -262,7 +382,7 @@ pub fn merge(
     // and appending in order keeps a cold start linear.
     fresh.sort_unstable_by(|a, b| a.0.cmp(b.0));
     for (_, raw) in fresh {
-        let mut m = match decode(raw) {
+        let mut m = match memo.decode(raw) {
             Ok(m) => m,
             Err(e) => {
                 tracing::warn!(reason = e.reason(), error = %e, "provider record rejected");
@@ -394,6 +514,104 @@ mod tests {
             .map(|m| Bytes::from(m.encode_to_vec()))
             .collect();
         super::merge(inv, &raw, full, generation, now, in_flight, &mut Vec::new())
+    }
+
+    /// Hardware variants: one ordinary, one with labels and allocatable, one whose price
+    /// breaks the invariants (so the full path's rejection must come through unchanged).
+    fn hardware(variant: u8) -> pb::Machine {
+        let mut m = pb::Machine {
+            instance_type: "m5.large".into(),
+            zone: "z1".into(),
+            capacity_type: 3,
+            price_per_hour: 0.25,
+            interruption_probability: 0.0,
+            resources: Some(pb::Resources {
+                resources: [("cpu".to_owned(), "2".to_owned())].into(),
+            }),
+            ..Default::default()
+        };
+        match variant {
+            0 => {}
+            1 => {
+                m.labels = [("rack".to_owned(), "r1".to_owned())].into();
+                m.allocatable = Some(pb::Resources {
+                    resources: [("cpu".to_owned(), "1500m".to_owned())].into(),
+                });
+                m.capacity_type = 4;
+                m.interruption_probability = 0.1;
+            }
+            _ => m.price_per_hour = f64::NAN,
+        }
+        m
+    }
+
+    proptest::proptest! {
+        /// The memoised decode equals the full decode for every record, whatever the
+        /// per-machine fields (valid or not) and field order.
+        #[test]
+        fn memoised_decode_equals_full_decode(
+            records in proptest::collection::vec(
+                (
+                    0u8..3,
+                    "[a-z0-9-]{0,6}",
+                    -1i32..10,
+                    proptest::option::of(("[a-z]{0,3}", "[a-z0-9-]{0,6}")),
+                    proptest::sample::select(vec!["", "c1"]),
+                    proptest::sample::select(vec!["", "boom"]),
+                    proptest::collection::btree_map(
+                        proptest::sample::select(vec![
+                            "bigfleet.lucy.sh/assigned-priority",
+                            "bigfleet.lucy.sh/assigned-need-fingerprint",
+                            "other",
+                        ]),
+                        "[0-9a-z]{0,3}",
+                        0..3,
+                    ),
+                    proptest::bool::ANY,
+                ),
+                1..24,
+            ),
+        ) {
+            let mut memo = HardwareMemo::default();
+            for (variant, id, state, host, cluster, last_error, meta, split) in records {
+                let hw = hardware(variant);
+                let mine = pb::Machine {
+                    id,
+                    state,
+                    host: host.map(|(provider, r)| pb::HostRef { provider, r#ref: r }),
+                    cluster: cluster.to_owned(),
+                    last_error: last_error.to_owned(),
+                    shard_metadata: meta
+                        .into_iter()
+                        .map(|(k, v)| (k.to_owned(), v))
+                        .collect(),
+                    ..Default::default()
+                };
+                // Either one message, or the hardware and the machine's own fields as two
+                // concatenated encodings (a decoder merges them; field order differs).
+                let raw = if split {
+                    let mut b = hw.encode_to_vec();
+                    b.extend(mine.encode_to_vec());
+                    b
+                } else {
+                    pb::Machine {
+                        id: mine.id.clone(),
+                        state: mine.state,
+                        host: mine.host.clone(),
+                        cluster: mine.cluster.clone(),
+                        last_error: mine.last_error.clone(),
+                        shard_metadata: mine.shard_metadata.clone(),
+                        ..hw
+                    }
+                    .encode_to_vec()
+                };
+                // Debug text, not `==`: a rejected NaN price must compare equal too.
+                proptest::prop_assert_eq!(
+                    format!("{:?}", memo.decode(&raw)),
+                    format!("{:?}", decode(&raw))
+                );
+            }
+        }
     }
 
     #[test]
