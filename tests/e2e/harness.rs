@@ -186,3 +186,26 @@ pub fn quantity(r: &Option<pb::Resources>, name: &str) -> String {
         .and_then(|r| r.resources.get(name).cloned())
         .unwrap_or_default()
 }
+
+/// Every `*grpc*` key of a `bigfleet up` ports file, as (json path, address).
+pub fn grpc_endpoints(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
+    match v {
+        serde_json::Value::Object(m) => {
+            for (k, x) in m {
+                let p = format!("{path}.{k}");
+                if k.contains("grpc")
+                    && let Some(s) = x.as_str()
+                {
+                    out.push((p.clone(), s.to_owned()));
+                }
+                grpc_endpoints(x, &p, out);
+            }
+        }
+        serde_json::Value::Array(a) => {
+            for (i, x) in a.iter().enumerate() {
+                grpc_endpoints(x, &format!("{path}[{i}]"), out);
+            }
+        }
+        _ => {}
+    }
+}

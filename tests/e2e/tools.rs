@@ -127,29 +127,6 @@ fn target_dir() -> PathBuf {
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("target"))
 }
 
-/// Every `*grpc*` key of the ports file, as (json path, address).
-fn grpc_endpoints(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, x) in m {
-                let p = format!("{path}.{k}");
-                if k.contains("grpc")
-                    && let Some(s) = x.as_str()
-                {
-                    out.push((p.clone(), s.to_owned()));
-                }
-                grpc_endpoints(x, &p, out);
-            }
-        }
-        serde_json::Value::Array(a) => {
-            for (i, x) in a.iter().enumerate() {
-                grpc_endpoints(x, &format!("{path}[{i}]"), out);
-            }
-        }
-        _ => {}
-    }
-}
-
 /// The services an endpoint must list, by its ports-file key. An endpoint this table does
 /// not know fails the test, so a new one cannot slip by unchecked.
 fn expected_services(name: &str) -> &'static [&'static str] {
@@ -236,7 +213,7 @@ async fn dashboard_and_grpcurl_against_a_running_mesh() {
 
     if let Some(bin) = &grpcurl_bin {
         let mut endpoints = Vec::new();
-        grpc_endpoints(&up.ports, "", &mut endpoints);
+        crate::harness::grpc_endpoints(&up.ports, "", &mut endpoints);
         for want in [
             ".coordinator.grpc",
             ".shards[0].gateway_grpc",

@@ -103,28 +103,6 @@ async fn output(mut child: Child, timeout: Duration) -> (std::process::ExitStatu
     (status, o, e)
 }
 
-fn grpc_endpoints(v: &serde_json::Value, path: &str, out: &mut Vec<(String, String)>) {
-    match v {
-        serde_json::Value::Object(m) => {
-            for (k, x) in m {
-                let p = format!("{path}.{k}");
-                if k.contains("grpc")
-                    && let Some(s) = x.as_str()
-                {
-                    out.push((p.clone(), s.to_owned()));
-                }
-                grpc_endpoints(x, &p, out);
-            }
-        }
-        serde_json::Value::Array(a) => {
-            for (i, x) in a.iter().enumerate() {
-                grpc_endpoints(x, &format!("{path}[{i}]"), out);
-            }
-        }
-        _ => {}
-    }
-}
-
 /// Health `SERVING` and reflection listing services, in plaintext.
 async fn check_health_and_reflection(name: &str, addr: &str) {
     let ch = bigfleet_mesh::dial(
@@ -202,7 +180,7 @@ async fn up_brings_the_mesh_up_satisfies_demand_and_prints_a_summary() {
         "coordinator, provider, decide, gateway, execute, inspect"
     );
     let mut endpoints = Vec::new();
-    grpc_endpoints(&doc, "", &mut endpoints);
+    crate::harness::grpc_endpoints(&doc, "", &mut endpoints);
     let names: Vec<&str> = endpoints.iter().map(|(n, _)| n.as_str()).collect();
     for want in [
         ".coordinator.grpc",
