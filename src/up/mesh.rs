@@ -18,7 +18,7 @@
 //! inspect — and each tier must answer `/readyz` before the next starts.
 
 use std::collections::BTreeMap;
-use std::net::{Ipv4Addr, SocketAddr, TcpListener};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::ExitStatus;
 use std::sync::Arc;
@@ -28,6 +28,7 @@ use bigfleet_fake_provider::Catalog;
 use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshChannel, RetryPolicy};
 use bigfleet_proto::mesh::v1 as meshpb;
 use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_testkit::{PortReservation, reserve_tcp_port};
 use serde::Serialize;
 
 use super::UpError;
@@ -221,21 +222,26 @@ struct Managed {
     supervised: bool,
 }
 
-/// Holds ports reserved until the children are told them.
-struct PortPool(Vec<TcpListener>);
+/// Ports reserved for children, each held until just before its tier starts: a tier that
+/// starts seconds after planning (shards wait for the coordinator) must not find its ports
+/// taken in the meantime.
+#[derive(Default)]
+struct PortPool(Vec<(u8, PortReservation)>);
 
 impl PortPool {
-    fn take(&mut self) -> Result<SocketAddr, UpError> {
-        let l = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).map_err(|source| UpError::Io {
+    fn take(&mut self, tier: u8) -> Result<SocketAddr, UpError> {
+        let r = reserve_tcp_port().map_err(|source| UpError::Io {
             what: "reserving a loopback port".into(),
             source,
         })?;
-        let a = l.local_addr().map_err(|source| UpError::Io {
-            what: "reserving a loopback port".into(),
-            source,
-        })?;
-        self.0.push(l);
-        Ok(a)
+        let addr = r.addr();
+        self.0.push((tier, r));
+        Ok(addr)
+    }
+
+    /// Lets tier `tier`'s children bind their ports.
+    fn release(&mut self, tier: u8) {
+        self.0.retain(|(t, _)| *t != tier);
     }
 }
 
@@ -361,13 +367,13 @@ impl Mesh {
     }
 
     async fn plan_and_start(&mut self) -> Result<(), UpError> {
-        let mut pool = PortPool(Vec::new());
+        let mut pool = PortPool::default();
         let run = self.spec.run_dir.clone();
 
         // Tier 0: coordinator and providers.
         let mut tier0 = Vec::new();
         if self.spec.coordinator {
-            let (grpc, raft, http) = (pool.take()?, pool.take()?, pool.take()?);
+            let (grpc, raft, http) = (pool.take(0)?, pool.take(0)?, pool.take(0)?);
             let dir = run.join("coordinator");
             let mut args = vec![
                 s("--id"),
@@ -413,7 +419,7 @@ impl Mesh {
                     let seed = seeds.get(i).unwrap_or(&seeds[0]).clone();
                     let dir = run.join(format!("provider-{i}"));
                     mkdir(&dir)?;
-                    let (admin, metrics) = (pool.take()?, pool.take()?);
+                    let (admin, metrics) = (pool.take(0)?, pool.take(0)?);
                     let mut args = Vec::new();
                     let mut ports = ProviderPorts {
                         grpc: None,
@@ -428,7 +434,7 @@ impl Mesh {
                         ports.unix = Some(sock.display().to_string());
                         ports.target = format!("unix://{}", sock.display());
                     } else {
-                        let grpc = pool.take()?;
+                        let grpc = pool.take(0)?;
                         args.extend([s("--listen"), s(grpc)]);
                         ports.grpc = Some(s(grpc));
                         ports.target = format!("http://{grpc}");
@@ -487,7 +493,7 @@ impl Mesh {
         let mut inspect = None;
         if self.spec.inspect {
             let coord = self.ports.coordinator.clone().expect("checked above");
-            let (grpc, http, metrics) = (pool.take()?, pool.take()?, pool.take()?);
+            let (grpc, http, metrics) = (pool.take(3)?, pool.take(3)?, pool.take(3)?);
             let mut args = vec![
                 s("--coordinator-addr"),
                 format!("{}://{}", self.scheme(), coord.grpc),
@@ -516,9 +522,8 @@ impl Mesh {
             });
         }
 
-        // Children bind what we reserved.
-        drop(pool);
-
+        // Each tier's children bind what was reserved for them.
+        pool.release(0);
         self.start_tier(0, tier0).await?;
         let mut tier1 = Vec::new();
         let mut tier2 = Vec::new();
@@ -528,9 +533,12 @@ impl Mesh {
             tier2.push((p.execute.0, Some(p.execute.1)));
             self.ports.shards.push(p.ports);
         }
+        pool.release(1);
         self.start_tier(1, tier1).await?;
+        pool.release(2);
         self.start_tier(2, tier2).await?;
         if let Some(i) = inspect {
+            pool.release(3);
             self.start_tier(3, vec![i]).await?;
         }
         Ok(())
@@ -550,7 +558,7 @@ impl Mesh {
         let decide_sock = socket_path(socket_dir, "decide.sock")?;
         let gateway_sock = socket_path(socket_dir, "gateway.sock")?;
         let (gw, gw_http, d_http, x_http) =
-            (pool.take()?, pool.take()?, pool.take()?, pool.take()?);
+            (pool.take(1)?, pool.take(1)?, pool.take(1)?, pool.take(2)?);
         let mut dargs = vec![
             s("--shard-id"),
             s(shard_id),
@@ -844,7 +852,7 @@ impl Mesh {
             .get(index)
             .cloned()
             .ok_or_else(|| UpError::Config(format!("no shard {index}")))?;
-        let mut pool = PortPool(Vec::new());
+        let mut pool = PortPool::default();
         let socket_dir = self.spec.run_dir.join(format!("{}-{tag}", base.id));
         let plan = self.plan_shard(
             &mut pool,
@@ -854,7 +862,7 @@ impl Mesh {
             &base.data_dir,
             &base.provider,
         )?;
-        drop(pool);
+        pool.release(1);
         self.start_tier(
             1,
             vec![
@@ -863,6 +871,7 @@ impl Mesh {
             ],
         )
         .await?;
+        pool.release(2);
         self.start_tier(2, vec![(plan.execute.0, Some(plan.execute.1))])
             .await?;
         Ok(plan.ports)

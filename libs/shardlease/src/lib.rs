@@ -17,13 +17,15 @@
 //! * `work` — the leader's Work endpoint, attached to its lease (it vanishes with the
 //!   leader); remote execute workers follow it with a [`WorkEndpointWatcher`].
 //!
-//! [`testing::EtcdServer`] starts a real `etcd` for tests (this crate's and the services').
+//! With the `testing` feature, `testing::EtcdServer` starts a real `etcd` for tests (this
+//! crate's and the services').
 
 mod clock;
 mod config;
 mod discovery;
 mod epoch;
 mod gate;
+#[cfg(feature = "testing")]
 pub mod testing;
 
 pub use clock::{LeaseClock, LeaseTiming};

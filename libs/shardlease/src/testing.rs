@@ -7,7 +7,6 @@
 //! `BIGFLEET_ETCD` names a missing file), where a missing etcd is a failure, never a
 //! silent skip.
 
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -42,10 +41,7 @@ fn ci() -> bool {
 }
 
 fn free_port() -> u16 {
-    TcpListener::bind("127.0.0.1:0")
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .expect("bind an ephemeral loopback port")
+    bigfleet_testkit::free_tcp_port().expect("reserve a loopback port")
 }
 
 #[derive(Debug)]

@@ -11,7 +11,7 @@ mod sandbox;
 pub mod tools;
 
 pub use ca::{IssuedCert, LeafSpec, TestCa, TlsPaths, role_file_stem};
-pub use sandbox::{free_tcp_port, temp_dir, unix_socket_path};
+pub use sandbox::{PortReservation, free_tcp_port, reserve_tcp_port, temp_dir, unix_socket_path};
 
 /// Errors from certificate generation and writing bundles.
 #[derive(Debug, thiserror::Error)]

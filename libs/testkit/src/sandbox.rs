@@ -1,6 +1,9 @@
 //! Ports, temp dirs and socket paths for tests and the local mesh.
 
-use std::net::{Ipv4Addr, TcpListener};
+use std::collections::hash_map::RandomState;
+use std::hash::BuildHasher;
+use std::io::ErrorKind;
+use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
 
 use crate::TestkitError;
@@ -8,14 +11,91 @@ use crate::TestkitError;
 /// Longest Unix socket path the kernel accepts (`sun_path` is 108 bytes incl. the NUL).
 const MAX_UNIX_PATH: usize = 107;
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A loopback port held open until the child that must bind it is about to start.
 ///
-/// Inherently racy (another process may take it before you bind it); prefer binding
-/// `127.0.0.1:0` in-process and reading the address back. This is for child processes that
-/// must be told their port up front.
-pub fn free_tcp_port() -> std::io::Result<u16> {
+/// The port comes from outside the kernel's ephemeral range when there is room, so no
+/// outgoing connection and no `bind(:0)` anywhere on the machine can land on it between
+/// [`PortReservation::release`] and the child's own bind — the race that made parallel
+/// suites fail with "address already in use" when ports came from `bind(:0)`.
+#[derive(Debug)]
+pub struct PortReservation {
+    listener: TcpListener,
+}
+
+impl PortReservation {
+    /// The reserved address (127.0.0.1:port).
+    pub fn addr(&self) -> SocketAddr {
+        self.listener
+            .local_addr()
+            .expect("a bound listener has an address")
+    }
+
+    /// Frees the port for the child and returns it.
+    pub fn release(self) -> SocketAddr {
+        self.addr()
+    }
+}
+
+/// Reserves a loopback TCP port; see [`PortReservation`].
+pub fn reserve_tcp_port() -> std::io::Result<PortReservation> {
+    if let Some((lo, hi)) = quiet_port_range() {
+        let seeds = RandomState::new();
+        for attempt in 0u32..64 {
+            let span = u64::from(hi - lo);
+            let port = lo + u16::try_from(seeds.hash_one(attempt) % span).expect("below span");
+            match TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
+                Ok(listener) => return Ok(PortReservation { listener }),
+                Err(e)
+                    if matches!(e.kind(), ErrorKind::AddrInUse | ErrorKind::PermissionDenied) => {}
+                Err(e) => return Err(e),
+            }
+        }
+    }
     let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(listener.local_addr()?.port())
+    Ok(PortReservation { listener })
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago, for a child process that must be
+/// told its port up front (prefer binding `127.0.0.1:0` in-process and reading it back).
+/// Still racy against other users of this function, but not against the kernel's ephemeral
+/// allocations; see [`reserve_tcp_port`].
+pub fn free_tcp_port() -> std::io::Result<u16> {
+    Ok(reserve_tcp_port()?.release().port())
+}
+
+/// Fewest ports worth picking from at random.
+const MIN_QUIET_PORTS: u16 = 1024;
+
+/// Up to 16K unprivileged ports just below the ephemeral range (or just above it when
+/// it starts too low), `None` when neither side has room.
+fn quiet_port_range() -> Option<(u16, u16)> {
+    let text = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range").ok()?;
+    let (lo, hi) = parse_port_range(&text)?;
+    quiet_range_outside(lo, hi)
+}
+
+fn parse_port_range(text: &str) -> Option<(u16, u16)> {
+    let mut it = text.split_whitespace().map(str::parse::<u16>);
+    let lo = it.next()?.ok()?;
+    let hi = it.next()?.ok()?;
+    (lo <= hi).then_some((lo, hi))
+}
+
+fn quiet_range_outside(eph_lo: u16, eph_hi: u16) -> Option<(u16, u16)> {
+    const FIRST_UNPRIVILEGED: u32 = 1024;
+    const WIDTH: u32 = 16 * 1024;
+    let (eph_lo, eph_hi) = (u32::from(eph_lo), u32::from(eph_hi));
+    let below = (eph_lo.saturating_sub(WIDTH).max(FIRST_UNPRIVILEGED), eph_lo);
+    let above = (eph_hi + 1, (eph_hi + 1 + WIDTH).min(u32::from(u16::MAX)));
+    [below, above]
+        .into_iter()
+        .find(|(lo, hi)| *hi >= *lo + u32::from(MIN_QUIET_PORTS))
+        .map(|(lo, hi)| {
+            (
+                u16::try_from(lo).expect("within port range"),
+                u16::try_from(hi).expect("within port range"),
+            )
+        })
 }
 
 /// A fresh temporary directory, removed when the returned guard drops.
@@ -43,6 +123,45 @@ mod tests {
         let port = free_tcp_port().unwrap();
         assert_ne!(port, 0);
         TcpListener::bind((Ipv4Addr::LOCALHOST, port)).unwrap();
+    }
+
+    #[test]
+    fn reservations_hold_their_port_until_released() {
+        let r = reserve_tcp_port().unwrap();
+        let addr = r.addr();
+        assert!(TcpListener::bind(addr).is_err(), "held port was bindable");
+        assert_eq!(r.release(), addr);
+        TcpListener::bind(addr).unwrap();
+    }
+
+    #[test]
+    fn reserved_ports_avoid_the_ephemeral_range() {
+        let Some((lo, hi)) = std::fs::read_to_string("/proc/sys/net/ipv4/ip_local_port_range")
+            .ok()
+            .and_then(|t| parse_port_range(&t))
+        else {
+            return;
+        };
+        if quiet_range_outside(lo, hi).is_none() {
+            return;
+        }
+        for _ in 0..20 {
+            let port = reserve_tcp_port().unwrap().addr().port();
+            assert!(!(lo..=hi).contains(&port), "{port} is in {lo}-{hi}");
+        }
+    }
+
+    #[test]
+    fn quiet_ranges() {
+        assert_eq!(parse_port_range("32768\t60999\n"), Some((32768, 60999)));
+        assert_eq!(parse_port_range("9 8"), None);
+        assert_eq!(parse_port_range("x"), None);
+        assert_eq!(quiet_range_outside(32768, 60999), Some((16384, 32768)));
+        assert_eq!(quiet_range_outside(10000, 60999), Some((1024, 10000)));
+        // No room below: take the ports above.
+        assert_eq!(quiet_range_outside(1024, 40000), Some((40001, 56385)));
+        assert_eq!(quiet_range_outside(1024, 65535), None);
+        assert_eq!(quiet_range_outside(1500, 65000), None);
     }
 
     #[test]

@@ -88,7 +88,7 @@ impl std::fmt::Debug for WorkerProcesses {
 
 /// A loopback port nobody listens on right now (the child binds it a moment later).
 fn free_port() -> std::io::Result<SocketAddr> {
-    std::net::TcpListener::bind("127.0.0.1:0")?.local_addr()
+    Ok(bigfleet_testkit::reserve_tcp_port()?.release())
 }
 
 impl WorkerProcesses {
