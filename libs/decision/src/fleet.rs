@@ -14,7 +14,7 @@ use bigfleet_model::{CapacityType, Machine, MachineProfile, MachineState, Resour
 use hashbrown::HashTable;
 use rustc_hash::{FxHashMap, FxHasher};
 use std::hash::{Hash, Hasher};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// Owned string interning with stable ids.
 #[derive(Debug, Default, Clone)]
@@ -133,6 +133,46 @@ pub struct Fleet {
     /// The demand-independent part of the snapshot, built by the first cycle
     /// after a mutation and reused by every cycle until the next one.
     pub(crate) base: OnceLock<Box<crate::snapshot::Base>>,
+    /// A base that records replaced since were built against, with what it saw
+    /// of them: the next snapshot patches it instead of rebuilding (ADR-0029).
+    pub(crate) stale: StaleBase,
+}
+
+/// A record replaced after the cached base was built: its slot and the record
+/// and idle-since stamp the base saw.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Change {
+    pub slot: u32,
+    pub rec: FRec,
+    pub idle: i64,
+}
+
+/// The cached base waiting for its patch, with the replacements since.
+#[derive(Debug, Default)]
+pub(crate) struct StaleBase(Mutex<Option<(Box<crate::snapshot::Base>, Vec<Change>)>>);
+
+impl Clone for StaleBase {
+    fn clone(&self) -> Self {
+        StaleBase(Mutex::new(
+            self.0.lock().unwrap_or_else(|e| e.into_inner()).clone(),
+        ))
+    }
+}
+
+impl StaleBase {
+    /// Takes the stale base and its changes (for the patch).
+    pub(crate) fn take(&self) -> Option<(Box<crate::snapshot::Base>, Vec<Change>)> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
+    }
+
+    fn slot(&mut self) -> &mut Option<(Box<crate::snapshot::Base>, Vec<Change>)> {
+        self.0.get_mut().unwrap_or_else(|e| e.into_inner())
+    }
+}
+
+/// Replacements a stale base takes before a rebuild is cheaper than patching.
+fn patch_limit(machines: usize) -> usize {
+    (machines / 16).max(64)
 }
 
 fn hash_id(id: &str) -> u64 {
@@ -296,18 +336,20 @@ impl Fleet {
             (true, false) => Some(now_unix_nanos),
             (false, _) => Some(i64::MIN),
         };
-        let slot = self.put(&m.id, rec);
+        let (slot, old) = self.put(&m.id, rec);
         if let Some(t) = stamp {
             self.idle[slot as usize] = t;
         }
+        self.replaced(slot, old);
     }
 
     /// Inserts or replaces a machine with an explicit idle-since stamp (e.g.
     /// restored after a restart). Returns its slot.
     pub fn upsert_with_idle_since(&mut self, m: &Machine, idle_since: Option<i64>) -> u32 {
         let rec = self.record(m);
-        let slot = self.put(&m.id, rec);
+        let (slot, old) = self.put(&m.id, rec);
         self.idle[slot as usize] = idle_since.unwrap_or(i64::MIN);
+        self.replaced(slot, old);
         slot
     }
 
@@ -366,18 +408,60 @@ impl Fleet {
         } else {
             self.record(m)
         };
-        self.base.take();
+        let old = Change {
+            slot,
+            rec: self.recs[s],
+            idle: self.idle[s],
+        };
         self.recs[s] = rec;
         self.states[s] = rec.state;
         self.idle[s] = idle_since.unwrap_or(i64::MIN);
+        self.replaced(slot, Some(old));
     }
 
-    fn put(&mut self, id: &str, rec: FRec) -> u32 {
+    /// Keeps the cached snapshot base usable after a machine in `slot` was
+    /// replaced (`old` = what it was; `None` = newly inserted, which rebuilds):
+    /// an unchanged record keeps the base as it is, a changed one is queued for
+    /// the next snapshot to patch in, and too many changes rebuild.
+    fn replaced(&mut self, slot: u32, old: Option<Change>) {
+        let Some(old) = old else {
+            self.drop_base();
+            return;
+        };
+        let s = slot as usize;
+        if old.rec == self.recs[s] && old.idle == self.idle[s] {
+            return;
+        }
+        let limit = patch_limit(self.order.len());
+        if let Some(base) = self.base.take() {
+            *self.stale.slot() = Some((base, vec![old]));
+        } else if let Some((_, changes)) = self.stale.slot() {
+            if changes.len() >= limit {
+                *self.stale.slot() = None;
+            } else {
+                changes.push(old);
+            }
+        }
+    }
+
+    /// Forgets every cached snapshot part (the id set changed).
+    fn drop_base(&mut self) {
         self.base.take();
+        *self.stale.slot() = None;
+    }
+
+    /// Stores `rec` under `id`; returns the slot and, for a machine already
+    /// present, what it replaced.
+    fn put(&mut self, id: &str, rec: FRec) -> (u32, Option<Change>) {
         if let Some(s) = self.slot_of(id) {
+            let old = Change {
+                slot: s,
+                rec: self.recs[s as usize],
+                idle: self.idle[s as usize],
+            };
             self.recs[s as usize] = rec;
             self.states[s as usize] = rec.state;
-            return s;
+            return (s, Some(old));
         }
         let slot = match self.free.pop() {
             Some(s) => {
@@ -403,7 +487,7 @@ impl Fleet {
         let pos = self.rank_of(id).unwrap_err();
         self.identity = self.identity && pos == self.order.len() && slot as usize == pos;
         self.order.insert(pos, slot);
-        slot
+        (slot, None)
     }
 
     /// Removes a machine; false when unknown.
@@ -411,7 +495,7 @@ impl Fleet {
         let Some(slot) = self.slot_of(id) else {
             return false;
         };
-        self.base.take();
+        self.drop_base();
         if let Ok(pos) = self.rank_of(id) {
             self.order.remove(pos);
         }

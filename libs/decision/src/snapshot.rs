@@ -14,7 +14,7 @@
 //! which turns per-machine scans in crediting and Same-domain scoring into
 //! per-group arithmetic.
 
-use crate::fleet::Fleet;
+use crate::fleet::{Change, Fleet};
 use crate::intern::NONE;
 use crate::qty::{Dims, Qty};
 use crate::scoring::ReleasePolicy;
@@ -79,6 +79,8 @@ pub(crate) struct Grouping {
     /// (cluster, stamped fingerprint, stamped group) of bound machines → ranks
     /// in (Configured, Configuring) keep order. Built only for Same demand.
     pub own_index: FxHashMap<(u32, u32, u32), Vec<u32>>,
+    /// Groups emptied by patches (kept so group numbers stay valid).
+    orphans: usize,
 }
 
 /// The immutable inventory snapshot of one cycle, gathered from a [`Fleet`].
@@ -168,6 +170,10 @@ impl Clone for GroupingCache {
 impl GroupingCache {
     fn get(&self) -> Option<Arc<Grouping>> {
         self.0.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    fn take(&self) -> Option<Arc<Grouping>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner()).take()
     }
 
     fn put(&self, g: Arc<Grouping>) {
@@ -403,6 +409,377 @@ impl Base {
     }
 }
 
+/// Emptied groups a patched grouping tolerates beyond half of all before it
+/// compacts (none in unit tests, so they compact every time).
+const ORPHAN_SLACK: usize = if cfg!(test) { 0 } else { 64 };
+
+/// A list of a [`Base`] a patch edits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum ListId {
+    /// `by_state[state]` (id order).
+    State(u8),
+    /// `type_lists[i]` (id order).
+    Type(u32),
+    /// `bound[cluster][slot]` (keep order).
+    Bound(u32, u8),
+    /// `idle_sorted` (price order), when built.
+    IdleSorted,
+    /// `type_sorted[i]` (price order), when built.
+    TypeSorted(u32),
+    /// `spec.all` (id order), when listed.
+    Spec,
+    /// `spec.by_type[itype]` (id order), when listed.
+    SpecType(u32),
+}
+
+/// What a patch does to one list: machines leaving, machines arriving, and
+/// what it must know to keep the list's minimum assigned priority exact.
+#[derive(Debug)]
+struct ListEdit {
+    gone: Vec<u32>,
+    add: Vec<u32>,
+    /// A machine carrying the old minimum left (or changed its priority).
+    lost_min: bool,
+    /// Least priority of the machines arriving or staying with a new priority.
+    add_min: i32,
+}
+
+impl Default for ListEdit {
+    fn default() -> Self {
+        ListEdit {
+            gone: Vec::new(),
+            add: Vec::new(),
+            lost_min: false,
+            add_min: i32::MAX,
+        }
+    }
+}
+
+/// Removes `gone` from `list` and merges in `add`. `list` is sorted by
+/// `old_cmp` (its order when built, with the changed machines' old keys) and
+/// ends sorted by `new_cmp`; both agree on every machine not in `gone`/`add`.
+fn splice(
+    list: &mut Vec<u32>,
+    gone: &[u32],
+    add: &mut [u32],
+    old_cmp: impl Fn(u32, u32) -> Ordering,
+    new_cmp: impl Fn(u32, u32) -> Ordering,
+) {
+    if !gone.is_empty() {
+        let mut at: Vec<usize> = gone
+            .iter()
+            .map(|&h| {
+                list.binary_search_by(|&x| old_cmp(x, h))
+                    .ok()
+                    .filter(|&i| list[i] == h)
+                    .or_else(|| list.iter().position(|&x| x == h))
+                    .expect("a patched machine is in the list it leaves")
+            })
+            .collect();
+        at.sort_unstable();
+        let mut w = at[0];
+        for (k, &i) in at.iter().enumerate() {
+            let end = at.get(k + 1).copied().unwrap_or(list.len());
+            list.copy_within(i + 1..end, w);
+            w += end - i - 1;
+        }
+        list.truncate(w);
+    }
+    if add.is_empty() {
+        return;
+    }
+    add.sort_unstable_by(|a, b| new_cmp(*a, *b));
+    if add.len() <= 8 {
+        for &h in add.iter() {
+            let i = list.partition_point(|&x| new_cmp(x, h) == Ordering::Less);
+            list.insert(i, h);
+        }
+        return;
+    }
+    let mut out = Vec::with_capacity(list.len() + add.len());
+    let (mut i, mut j) = (0, 0);
+    while i < list.len() && j < add.len() {
+        if new_cmp(list[i], add[j]) == Ordering::Less {
+            out.push(list[i]);
+            i += 1;
+        } else {
+            out.push(add[j]);
+            j += 1;
+        }
+    }
+    out.extend_from_slice(&list[i..]);
+    out.extend_from_slice(&add[j..]);
+    *list = out;
+}
+
+/// The exact new minimum of a list whose old minimum was `min` after `e`.
+fn patched_min(min: i32, e: &ListEdit, list: &[u32], prio: impl Fn(u32) -> i32) -> i32 {
+    if !e.lost_min || e.add_min <= min {
+        return min.min(e.add_min);
+    }
+    let mut m = e.add_min;
+    for &h in list {
+        let p = prio(h);
+        if p == min {
+            return min;
+        }
+        m = m.min(p);
+    }
+    m
+}
+
+impl Base {
+    /// Brings this base up to date with records replaced since it was built
+    /// (same machines in the same slots; inserts and removals rebuild). Each
+    /// touched list is edited in place (binary-searched removals, one merge),
+    /// so the cost follows the changes and the touched lists' lengths, not the
+    /// fleet. Equal to a fresh build (property-tested); the demand grouping
+    /// over the old lists is dropped and rebuilt on demand.
+    pub(crate) fn patch(&mut self, fleet: &Fleet, changes: Vec<Change>) {
+        let recs: &[Rec] = &fleet.recs;
+        // The first change of a slot holds what this base saw of it.
+        let mut old: FxHashMap<u32, (Rec, i64)> = FxHashMap::default();
+        for c in changes {
+            old.entry(c.slot).or_insert((c.rec, c.idle));
+        }
+        old.retain(|&h, (r, t)| recs[h as usize] != *r || fleet.idle[h as usize] != *t);
+        if old.is_empty() {
+            return;
+        }
+        let grouping = self.grouping.take();
+        let was = |h: u32| old.get(&h).map_or(&recs[h as usize], |o| &o.0);
+        let itype = |r: &Rec| fleet.profiles[r.profile as usize].itype;
+        let type_key = |r: &Rec| match r.state {
+            MachineState::Idle | MachineState::Configured => Some((r.state as u8, itype(r))),
+            _ => None,
+        };
+        let bound_key = |r: &Rec| match r.state {
+            MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
+                Some((r.cluster, u8::from(r.state == MachineState::Configuring)))
+            }
+            _ => None,
+        };
+        let spec_listed = self.spec.get().is_some();
+        let mut edits: FxHashMap<ListId, ListEdit> = FxHashMap::default();
+        // Moves `h` between `from` and `to` (the same list when only its key or
+        // priority changed), keeping track of the list minimum.
+        let mut edit =
+            |from: Option<ListId>, to: Option<ListId>, h: u32, o: &Rec, n: &Rec, rekey: bool| {
+                if from == to && !rekey {
+                    if let Some(l) = from
+                        && o.asg_prio != n.asg_prio
+                    {
+                        let e = edits.entry(l).or_default();
+                        e.add_min = e.add_min.min(n.asg_prio);
+                        e.lost_min = true;
+                    }
+                    return;
+                }
+                if let Some(l) = from {
+                    let e = edits.entry(l).or_default();
+                    e.gone.push(h);
+                    e.lost_min = true;
+                }
+                if let Some(l) = to {
+                    let e = edits.entry(l).or_default();
+                    e.add.push(h);
+                    e.add_min = e.add_min.min(n.asg_prio);
+                }
+            };
+        let mut new_types: Vec<(u8, u32)> = Vec::new();
+        let mut idle_lost = [false; 5];
+        let mut idle_add = [i64::MAX; 5];
+        let mut handles: Vec<u32> = old.keys().copied().collect();
+        handles.sort_unstable();
+        for &h in &handles {
+            let (o, t_old) = (&old[&h].0, old[&h].1);
+            let n = &recs[h as usize];
+            let t_new = fleet.idle[h as usize];
+            let spec = MachineState::Speculative;
+            let st = |r: &Rec| (r.state != spec).then_some(ListId::State(r.state as u8));
+            edit(st(o), st(n), h, o, n, false);
+            let ty = |r: &Rec, new: &mut Vec<(u8, u32)>| {
+                type_key(r).map(|k| match self.type_index.get(&k) {
+                    Some(&i) => ListId::Type(i),
+                    None => {
+                        let i = self.type_lists.len() as u32
+                            + new.iter().position(|x| *x == k).unwrap_or_else(|| {
+                                new.push(k);
+                                new.len() - 1
+                            }) as u32;
+                        ListId::Type(i)
+                    }
+                })
+            };
+            let (to, tn) = (ty(o, &mut new_types), ty(n, &mut new_types));
+            edit(to, tn, h, o, n, false);
+            let repriced = o.price.to_bits() != n.price.to_bits();
+            if self.idle_sorted.get().is_some() {
+                let idle = |r: &Rec| (r.state == MachineState::Idle).then_some(ListId::IdleSorted);
+                edit(idle(o), idle(n), h, o, n, repriced);
+            }
+            let sorted = |l: Option<ListId>| match l {
+                Some(ListId::Type(i))
+                    if self
+                        .type_sorted
+                        .get(i as usize)
+                        .is_some_and(|c| c.get().is_some()) =>
+                {
+                    Some(ListId::TypeSorted(i))
+                }
+                _ => None,
+            };
+            edit(sorted(to), sorted(tn), h, o, n, repriced);
+            let rekeyed = repriced || o.asg_rp.to_bits() != n.asg_rp.to_bits();
+            let bound = |r: &Rec| bound_key(r).map(|(c, s)| ListId::Bound(c, s));
+            edit(bound(o), bound(n), h, o, n, rekeyed);
+            if spec_listed {
+                let sp = |r: &Rec| (r.state == spec).then_some(ListId::Spec);
+                edit(sp(o), sp(n), h, o, n, false);
+                let spt = |r: &Rec| (r.state == spec).then(|| ListId::SpecType(itype(r)));
+                edit(spt(o), spt(n), h, o, n, false);
+            }
+            if o.state == MachineState::Idle && t_old != i64::MIN {
+                idle_lost[o.cap as usize] |= t_old == self.idle_min[o.cap as usize];
+            }
+            if n.state == MachineState::Idle && t_new != i64::MIN {
+                let m = &mut idle_add[n.cap as usize];
+                *m = (*m).min(t_new);
+            }
+        }
+        for k in new_types {
+            self.type_index.insert(k, self.type_lists.len() as u32);
+            self.type_lists.push(Vec::new());
+            self.type_min_prio.push(i32::MAX);
+            self.type_sorted.push(OnceLock::new());
+        }
+        if self.bound.len() < fleet.clusters.len() {
+            self.bound
+                .resize_with(fleet.clusters.len(), Default::default);
+        }
+
+        // Ranks do not change under replacements; taken out so the lists can
+        // be edited while the comparators read them.
+        let ranks = std::mem::take(&mut self.rank);
+        let rank = |h: u32| {
+            if ranks.is_empty() {
+                h
+            } else {
+                ranks[h as usize]
+            }
+        };
+        let rank_cmp = |a: u32, b: u32| rank(a).cmp(&rank(b));
+        let price_cmp = |ra: &Rec, a: u32, rb: &Rec, b: u32| {
+            ra.price.total_cmp(&rb.price).then(rank(a).cmp(&rank(b)))
+        };
+        let old_price = |a: u32, b: u32| price_cmp(was(a), a, was(b), b);
+        let new_price = |a: u32, b: u32| price_cmp(&recs[a as usize], a, &recs[b as usize], b);
+        let old_keep = |a: u32, b: u32| keep_cmp(was(a), rank(a), was(b), rank(b));
+        let new_keep =
+            |a: u32, b: u32| keep_cmp(&recs[a as usize], rank(a), &recs[b as usize], rank(b));
+        let prio = |h: u32| recs[h as usize].asg_prio;
+        let mut touched_bound: Vec<(u32, u8)> = Vec::new();
+        for (id, mut e) in edits {
+            match id {
+                ListId::State(s) => {
+                    let l = &mut self.by_state[s as usize];
+                    splice(l, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                    self.min_prio[s as usize] = patched_min(self.min_prio[s as usize], &e, l, prio);
+                }
+                ListId::Type(i) => {
+                    let l = &mut self.type_lists[i as usize];
+                    splice(l, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                    let m = &mut self.type_min_prio[i as usize];
+                    *m = patched_min(*m, &e, l, prio);
+                }
+                ListId::Bound(c, s) => {
+                    let l = &mut self.bound[c as usize][s as usize];
+                    splice(l, &e.gone, &mut e.add, old_keep, new_keep);
+                    touched_bound.push((c, s));
+                }
+                ListId::IdleSorted => {
+                    if let Some(l) = self.idle_sorted.get_mut() {
+                        splice(l, &e.gone, &mut e.add, old_price, new_price);
+                    }
+                }
+                ListId::TypeSorted(i) => {
+                    if let Some(l) = self.type_sorted[i as usize].get_mut() {
+                        splice(l, &e.gone, &mut e.add, old_price, new_price);
+                    }
+                }
+                ListId::Spec => {
+                    if let Some(sl) = self.spec.get_mut() {
+                        splice(&mut sl.all, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                        sl.min_prio = patched_min(sl.min_prio, &e, &sl.all, prio);
+                    }
+                }
+                ListId::SpecType(t) => {
+                    if let Some(sl) = self.spec.get_mut() {
+                        let entry = sl.by_type.entry(t).or_insert((Vec::new(), i32::MAX));
+                        splice(&mut entry.0, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                        entry.1 = patched_min(entry.1, &e, &entry.0, prio);
+                        if entry.0.is_empty() {
+                            sl.by_type.remove(&t);
+                        }
+                    }
+                }
+            }
+        }
+        // Keep positions: renumber the edited lists; a machine no longer bound
+        // gets the 0 a fresh build leaves.
+        for &h in &handles {
+            if bound_key(&recs[h as usize]).is_none() {
+                self.kpos[h as usize] = 0;
+            }
+        }
+        for (c, s) in touched_bound {
+            for (pos, &h) in self.bound[c as usize][s as usize].iter().enumerate() {
+                self.kpos[h as usize] = pos as u32;
+            }
+        }
+        // Earliest idle-since per capacity type, rescanning Idle only when the
+        // machine holding the minimum left and nothing earlier arrived.
+        for cap in 0..CAPACITY_TYPES.len() {
+            let min = self.idle_min[cap];
+            if !idle_lost[cap] || idle_add[cap] <= min {
+                self.idle_min[cap] = min.min(idle_add[cap]);
+                continue;
+            }
+            let mut m = idle_add[cap];
+            for &h in &self.by_state[MachineState::Idle as usize] {
+                let t = fleet.idle[h as usize];
+                if recs[h as usize].cap as usize == cap && t != i64::MIN {
+                    if t == min {
+                        m = min;
+                        break;
+                    }
+                    m = m.min(t);
+                }
+            }
+            self.idle_min[cap] = m;
+        }
+        self.rank = ranks;
+
+        // The cached demand grouping follows: re-group the clusters whose
+        // bound machines changed, and the free machines if theirs did.
+        let mut clusters: Vec<u32> = Vec::new();
+        let mut free = false;
+        for &h in &handles {
+            for r in [&old[&h].0, &recs[h as usize]] {
+                clusters.extend(bound_key(r).map(|(c, _)| c));
+                free |= matches!(r.state, MachineState::Idle | MachineState::Speculative);
+            }
+        }
+        clusters.sort_unstable();
+        clusters.dedup();
+        if let Some(mut g) = grouping
+            && Arc::get_mut(&mut g).is_some_and(|g| g.patch(fleet, self, &clusters, free, &handles))
+        {
+            self.grouping.put(g);
+        }
+    }
+}
+
 impl Grouping {
     fn build(
         fleet: &Fleet,
@@ -410,8 +787,6 @@ impl Grouping {
         keys: &[&str],
         key: (Vec<Box<str>>, bool, bool),
     ) -> Grouping {
-        let (free, own) = (key.1, key.2);
-        let recs: &[Rec] = &fleet.recs;
         // Shapes: one per distinct (instance type, demand-key attributes) over
         // the fleet's machine profiles.
         let mut shapes: Vec<Shape> = Vec::new();
@@ -431,59 +806,98 @@ impl Grouping {
                 })
             })
             .collect();
-
-        // Groups from the cached keep order. Neighbours in keep order usually
-        // share (shape, capacity), so the previous group is tried before the map.
-        let mut group = vec![NONE; recs.len()];
-        let mut groups: Vec<Group> = Vec::new();
-        let mut gmap: FxHashMap<(u8, u32, u32, u32), u32> = FxHashMap::default();
-        let mut bound: Vec<[Vec<u32>; 2]> = Vec::with_capacity(base.bound.len());
-        let mut cluster_groups: Vec<Vec<u32>> = Vec::with_capacity(base.bound.len());
-        for (c, entries) in base.bound.iter().enumerate() {
-            let mut cgroups = Vec::new();
-            let mut lists: [Vec<u32>; 2] = Default::default();
-            for (slot, list) in entries.iter().enumerate() {
-                let state = BOUND_STATES[slot];
-                let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
-                let mut handles = Vec::with_capacity(list.len());
-                for &h in list {
-                    let r = &recs[h as usize];
-                    let sh = shape_of_profile[r.profile as usize];
-                    let g = if prev.2 != NONE && prev.0 == sh && prev.1 == r.alloc {
-                        prev.2
-                    } else {
-                        let k = (state as u8, c as u32, sh, r.alloc);
-                        let g = *gmap.entry(k).or_insert_with(|| {
-                            groups.push(Group {
-                                state,
-                                shape: sh,
-                                alloc: r.alloc,
-                                members: Vec::new(),
-                            });
-                            cgroups.push((groups.len() - 1) as u32);
-                            (groups.len() - 1) as u32
-                        });
-                        prev = (sh, r.alloc, g);
-                        g
-                    };
-                    groups[g as usize].members.push(h);
-                    group[h as usize] = g;
-                    handles.push(h);
-                }
-                lists[slot] = handles;
-            }
-            bound.push(lists);
-            cluster_groups.push(cgroups);
+        let mut g = Grouping {
+            key,
+            shape_of_profile,
+            shapes,
+            shape_attrs,
+            group: vec![NONE; fleet.recs.len()],
+            groups: Vec::new(),
+            free_groups: Vec::new(),
+            bound: Vec::with_capacity(base.bound.len()),
+            cluster_groups: Vec::with_capacity(base.bound.len()),
+            own_index: FxHashMap::default(),
+            orphans: 0,
+        };
+        for c in 0..base.bound.len() {
+            g.bound.push(Default::default());
+            g.cluster_groups.push(Vec::new());
+            g.group_cluster(&fleet.recs, base, c);
         }
         // Free-machine groups feed Same scoring, foldability and verdict supply
         // counts only; plain demand never reads them.
-        let mut free_groups = Vec::new();
-        let free_states: &[MachineState] = if free {
-            &[MachineState::Idle, MachineState::Speculative]
-        } else {
-            &[]
-        };
-        for &st in free_states {
+        if g.key.1 {
+            g.group_free(fleet, base);
+        }
+        if g.key.2 {
+            for c in 0..g.bound.len() {
+                g.index_own(&fleet.recs, c);
+            }
+        }
+        g
+    }
+
+    /// Groups cluster `c`'s bound machines from the base's keep-ordered lists
+    /// (its previous groups, if any, are left empty). Neighbours in keep order
+    /// usually share (shape, capacity), so the previous group is tried before
+    /// the map.
+    fn group_cluster(&mut self, recs: &[Rec], base: &Base, c: usize) {
+        for &g in &self.cluster_groups[c] {
+            self.groups[g as usize].members = Vec::new();
+            self.orphans += 1;
+        }
+        let mut gmap: FxHashMap<(u8, u32, u32), u32> = FxHashMap::default();
+        let mut cgroups = Vec::new();
+        for (slot, list) in base.bound[c].iter().enumerate() {
+            let state = BOUND_STATES[slot];
+            let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
+            for &h in list {
+                // A machine a patch did not change keeps its last group's
+                // (shape, capacity): the 4-byte group table stays in cache
+                // where the 64-byte records of a scattered cluster do not.
+                let (sh, alloc) = match self.group[h as usize] {
+                    NONE => {
+                        let r = &recs[h as usize];
+                        (self.shape_of_profile[r.profile as usize], r.alloc)
+                    }
+                    g => (self.groups[g as usize].shape, self.groups[g as usize].alloc),
+                };
+                let g = if prev.2 != NONE && prev.0 == sh && prev.1 == alloc {
+                    prev.2
+                } else {
+                    let groups = &mut self.groups;
+                    let g = *gmap.entry((state as u8, sh, alloc)).or_insert_with(|| {
+                        groups.push(Group {
+                            state,
+                            shape: sh,
+                            alloc,
+                            members: Vec::new(),
+                        });
+                        cgroups.push((groups.len() - 1) as u32);
+                        (groups.len() - 1) as u32
+                    });
+                    prev = (sh, alloc, g);
+                    g
+                };
+                self.groups[g as usize].members.push(h);
+                self.group[h as usize] = g;
+            }
+        }
+        self.bound[c] = base.bound[c].clone();
+        self.cluster_groups[c] = cgroups;
+    }
+
+    /// Groups the Idle and Speculative machines (id order), leaving the
+    /// previous free groups, if any, empty.
+    fn group_free(&mut self, fleet: &Fleet, base: &Base) {
+        for &g in &self.free_groups {
+            self.groups[g as usize].members = Vec::new();
+            self.orphans += 1;
+        }
+        self.free_groups.clear();
+        let recs: &[Rec] = &fleet.recs;
+        let mut gmap: FxHashMap<(u8, u32, u32), u32> = FxHashMap::default();
+        for st in [MachineState::Idle, MachineState::Speculative] {
             let list: &[u32] = if st == MachineState::Speculative {
                 &base.spec(fleet).all
             } else {
@@ -492,64 +906,125 @@ impl Grouping {
             let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
             for &h in list {
                 let r = &recs[h as usize];
-                let sh = shape_of_profile[r.profile as usize];
+                let sh = self.shape_of_profile[r.profile as usize];
                 let g = if prev.2 != NONE && prev.0 == sh && prev.1 == r.alloc {
                     prev.2
                 } else {
-                    let k = (r.state as u8, NONE, sh, r.alloc);
-                    let g = *gmap.entry(k).or_insert_with(|| {
+                    let (groups, free) = (&mut self.groups, &mut self.free_groups);
+                    let g = *gmap.entry((st as u8, sh, r.alloc)).or_insert_with(|| {
                         groups.push(Group {
-                            state: r.state,
+                            state: st,
                             shape: sh,
                             alloc: r.alloc,
                             members: Vec::new(),
                         });
-                        free_groups.push((groups.len() - 1) as u32);
+                        free.push((groups.len() - 1) as u32);
                         (groups.len() - 1) as u32
                     });
                     prev = (sh, r.alloc, g);
                     g
                 };
-                groups[g as usize].members.push(h);
-                group[h as usize] = g;
+                self.groups[g as usize].members.push(h);
+                self.group[h as usize] = g;
             }
         }
+    }
 
-        let mut own_index: FxHashMap<(u32, u32, u32), Vec<u32>> = FxHashMap::default();
-        if own {
-            for (c, lists) in bound.iter().enumerate() {
-                for &h in lists[0].iter().chain(lists[1].iter()) {
-                    let r = &recs[h as usize];
-                    if r.fp == NONE {
-                        continue;
-                    }
-                    own_index
-                        .entry((c as u32, r.fp, r.gstamp))
-                        .or_default()
-                        .push(h);
-                }
+    /// Adds cluster `c`'s stamped bound machines to the own-machine index.
+    fn index_own(&mut self, recs: &[Rec], c: usize) {
+        let lists = &self.bound[c];
+        for &h in lists[0].iter().chain(lists[1].iter()) {
+            let r = &recs[h as usize];
+            if r.fp == NONE {
+                continue;
+            }
+            self.own_index
+                .entry((c as u32, r.fp, r.gstamp))
+                .or_default()
+                .push(h);
+        }
+    }
+
+    /// Re-groups what a base patch touched: the bound clusters `clusters`, and
+    /// the free machines when `free` (Idle or Speculative membership changed).
+    /// The groups a cluster had are left empty rather than renumbered (a cycle
+    /// reads them as no supply) until they are half of all, then compacted;
+    /// false when the fleet gained profiles (a fresh build re-shapes).
+    fn patch(
+        &mut self,
+        fleet: &Fleet,
+        base: &Base,
+        clusters: &[u32],
+        free: bool,
+        changed: &[u32],
+    ) -> bool {
+        if self.shape_of_profile.len() != fleet.profiles.len()
+            || self.group.len() != fleet.recs.len()
+        {
+            return false;
+        }
+        for &h in changed {
+            self.group[h as usize] = NONE;
+        }
+        while self.bound.len() < base.bound.len() {
+            self.bound.push(Default::default());
+            self.cluster_groups.push(Vec::new());
+        }
+        for &c in clusters {
+            self.group_cluster(&fleet.recs, base, c as usize);
+        }
+        if free && self.key.1 {
+            self.group_free(fleet, base);
+        }
+        if self.key.2 && !clusters.is_empty() {
+            self.own_index.retain(|k, _| !clusters.contains(&k.0));
+            for &c in clusters {
+                self.index_own(&fleet.recs, c as usize);
             }
         }
-        Grouping {
-            key,
-            shape_of_profile,
-            shapes,
-            shape_attrs,
-            group,
-            groups,
-            free_groups,
-            bound,
-            cluster_groups,
-            own_index,
+        if self.orphans > self.groups.len() / 2 + ORPHAN_SLACK {
+            self.compact();
         }
+        true
+    }
+
+    /// Drops the groups patches emptied and renumbers the rest (every live
+    /// group has a member; an emptied one has none).
+    fn compact(&mut self) {
+        let mut remap = vec![NONE; self.groups.len()];
+        let mut kept = Vec::with_capacity(self.groups.len() - self.orphans);
+        for (i, g) in std::mem::take(&mut self.groups).into_iter().enumerate() {
+            if !g.members.is_empty() {
+                remap[i] = kept.len() as u32;
+                kept.push(g);
+            }
+        }
+        self.groups = kept;
+        for g in self.group.iter_mut().filter(|g| **g != NONE) {
+            *g = remap[*g as usize];
+        }
+        for list in self
+            .cluster_groups
+            .iter_mut()
+            .chain([&mut self.free_groups])
+        {
+            for g in list.iter_mut() {
+                *g = remap[*g as usize];
+            }
+        }
+        self.orphans = 0;
     }
 }
 
 impl<'a> Snapshot<'a> {
     pub(crate) fn build(fleet: &'a Fleet, spec: BuildSpec<'a>) -> Snapshot<'a> {
-        let base: &'a Base = fleet
-            .base
-            .get_or_init(|| Box::new(Base::build(fleet, spec.parallel)));
+        let base: &'a Base = fleet.base.get_or_init(|| match fleet.stale.take() {
+            Some((mut base, changes)) => {
+                base.patch(fleet, changes);
+                base
+            }
+            None => Box::new(Base::build(fleet, spec.parallel)),
+        });
         let n = fleet.len();
         let nfc = fleet.clusters.len() as u32;
         let mut extra_clusters: Vec<&'a str> = Vec::new();
@@ -1017,4 +1492,255 @@ pub(crate) fn keep_cmp(a: &Rec, ra: u32, b: &Rec, rb: u32) -> Ordering {
         .total_cmp(&b.price)
         .then(b.asg_rp.total_cmp(&a.asg_rp))
         .then(ra.cmp(&rb))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use bigfleet_model::{Host, Machine, MachineProfile};
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    /// (state, cluster, type, capacity, price, penalty, priority, idle stamp).
+    type Shape = (u8, u8, u8, u8, u8, u8, i32, Option<i64>);
+
+    const STATES: [MachineState; 6] = [
+        MachineState::Idle,
+        MachineState::Speculative,
+        MachineState::Creating,
+        MachineState::Configuring,
+        MachineState::Configured,
+        MachineState::Draining,
+    ];
+
+    fn machine(i: usize, s: &Shape) -> Machine {
+        let (state, cluster, itype, cap, price, rp, prio, _) = *s;
+        Machine {
+            id: format!("m{i:03}"),
+            state: STATES[state as usize],
+            host: Host {
+                provider: "p".into(),
+                reference: format!("r{i}"),
+            },
+            cluster: if cluster == 0 {
+                String::new()
+            } else {
+                format!("c{cluster}")
+            },
+            profile: MachineProfile {
+                instance_type: format!("t{itype}"),
+                capacity_type: CAPACITY_TYPES[1 + cap as usize],
+                ..MachineProfile::default()
+            },
+            price_per_hour: f64::from(price),
+            assigned_reclamation_penalty_dollars: f64::from(rp),
+            assigned_priority: prio,
+            assigned_need_fingerprint: if cluster == 0 {
+                String::new()
+            } else {
+                format!("fp{}", prio % 2)
+            },
+            ..Machine::default()
+        }
+    }
+
+    fn shape() -> impl Strategy<Value = Shape> {
+        (
+            0u8..6,
+            0u8..4,
+            0u8..3,
+            0u8..4,
+            0u8..3,
+            0u8..2,
+            0i32..4,
+            prop::option::of(0i64..5),
+        )
+    }
+
+    /// Builds the base and every lazily built list, as cycles would.
+    fn settle(fleet: &Fleet) -> &Base {
+        let spec = BuildSpec {
+            keys: Vec::new(),
+            destinations: None,
+            demand_vectors: Vec::new(),
+            demand_clusters: Vec::new(),
+            own_index: true,
+            free_groups: true,
+            parallel: false,
+        };
+        let snap = Snapshot::build(fleet, spec);
+        snap.idle_all_sorted();
+        for t in 0..fleet.values.len() as u32 {
+            snap.idle_type_sorted(t);
+        }
+        snap.base
+    }
+
+    /// The cached grouping with symbols and handles spelled out (group
+    /// numbers are not part of it: patches append groups).
+    fn canon_grouping(fleet: &Fleet, b: &Base) -> String {
+        let g = b.grouping.get().expect("grouping built");
+        let id = |h: u32| fleet.ids[h as usize].to_string();
+        let group = |i: u32| {
+            let gr = &g.groups[i as usize];
+            let itype = g.shapes[gr.shape as usize].itype;
+            let members: Vec<String> = gr.members.iter().map(|&h| id(h)).collect();
+            let itype = if itype == NONE {
+                ""
+            } else {
+                fleet.values.resolve(itype)
+            };
+            format!(
+                "{:?}/{itype}/{:?}: {members:?}",
+                gr.state, fleet.allocs[gr.alloc as usize]
+            )
+        };
+        let mut clusters = BTreeMap::new();
+        for (c, cg) in g.cluster_groups.iter().enumerate() {
+            if !cg.is_empty() {
+                let name = fleet.clusters.resolve(c as u32);
+                let groups: Vec<String> = cg.iter().map(|&i| group(i)).collect();
+                let bound = g.bound[c]
+                    .each_ref()
+                    .map(|l| l.iter().map(|&h| id(h)).collect::<Vec<_>>());
+                clusters.insert(name, (groups, bound));
+            }
+        }
+        let mut out = format!("{clusters:?}\n");
+        let free: Vec<String> = g.free_groups.iter().map(|&i| group(i)).collect();
+        out += &format!("free {free:?}\n");
+        let mut own: Vec<String> = g
+            .own_index
+            .iter()
+            .map(|((c, fp, gs), hs)| {
+                let hs: Vec<String> = hs.iter().map(|&h| id(h)).collect();
+                format!(
+                    "{} {} {} {hs:?}",
+                    fleet.clusters.resolve(*c),
+                    fleet.fps.resolve(*fp),
+                    if *gs == NONE {
+                        ""
+                    } else {
+                        fleet.groups.resolve(*gs)
+                    }
+                )
+            })
+            .collect();
+        own.sort();
+        out += &format!("own {own:?}\n");
+        let mut members: Vec<(String, String)> = Vec::new();
+        for h in 0..fleet.recs.len() as u32 {
+            let gi = g.group[h as usize];
+            members.push((id(h), if gi == NONE { String::new() } else { group(gi) }));
+        }
+        out += &format!("member of {members:?}");
+        out
+    }
+
+    /// A base with symbols and handles spelled out, empty lists dropped.
+    fn canon(fleet: &Fleet, b: &Base) -> String {
+        let id = |h: &u32| fleet.ids[*h as usize].to_string();
+        let ids = |v: &[u32]| v.iter().map(id).collect::<Vec<_>>();
+        let val = |v: u32| {
+            if v == NONE {
+                String::new()
+            } else {
+                fleet.values.resolve(v).to_owned()
+            }
+        };
+        let mut types = BTreeMap::new();
+        for (&(st, t), &i) in &b.type_index {
+            let l = &b.type_lists[i as usize];
+            if !l.is_empty() {
+                let sorted = b.type_sorted[i as usize].get().map(|v| ids(v));
+                types.insert((st, val(t)), (ids(l), b.type_min_prio[i as usize], sorted));
+            }
+        }
+        let spec = b.spec.get().map(|sl| {
+            let by_type: BTreeMap<_, _> = sl
+                .by_type
+                .iter()
+                .map(|(t, (l, m))| (val(*t), (ids(l), *m)))
+                .collect();
+            (ids(&sl.all), sl.min_prio, by_type)
+        });
+        let mut bound = BTreeMap::new();
+        let mut kpos = BTreeMap::new();
+        for (c, lists) in b.bound.iter().enumerate() {
+            for (s, l) in lists.iter().enumerate() {
+                if !l.is_empty() {
+                    bound.insert((fleet.clusters.resolve(c as u32).to_owned(), s), ids(l));
+                }
+            }
+        }
+        for h in 0..fleet.recs.len() as u32 {
+            kpos.insert(id(&h), b.kpos[h as usize]);
+        }
+        let by_state: Vec<_> = b.by_state.iter().map(|l| ids(l)).collect();
+        format!(
+            "states {by_state:?}\nmin {:?}\ntypes {types:?}\nidle sorted {:?}\nspec {spec:?}\n\
+             bound {bound:?}\nkpos {kpos:?}\nidle min {:?}\nrank {:?}",
+            b.min_prio,
+            b.idle_sorted.get().map(|v| ids(v)),
+            b.idle_min,
+            b.rank,
+        )
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 256, ..ProptestConfig::default() })]
+
+        /// A base patched with replaced records is the base a fresh fleet over
+        /// the same machines builds.
+        #[test]
+        fn patched_base_equals_a_fresh_build(
+            start in prop::collection::vec(shape(), 1..40),
+            rounds in prop::collection::vec(prop::collection::vec((0usize..40, shape()), 0..10), 1..4),
+        ) {
+            let mut now = start.clone();
+            let machines: Vec<Machine> = now.iter().enumerate().map(|(i, s)| machine(i, s)).collect();
+            let stamps: Vec<Option<i64>> = now.iter().map(|s| s.7).collect();
+            let mut fleet = Fleet::from_machines(&machines, &stamps).unwrap();
+            settle(&fleet);
+            for round in rounds {
+                for (i, s) in round {
+                    let i = i % now.len();
+                    now[i] = s;
+                    fleet.upsert_with_idle_since(&machine(i, &s), s.7);
+                }
+                let b = settle(&fleet);
+                let patched = canon(&fleet, b) + &canon_grouping(&fleet, b);
+                let machines: Vec<Machine> = now.iter().enumerate().map(|(i, s)| machine(i, s)).collect();
+                let stamps: Vec<Option<i64>> = now.iter().map(|s| s.7).collect();
+                let fresh_fleet = Fleet::from_machines(&machines, &stamps).unwrap();
+                let b = settle(&fresh_fleet);
+                let fresh = canon(&fresh_fleet, b) + &canon_grouping(&fresh_fleet, b);
+                prop_assert_eq!(patched, fresh);
+            }
+        }
+    }
+
+    #[test]
+    fn replacements_patch_the_cached_base_and_inserts_drop_it() {
+        let shapes: Vec<Shape> = (0..8).map(|i| (0, 0, i % 2, 0, 1, 0, 0, None)).collect();
+        let machines: Vec<Machine> = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, s)| machine(i, s))
+            .collect();
+        let mut fleet = Fleet::from_machines(&machines, &[]).unwrap();
+        settle(&fleet);
+        // An unchanged re-upsert keeps the base as it is.
+        fleet.upsert_with_idle_since(&machines[3], None);
+        assert!(fleet.base.get().is_some());
+        // A change queues a patch.
+        fleet.upsert_with_idle_since(&machine(3, &(4, 1, 0, 0, 1, 0, 2, None)), None);
+        assert!(fleet.base.get().is_none());
+        assert!(fleet.stale.take().is_some());
+        settle(&fleet);
+        // A new machine rebuilds.
+        fleet.upsert_with_idle_since(&machine(99, &shapes[0]), None);
+        assert!(fleet.base.get().is_none());
+        assert!(fleet.stale.take().is_none());
+    }
 }

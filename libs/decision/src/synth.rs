@@ -713,6 +713,26 @@ pub fn plain_pass(machines: &[Machine]) -> (f64, usize) {
     (price, dims + states[MachineState::Idle as usize])
 }
 
+/// Machine `k` of a scenario as a churn step changes it: an Idle machine is
+/// configured into a cluster, a bound one goes back to Idle (stamped now),
+/// anything else moves to Idle too.
+fn churned(s: &Scenario, k: usize) -> (Machine, Option<i64>) {
+    let mut m = s.machines[k].clone();
+    if m.state == MachineState::Idle {
+        m.state = MachineState::Configured;
+        m.cluster = format!("cluster-{:03}", k % s.clusters.max(1));
+        m.assigned_priority = 100;
+        (m, None)
+    } else {
+        m.state = MachineState::Idle;
+        m.cluster.clear();
+        m.assigned_priority = 0;
+        m.assigned_need_fingerprint.clear();
+        m.assigned_group.clear();
+        (m, Some(s.now_unix_nanos))
+    }
+}
+
 /// Runs `cycles` timed cycles (after two warm-up cycles) and one floor pass per cycle.
 pub fn measure(
     s: &Scenario,
@@ -729,15 +749,21 @@ pub fn measure(
     let mut times = Vec::with_capacity(cycles);
     let mut floor = f64::INFINITY;
     let mut next = 0usize;
+    let mut changed: Vec<usize> = Vec::new();
     for _ in 0..cycles.max(1) {
-        // A shard's fleet changes between cycles (reconcile, transitions):
-        // re-upserting machines drops the fleet's cached snapshot parts, so
-        // the timed cycle rebuilds them, as it would in the shard.
+        // A shard's fleet changes between cycles (actions land, reconcile
+        // updates): put back the machines changed last round and change
+        // `churn` others, so every timed cycle sees 2 × churn replaced records.
+        for k in changed.drain(..) {
+            let stamp = s.idle_since.get(k).copied().flatten();
+            fleet.upsert_with_idle_since(&s.machines[k], stamp);
+        }
         for _ in 0..churn.min(s.machines.len()) {
             let k = next % s.machines.len();
             next += 1;
-            let stamp = s.idle_since.get(k).copied().flatten();
-            fleet.upsert_with_idle_since(&s.machines[k], stamp);
+            let (m, stamp) = churned(s, k);
+            fleet.upsert_with_idle_since(&m, stamp);
+            changed.push(k);
         }
         let t = Instant::now();
         let out = crate::run_cycle(&s.fleet_input(&fleet), opts)?;

@@ -34,9 +34,10 @@ struct Args {
     /// Also compute per-need verdicts.
     #[arg(long)]
     verdicts: bool,
-    /// Re-upsert this many machines before each timed cycle (0 = an unchanged
-    /// fleet). Any change drops the fleet's cached snapshot parts, so this
-    /// times a cycle after the shard's fleet changed.
+    /// Change this many machines before each timed cycle (Idle ones get
+    /// configured into a cluster, the others go back to Idle) and put back the
+    /// previous cycle's (0 = an unchanged fleet). Times a cycle after the
+    /// shard's fleet changed: the cached snapshot parts are patched, not rebuilt.
     #[arg(long, default_value_t = 0)]
     churn: usize,
     /// Print one JSON object (otherwise a human line).
