@@ -71,9 +71,6 @@ pub(crate) struct Grouping {
     pub groups: Vec<Group>,
     /// Idle and Speculative groups.
     pub free_groups: Vec<u32>,
-    /// Per fleet cluster: Configured and Configuring machines in keep-priority
-    /// order (index = slot in [`BOUND_STATES`]).
-    bound: Vec<[Vec<u32>; 2]>,
     /// Per fleet cluster: groups of Configured then Configuring machines.
     cluster_groups: Vec<Vec<u32>>,
     /// (cluster, stamped fingerprint, stamped group) of bound machines → ranks
@@ -489,27 +486,19 @@ fn splice(
         return;
     }
     add.sort_unstable_by(|a, b| new_cmp(*a, *b));
-    if add.len() <= 8 {
-        for &h in add.iter() {
-            let i = list.partition_point(|&x| new_cmp(x, h) == Ordering::Less);
-            list.insert(i, h);
-        }
-        return;
+    // Merge from the back into the grown list: each arriving machine's place
+    // is binary-searched and the block after it moved in one copy, so the
+    // cost is k searches plus one pass of memmove, with no second buffer.
+    let (mut i, mut j) = (list.len(), add.len());
+    list.resize(i + j, 0);
+    while j > 0 {
+        let h = add[j - 1];
+        let at = list[..i].partition_point(|&x| new_cmp(x, h) == Ordering::Less);
+        list.copy_within(at..i, at + j);
+        list[at + j - 1] = h;
+        i = at;
+        j -= 1;
     }
-    let mut out = Vec::with_capacity(list.len() + add.len());
-    let (mut i, mut j) = (0, 0);
-    while i < list.len() && j < add.len() {
-        if new_cmp(list[i], add[j]) == Ordering::Less {
-            out.push(list[i]);
-            i += 1;
-        } else {
-            out.push(add[j]);
-            j += 1;
-        }
-    }
-    out.extend_from_slice(&list[i..]);
-    out.extend_from_slice(&add[j..]);
-    *list = out;
 }
 
 /// The exact new minimum of a list whose old minimum was `min` after `e`.
@@ -760,20 +749,9 @@ impl Base {
         }
         self.rank = ranks;
 
-        // The cached demand grouping follows: re-group the clusters whose
-        // bound machines changed, and the free machines if theirs did.
-        let mut clusters: Vec<u32> = Vec::new();
-        let mut free = false;
-        for &h in &handles {
-            for r in [&old[&h].0, &recs[h as usize]] {
-                clusters.extend(bound_key(r).map(|(c, _)| c));
-                free |= matches!(r.state, MachineState::Idle | MachineState::Speculative);
-            }
-        }
-        clusters.sort_unstable();
-        clusters.dedup();
+        // The cached demand grouping follows the same changes.
         if let Some(mut g) = grouping
-            && Arc::get_mut(&mut g).is_some_and(|g| g.patch(fleet, self, &clusters, free, &handles))
+            && Arc::get_mut(&mut g).is_some_and(|g| g.patch(fleet, self, &old, &handles))
         {
             self.grouping.put(g);
         }
@@ -814,13 +792,11 @@ impl Grouping {
             group: vec![NONE; fleet.recs.len()],
             groups: Vec::new(),
             free_groups: Vec::new(),
-            bound: Vec::with_capacity(base.bound.len()),
             cluster_groups: Vec::with_capacity(base.bound.len()),
             own_index: FxHashMap::default(),
             orphans: 0,
         };
         for c in 0..base.bound.len() {
-            g.bound.push(Default::default());
             g.cluster_groups.push(Vec::new());
             g.group_cluster(&fleet.recs, base, c);
         }
@@ -830,38 +806,25 @@ impl Grouping {
             g.group_free(fleet, base);
         }
         if g.key.2 {
-            for c in 0..g.bound.len() {
-                g.index_own(&fleet.recs, c);
+            for c in 0..base.bound.len() {
+                g.index_own(&fleet.recs, base, c);
             }
         }
         g
     }
 
-    /// Groups cluster `c`'s bound machines from the base's keep-ordered lists
-    /// (its previous groups, if any, are left empty). Neighbours in keep order
-    /// usually share (shape, capacity), so the previous group is tried before
-    /// the map.
+    /// Groups cluster `c`'s bound machines from the base's keep-ordered lists.
+    /// Neighbours in keep order usually share (shape, capacity), so the
+    /// previous group is tried before the map.
     fn group_cluster(&mut self, recs: &[Rec], base: &Base, c: usize) {
-        for &g in &self.cluster_groups[c] {
-            self.groups[g as usize].members = Vec::new();
-            self.orphans += 1;
-        }
         let mut gmap: FxHashMap<(u8, u32, u32), u32> = FxHashMap::default();
         let mut cgroups = Vec::new();
         for (slot, list) in base.bound[c].iter().enumerate() {
             let state = BOUND_STATES[slot];
             let mut prev: (u32, u32, u32) = (NONE, NONE, NONE); // (shape, alloc, group)
             for &h in list {
-                // A machine a patch did not change keeps its last group's
-                // (shape, capacity): the 4-byte group table stays in cache
-                // where the 64-byte records of a scattered cluster do not.
-                let (sh, alloc) = match self.group[h as usize] {
-                    NONE => {
-                        let r = &recs[h as usize];
-                        (self.shape_of_profile[r.profile as usize], r.alloc)
-                    }
-                    g => (self.groups[g as usize].shape, self.groups[g as usize].alloc),
-                };
+                let r = &recs[h as usize];
+                let (sh, alloc) = (self.shape_of_profile[r.profile as usize], r.alloc);
                 let g = if prev.2 != NONE && prev.0 == sh && prev.1 == alloc {
                     prev.2
                 } else {
@@ -883,18 +846,11 @@ impl Grouping {
                 self.group[h as usize] = g;
             }
         }
-        self.bound[c] = base.bound[c].clone();
         self.cluster_groups[c] = cgroups;
     }
 
-    /// Groups the Idle and Speculative machines (id order), leaving the
-    /// previous free groups, if any, empty.
+    /// Groups the Idle and Speculative machines (id order).
     fn group_free(&mut self, fleet: &Fleet, base: &Base) {
-        for &g in &self.free_groups {
-            self.groups[g as usize].members = Vec::new();
-            self.orphans += 1;
-        }
-        self.free_groups.clear();
         let recs: &[Rec] = &fleet.recs;
         let mut gmap: FxHashMap<(u8, u32, u32), u32> = FxHashMap::default();
         for st in [MachineState::Idle, MachineState::Speculative] {
@@ -931,8 +887,8 @@ impl Grouping {
     }
 
     /// Adds cluster `c`'s stamped bound machines to the own-machine index.
-    fn index_own(&mut self, recs: &[Rec], c: usize) {
-        let lists = &self.bound[c];
+    fn index_own(&mut self, recs: &[Rec], base: &Base, c: usize) {
+        let lists = &base.bound[c];
         for &h in lists[0].iter().chain(lists[1].iter()) {
             let r = &recs[h as usize];
             if r.fp == NONE {
@@ -945,47 +901,189 @@ impl Grouping {
         }
     }
 
-    /// Re-groups what a base patch touched: the bound clusters `clusters`, and
-    /// the free machines when `free` (Idle or Speculative membership changed).
-    /// The groups a cluster had are left empty rather than renumbered (a cycle
-    /// reads them as no supply) until they are half of all, then compacted;
-    /// false when the fleet gained profiles (a fresh build re-shapes).
+    /// Moves the machines a base patch changed between groups: out of the
+    /// group they were in (binary search with their old keys), into the group
+    /// of their new (state, shape, capacity) in their cluster or among the free
+    /// machines (created when missing), then re-orders each touched family of
+    /// groups by first appearance, as a fresh build walks them. Groups left
+    /// empty are dropped from their family and compacted away once they are
+    /// half of all. False when the fleet gained profiles (a fresh build
+    /// re-shapes).
     fn patch(
         &mut self,
         fleet: &Fleet,
         base: &Base,
-        clusters: &[u32],
-        free: bool,
-        changed: &[u32],
+        old: &FxHashMap<u32, (Rec, i64)>,
+        handles: &[u32],
     ) -> bool {
         if self.shape_of_profile.len() != fleet.profiles.len()
             || self.group.len() != fleet.recs.len()
         {
             return false;
         }
-        for &h in changed {
-            self.group[h as usize] = NONE;
-        }
-        while self.bound.len() < base.bound.len() {
-            self.bound.push(Default::default());
-            self.cluster_groups.push(Vec::new());
-        }
-        for &c in clusters {
-            self.group_cluster(&fleet.recs, base, c as usize);
-        }
-        if free && self.key.1 {
-            self.group_free(fleet, base);
-        }
-        if self.key.2 && !clusters.is_empty() {
-            self.own_index.retain(|k, _| !clusters.contains(&k.0));
-            for &c in clusters {
-                self.index_own(&fleet.recs, c as usize);
+        let recs: &[Rec] = &fleet.recs;
+        let was = |h: u32| old.get(&h).map_or(&recs[h as usize], |o| &o.0);
+        let rank = |h: u32| base.rank(h);
+        let keep_old = |a: u32, b: u32| keep_cmp(was(a), rank(a), was(b), rank(b));
+        let keep_new =
+            |a: u32, b: u32| keep_cmp(&recs[a as usize], rank(a), &recs[b as usize], rank(b));
+        let by_rank = |a: u32, b: u32| rank(a).cmp(&rank(b));
+        let free_on = self.key.1;
+        // Family of a record: its cluster's bound groups, or the free groups.
+        let family = |r: &Rec| -> Option<u32> {
+            match r.state {
+                MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
+                    Some(r.cluster)
+                }
+                MachineState::Idle | MachineState::Speculative if free_on => Some(NONE),
+                _ => None,
             }
+        };
+        let key = |r: &Rec| (r.state, self.shape_of_profile[r.profile as usize], r.alloc);
+        let mut gone: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
+        let mut arriving: Vec<(u32, (MachineState, u32, u32), u32)> = Vec::new();
+        let mut families: Vec<u32> = Vec::new();
+        for &h in handles {
+            let (o, n) = (was(h), &recs[h as usize]);
+            let (fo, f_new) = (family(o), family(n));
+            let reordered =
+                o.price.to_bits() != n.price.to_bits() || o.asg_rp.to_bits() != n.asg_rp.to_bits();
+            if fo == f_new && key(o) == key(n) && (fo == Some(NONE) || !reordered) {
+                continue;
+            }
+            if let Some(f) = fo {
+                gone.entry(self.group[h as usize]).or_default().push(h);
+                families.push(f);
+            }
+            self.group[h as usize] = NONE;
+            if let Some(f) = f_new {
+                arriving.push((f, key(n), h));
+                families.push(f);
+            }
+        }
+        for (g, hs) in gone {
+            let bound = BOUND_STATES.contains(&self.groups[g as usize].state);
+            let members = &mut self.groups[g as usize].members;
+            if bound {
+                splice(members, &hs, &mut [], keep_old, keep_new);
+            } else {
+                splice(members, &hs, &mut [], by_rank, by_rank);
+            }
+        }
+        if self.cluster_groups.len() < base.bound.len() {
+            self.cluster_groups.resize_with(base.bound.len(), Vec::new);
+        }
+        arriving.sort_unstable_by_key(|a| (a.0, a.1.0 as u8, a.1.1, a.1.2));
+        for run in arriving.chunk_by(|a, b| a.0 == b.0 && a.1 == b.1) {
+            let (f, (state, shape, alloc), _) = run[0];
+            let list = if f == NONE {
+                &mut self.free_groups
+            } else {
+                &mut self.cluster_groups[f as usize]
+            };
+            let groups = &mut self.groups;
+            let g = match list.iter().copied().find(|&g| {
+                let gr = &groups[g as usize];
+                (gr.state, gr.shape, gr.alloc) == (state, shape, alloc)
+            }) {
+                Some(g) => g,
+                None => {
+                    groups.push(Group {
+                        state,
+                        shape,
+                        alloc,
+                        members: Vec::new(),
+                    });
+                    list.push((groups.len() - 1) as u32);
+                    (groups.len() - 1) as u32
+                }
+            };
+            let mut add: Vec<u32> = run.iter().map(|a| a.2).collect();
+            for &h in &add {
+                self.group[h as usize] = g;
+            }
+            let members = &mut self.groups[g as usize].members;
+            if f == NONE {
+                splice(members, &[], &mut add, by_rank, by_rank);
+            } else {
+                splice(members, &[], &mut add, keep_new, keep_new);
+            }
+        }
+        // Families in first-appearance order: bound groups by (state, keep
+        // position of the first member), free ones by (state, id order).
+        families.sort_unstable();
+        families.dedup();
+        for f in families {
+            let groups = &self.groups;
+            let list = if f == NONE {
+                &mut self.free_groups
+            } else {
+                &mut self.cluster_groups[f as usize]
+            };
+            let before = list.len();
+            list.retain(|&g| !groups[g as usize].members.is_empty());
+            self.orphans += before - list.len();
+            list.sort_by_key(|&g| {
+                let gr = &groups[g as usize];
+                let first = gr.members[0];
+                let pos = if f == NONE {
+                    rank(first)
+                } else {
+                    base.kpos[first as usize]
+                };
+                (
+                    gr.state != MachineState::Configured && gr.state != MachineState::Idle,
+                    pos,
+                )
+            });
+        }
+        if self.key.2 {
+            self.patch_own(recs, base, was, handles);
         }
         if self.orphans > self.groups.len() / 2 + ORPHAN_SLACK {
             self.compact();
         }
         true
+    }
+
+    /// Moves changed machines between own-index entries; an entry lists its
+    /// machines Configured first, each state in keep order.
+    fn patch_own<'r>(
+        &mut self,
+        recs: &'r [Rec],
+        base: &Base,
+        was: impl Fn(u32) -> &'r Rec,
+        handles: &[u32],
+    ) {
+        let own_key = |r: &Rec| match r.state {
+            MachineState::Configured | MachineState::Configuring
+                if r.cluster != NONE && r.fp != NONE =>
+            {
+                Some((r.cluster, r.fp, r.gstamp))
+            }
+            _ => None,
+        };
+        for &h in handles {
+            if let Some(k) = own_key(was(h))
+                && let Some(v) = self.own_index.get_mut(&k)
+            {
+                v.retain(|&x| x != h);
+                if v.is_empty() {
+                    self.own_index.remove(&k);
+                }
+            }
+        }
+        let pos = |x: u32| {
+            let configuring = recs[x as usize].state == MachineState::Configuring;
+            (configuring, base.kpos[x as usize])
+        };
+        for &h in handles {
+            if let Some(k) = own_key(&recs[h as usize]) {
+                let v = self.own_index.entry(k).or_default();
+                let at = v.partition_point(|&x| pos(x) < pos(h));
+                v.insert(at, h);
+            }
+        }
     }
 
     /// Drops the groups patches emptied and renumbers the rest (every live
@@ -1137,7 +1235,7 @@ impl<'a> Snapshot<'a> {
 
     /// Machines bound to a cluster in one of [`BOUND_STATES`] (by slot), keep order.
     pub(crate) fn bound(&self, c: u32, slot: usize) -> &[u32] {
-        self.g
+        self.base
             .bound
             .get(c as usize)
             .map_or(&[], |v| v[slot].as_slice())
@@ -1145,7 +1243,7 @@ impl<'a> Snapshot<'a> {
 
     /// Clusters that may have bound machines (ids `0..n`).
     pub(crate) fn bound_clusters(&self) -> u32 {
-        self.g.bound.len() as u32
+        self.base.bound.len() as u32
     }
 
     /// In-flight Creating machines provisioned for a cluster, keep order.
@@ -1381,7 +1479,7 @@ impl<'a> Snapshot<'a> {
         if self.idle_sorted_used.load(AtomicOrdering::Relaxed) {
             b += v32(&base.by_state[MachineState::Idle as usize]);
         }
-        for (lists, groups) in g.bound.iter().zip(&g.cluster_groups) {
+        for (lists, groups) in base.bound.iter().zip(&g.cluster_groups) {
             b += v32(&lists[0]) + v32(&lists[1]) + v32(groups);
         }
         b += self.creating.iter().map(v32).sum::<usize>();
@@ -1600,7 +1698,7 @@ mod tests {
             if !cg.is_empty() {
                 let name = fleet.clusters.resolve(c as u32);
                 let groups: Vec<String> = cg.iter().map(|&i| group(i)).collect();
-                let bound = g.bound[c]
+                let bound = b.bound[c]
                     .each_ref()
                     .map(|l| l.iter().map(|&h| id(h)).collect::<Vec<_>>());
                 clusters.insert(name, (groups, bound));
