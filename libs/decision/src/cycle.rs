@@ -161,7 +161,35 @@ pub(crate) struct Ctx<'a> {
     pub fold_members: Vec<Vec<u32>>,
     /// Normalized demand.
     pub needs: Vec<Dn>,
-    pub parallel: bool,
+    pub par: Par,
+}
+
+/// Where a cycle's parallel sections run. The cycle itself stays on the
+/// caller's thread: handing every cycle to a pool thread costs a wake-up, which
+/// on a busy 2-core machine is worth more than a quiet cycle.
+#[derive(Clone, Default)]
+pub(crate) enum Par {
+    /// Strictly sequential.
+    #[default]
+    Off,
+    /// The rayon pool the caller runs in.
+    Current,
+    /// A pool of the requested size.
+    Pool(Arc<rayon::ThreadPool>),
+}
+
+impl Par {
+    pub(crate) fn on(&self) -> bool {
+        !matches!(self, Par::Off)
+    }
+
+    /// Runs `f`, whose rayon iterators then use this cycle's pool.
+    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
+        match self {
+            Par::Pool(p) => p.install(f),
+            Par::Off | Par::Current => f(),
+        }
+    }
 }
 
 impl<'a> Ctx<'a> {
@@ -181,7 +209,7 @@ impl<'a> Ctx<'a> {
     pub(crate) fn compile(
         fleet: &'a Fleet,
         input: &CycleInput<'a>,
-        parallel: bool,
+        par: Par,
         verdicts: bool,
     ) -> Ctx<'a> {
         let demand = input.demand;
@@ -202,7 +230,7 @@ impl<'a> Ctx<'a> {
                 demand_clusters: demand.iter().map(|n| n.cluster.as_str()).collect(),
                 own_index: any_same,
                 free_groups: any_same || verdicts,
-                parallel,
+                par: par.clone(),
             },
         );
         let mut profiles = Profiles::default();
@@ -227,7 +255,7 @@ impl<'a> Ctx<'a> {
             folded: Vec::new(),
             fold_members: Vec::new(),
             needs,
-            parallel,
+            par,
         }
     }
 }
@@ -252,17 +280,19 @@ fn pool_for(threads: usize) -> Arc<rayon::ThreadPool> {
 
 /// Runs one decision cycle.
 pub fn run_cycle(input: &CycleInput<'_>, opts: &CycleOptions) -> Result<CycleOutput, EngineError> {
-    match opts.threads {
-        1 => run_inner(input, opts, false),
-        0 => run_inner(input, opts, rayon::current_num_threads() > 1),
-        t => pool_for(t).install(|| run_inner(input, opts, true)),
-    }
+    let par = match opts.threads {
+        1 => Par::Off,
+        0 if rayon::current_num_threads() > 1 => Par::Current,
+        0 => Par::Off,
+        t => Par::Pool(pool_for(t)),
+    };
+    run_inner(input, opts, par)
 }
 
 fn run_inner(
     input: &CycleInput<'_>,
     opts: &CycleOptions,
-    parallel: bool,
+    par: Par,
 ) -> Result<CycleOutput, EngineError> {
     let owned;
     let fleet = match input.fleet {
@@ -277,7 +307,7 @@ fn run_inner(
             &owned
         }
     };
-    let mut ctx = Ctx::compile(fleet, input, parallel, opts.verdicts);
+    let mut ctx = Ctx::compile(fleet, input, par, opts.verdicts);
     ctx.normalize();
     let parked_ages = stamp_parked(&mut ctx, input.parking);
 
@@ -450,7 +480,7 @@ fn shortfall_seeds(ctx: &Ctx<'_>, p2: &phase2::Phase2) -> Vec<ShortfallSeed> {
 pub fn normalize_demand(machines: &[Machine], demand: &[Need]) -> Result<Vec<Need>, EngineError> {
     let input = CycleInput::new(machines, demand);
     let fleet = Fleet::from_machines(machines, &[])?;
-    let mut ctx = Ctx::compile(&fleet, &input, false, false);
+    let mut ctx = Ctx::compile(&fleet, &input, Par::Off, false);
     ctx.normalize();
     Ok((0..ctx.needs.len())
         .map(|i| ctx.need(i as u32).clone())

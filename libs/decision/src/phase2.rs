@@ -114,11 +114,13 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
         .collect();
     keys.sort_unstable();
     keys.dedup();
-    let lists: Vec<Vec<u32>> = if ctx.parallel && keys.len() > 1 {
+    let lists: Vec<Vec<u32>> = if ctx.par.on() && keys.len() > 1 {
         use rayon::prelude::*;
-        keys.par_iter()
-            .map(|&(cp, prio)| candidates(ctx, cp, prio, opts))
-            .collect()
+        ctx.par.run(|| {
+            keys.par_iter()
+                .map(|&(cp, prio)| candidates(ctx, cp, prio, opts))
+                .collect()
+        })
     } else {
         keys.iter()
             .map(|&(cp, prio)| candidates(ctx, cp, prio, opts))

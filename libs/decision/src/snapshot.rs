@@ -14,6 +14,7 @@
 //! which turns per-machine scans in crediting and Same-domain scoring into
 //! per-group arithmetic.
 
+use crate::cycle::Par;
 use crate::fleet::{Change, Fleet};
 use crate::intern::NONE;
 use crate::qty::{Dims, Qty};
@@ -187,7 +188,7 @@ const CAPACITY_TYPES: [CapacityType; 5] = [
 ];
 
 impl Base {
-    fn build(fleet: &Fleet, parallel: bool) -> Base {
+    fn build(fleet: &Fleet, par: &Par) -> Base {
         let n = fleet.len();
         let nfc = fleet.clusters.len();
         let recs: &[Rec] = &fleet.recs;
@@ -273,10 +274,12 @@ impl Base {
             }
             p
         };
-        let parts: Vec<Part> = if parallel && n >= 1 << 16 {
+        let parts: Vec<Part> = if par.on() && n >= 1 << 16 {
             use rayon::prelude::*;
-            let chunk = (n / (rayon::current_num_threads() * 4)).max(1 << 15);
-            fleet.order.par_chunks(chunk).map(pass).collect()
+            par.run(|| {
+                let chunk = (n / (rayon::current_num_threads() * 4)).max(1 << 15);
+                fleet.order.par_chunks(chunk).map(pass).collect()
+            })
         } else {
             vec![pass(&fleet.order)]
         };
@@ -323,11 +326,13 @@ impl Base {
         // Keep-priority order (price asc, reclamation penalty desc, id asc) from
         // the entries' inline keys; the lists arrive in id order.
         let sort_entries = |v: &mut Vec<BoundEntry>| keep_sort(v, &rank_of);
-        if parallel {
+        if par.on() {
             use rayon::prelude::*;
-            bound.par_iter_mut().for_each(|e| {
-                sort_entries(&mut e[0]);
-                sort_entries(&mut e[1]);
+            par.run(|| {
+                bound.par_iter_mut().for_each(|e| {
+                    sort_entries(&mut e[0]);
+                    sort_entries(&mut e[1]);
+                })
             });
         } else {
             for e in &mut bound {
@@ -1121,7 +1126,7 @@ impl<'a> Snapshot<'a> {
                 base.patch(fleet, changes);
                 base
             }
-            None => Box::new(Base::build(fleet, spec.parallel)),
+            None => Box::new(Base::build(fleet, &spec.par)),
         });
         let n = fleet.len();
         let nfc = fleet.clusters.len() as u32;
@@ -1506,7 +1511,7 @@ pub(crate) struct BuildSpec<'a> {
     pub own_index: bool,
     /// Build groups of Idle/Speculative machines (Same demand or verdicts).
     pub free_groups: bool,
-    pub parallel: bool,
+    pub par: Par,
 }
 
 /// A bound machine with its keep-order keys inline, so the sort reads these
@@ -1664,7 +1669,7 @@ mod tests {
             demand_clusters: Vec::new(),
             own_index: true,
             free_groups: true,
-            parallel: false,
+            par: Par::Off,
         };
         let snap = Snapshot::build(fleet, spec);
         snap.idle_all_sorted();

@@ -152,11 +152,13 @@ pub(crate) fn build(
         .collect();
     keys.sort_unstable();
     keys.dedup();
-    let supplies: Vec<[u64; 3]> = if ctx.parallel && keys.len() > 1 {
+    let supplies: Vec<[u64; 3]> = if ctx.par.on() && keys.len() > 1 {
         use rayon::prelude::*;
-        keys.par_iter()
-            .map(|(cp, mu)| matching_counts(ctx, *cp, mu))
-            .collect()
+        ctx.par.run(|| {
+            keys.par_iter()
+                .map(|(cp, mu)| matching_counts(ctx, *cp, mu))
+                .collect()
+        })
     } else {
         keys.iter()
             .map(|(cp, mu)| matching_counts(ctx, *cp, mu))
