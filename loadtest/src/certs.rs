@@ -12,11 +12,8 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use bigfleet_identity::{TlsContext, TlsFiles};
-use bigfleet_testkit::{LeafSpec, role_file_stem};
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, Issuer, KeyPair, KeyUsagePurpose, SanType,
-};
+use bigfleet_testkit::{LeafSpec, ca_params, role_file_stem};
+use rcgen::{CertifiedIssuer, Issuer, KeyPair};
 
 /// Errors preparing certificates.
 #[derive(Debug, thiserror::Error)]
@@ -100,17 +97,9 @@ impl DirCa {
             path: dir.to_path_buf(),
             source,
         })?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = name("bigfleet load-test ca");
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
         let key = KeyPair::generate()?;
         let key_pem = key.serialize_pem();
-        let ca = CertifiedIssuer::self_signed(params, key)?;
+        let ca = CertifiedIssuer::self_signed(ca_params("bigfleet load-test ca"), key)?;
         write(&dir.join("ca.crt"), &ca.pem(), 0o644)?;
         write(&dir.join("ca.key"), &key_pem, 0o600)?;
         let ca = Self::open(dir)?;
@@ -155,24 +144,7 @@ impl DirCa {
             cluster: spec.common_name.clone(),
             stem: stem.to_owned(),
         })?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = name(&spec.common_name);
-        params.is_ca = IsCa::NoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        let mut sans = Vec::new();
-        for uri in &spec.uris {
-            sans.push(SanType::URI(uri.as_str().try_into()?));
-        }
-        for dns in &spec.dns_names {
-            sans.push(SanType::DnsName(dns.as_str().try_into()?));
-        }
-        sans.extend(spec.ips.iter().copied().map(SanType::IpAddress));
-        params.subject_alt_names = sans;
+        let params = spec.params()?;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, issuer)?;
         write(&self.dir.join(format!("{stem}.crt")), &cert.pem(), 0o644)?;
@@ -183,12 +155,6 @@ impl DirCa {
         )?;
         Ok(())
     }
-}
-
-fn name(common_name: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, common_name);
-    dn
 }
 
 #[cfg(test)]

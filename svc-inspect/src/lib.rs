@@ -210,20 +210,15 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
             .await
     });
 
-    let (metrics_addr, metrics_task) = match config.metrics_listen {
-        None => (None, None),
-        Some(addr) => {
-            let (bound, task) = bigfleet_telemetry::spawn_ops_server(
-                addr,
-                registry,
-                Readiness::ready(),
-                stop.clone().cancelled_owned(),
-            )
-            .await
-            .map_err(InspectError::Http)?;
-            (Some(bound), Some(task))
-        }
-    };
+    let (metrics_addr, metrics_task) = bigfleet_telemetry::spawn_ops_server_if(
+        config.metrics_listen,
+        registry,
+        Readiness::ready(),
+        stop.clone().cancelled_owned(),
+    )
+    .await
+    .map_err(InspectError::Http)?
+    .unzip();
     tracing::info!(
         grpc = %grpc.tcp_addr().map(|a| a.to_string()).unwrap_or_default(),
         http = %http_addr,

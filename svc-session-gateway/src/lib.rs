@@ -277,21 +277,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     let registry = MetricsRegistry::new();
     let readiness = Readiness::not_ready("gateway starting");
     let ops_stop = tokio_util::sync::CancellationToken::new();
-    let ops = if args.metrics_addr == "0" {
-        None
-    } else {
-        let addr = parse_listen(&args.metrics_addr)?;
-        let stop = ops_stop.clone();
-        let (_, task) = bigfleet_telemetry::spawn_ops_server(
-            addr,
-            registry.clone(),
-            readiness.clone(),
-            async move { stop.cancelled().await },
-        )
-        .await
-        .with_context(|| format!("serving metrics on {addr}"))?;
-        Some(task)
-    };
+    let ops_addr = (args.metrics_addr != "0")
+        .then(|| parse_listen(&args.metrics_addr))
+        .transpose()?;
+    let ops = bigfleet_telemetry::spawn_ops_server_if(
+        ops_addr,
+        registry.clone(),
+        readiness.clone(),
+        ops_stop.clone().cancelled_owned(),
+    )
+    .await
+    .with_context(|| format!("serving metrics on {}", args.metrics_addr))?
+    .map(|(_, task)| task);
     let config = GatewayConfig {
         settings: GatewaySettings {
             shard_id: args.shard_id.clone(),

@@ -358,20 +358,14 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     let metrics = ExecuteMetrics::register(&registry)?;
     let readiness = Readiness::not_ready("no work stream to decide yet");
     let ops_stop = CancellationToken::new();
-    let (metrics_addr, ops) = match cfg.metrics_addr {
-        Some(addr) => {
-            let stop = ops_stop.clone();
-            let (bound, task) = bigfleet_telemetry::spawn_ops_server(
-                addr,
-                registry.clone(),
-                readiness.clone(),
-                async move { stop.cancelled().await },
-            )
-            .await?;
-            (Some(bound), Some(task))
-        }
-        None => (None, None),
-    };
+    let (metrics_addr, ops) = bigfleet_telemetry::spawn_ops_server_if(
+        cfg.metrics_addr,
+        registry.clone(),
+        readiness.clone(),
+        ops_stop.clone().cancelled_owned(),
+    )
+    .await?
+    .unzip();
 
     let pool_cfg = PoolConfig {
         worker_id: cfg.worker_id.clone(),

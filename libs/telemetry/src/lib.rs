@@ -18,7 +18,7 @@ pub use logging::{
     LogArgs, LogFormat, OTEL_ENDPOINT_ENV, OTEL_FILTER_ENV, TelemetryConfig, TelemetryGuard, init,
 };
 pub use metrics::{LATENCY_BUCKETS, MetricsRegistry};
-pub use ops::{Readiness, ops_router, serve_ops, spawn_ops_server};
+pub use ops::{Readiness, ops_router, serve_ops, spawn_ops_server, spawn_ops_server_if};
 
 /// Errors setting up telemetry or registering metrics.
 #[derive(Debug, thiserror::Error)]

@@ -133,6 +133,22 @@ pub async fn spawn_ops_server(
     Ok((local, task))
 }
 
+/// [`spawn_ops_server`] when the service has an ops address (`--metrics-addr 0` leaves it
+/// `None`): the bound address and the task, or `None` with nothing served.
+pub async fn spawn_ops_server_if(
+    addr: Option<SocketAddr>,
+    registry: MetricsRegistry,
+    readiness: Readiness,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) -> std::io::Result<Option<(SocketAddr, JoinHandle<std::io::Result<()>>)>> {
+    match addr {
+        Some(addr) => spawn_ops_server(addr, registry, readiness, shutdown)
+            .await
+            .map(Some),
+        None => Ok(None),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

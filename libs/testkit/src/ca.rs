@@ -83,6 +83,43 @@ impl LeafSpec {
         self.ips.push(ip);
         self
     }
+
+    /// The certificate parameters of this leaf (for a CA that keeps its own key elsewhere,
+    /// like the load tester's on-disk CA).
+    pub fn params(&self) -> Result<CertificateParams, rcgen::Error> {
+        let mut params = CertificateParams::default();
+        params.distinguished_name = name(&self.common_name);
+        params.is_ca = IsCa::NoCa;
+        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+        params.extended_key_usages = vec![
+            ExtendedKeyUsagePurpose::ServerAuth,
+            ExtendedKeyUsagePurpose::ClientAuth,
+        ];
+        params.use_authority_key_identifier_extension = true;
+        let mut sans = Vec::new();
+        for uri in &self.uris {
+            sans.push(SanType::URI(uri.as_str().try_into()?));
+        }
+        for dns in &self.dns_names {
+            sans.push(SanType::DnsName(dns.as_str().try_into()?));
+        }
+        sans.extend(self.ips.iter().copied().map(SanType::IpAddress));
+        params.subject_alt_names = sans;
+        Ok(params)
+    }
+}
+
+/// The parameters of a self-signed bigfleet CA named `common_name`.
+pub fn ca_params(common_name: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = name(common_name);
+    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
 }
 
 /// A self-signed CA that lives as long as the value (nothing is persisted except the PEM
@@ -100,15 +137,7 @@ impl std::fmt::Debug for TestCa {
 impl TestCa {
     /// A new CA with a fresh ECDSA P-256 key.
     pub fn new(common_name: &str) -> Result<Self, TestkitError> {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = name(common_name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
-        let issuer = CertifiedIssuer::self_signed(params, KeyPair::generate()?)?;
+        let issuer = CertifiedIssuer::self_signed(ca_params(common_name), KeyPair::generate()?)?;
         Ok(Self { issuer })
     }
 
@@ -122,25 +151,7 @@ impl TestCa {
 
     /// Issues a leaf for `spec` with a fresh key.
     pub fn issue(&self, spec: &LeafSpec) -> Result<IssuedCert, TestkitError> {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = name(&spec.common_name);
-        params.is_ca = IsCa::NoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
-        let mut sans = Vec::new();
-        for uri in &spec.uris {
-            sans.push(SanType::URI(uri.as_str().try_into()?));
-        }
-        for dns in &spec.dns_names {
-            sans.push(SanType::DnsName(dns.as_str().try_into()?));
-        }
-        sans.extend(spec.ips.iter().copied().map(SanType::IpAddress));
-        params.subject_alt_names = sans;
-
+        let params = spec.params()?;
         let key = KeyPair::generate()?;
         let cert = params.signed_by(&key, &self.issuer)?;
         Ok(IssuedCert {

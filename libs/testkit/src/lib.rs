@@ -10,7 +10,7 @@ mod ca;
 mod sandbox;
 pub mod tools;
 
-pub use ca::{IssuedCert, LeafSpec, TestCa, TlsPaths, role_file_stem};
+pub use ca::{IssuedCert, LeafSpec, TestCa, TlsPaths, ca_params, role_file_stem};
 pub use sandbox::{PortReservation, free_tcp_port, reserve_tcp_port, temp_dir, unix_socket_path};
 
 /// Errors from certificate generation and writing bundles.
