@@ -59,9 +59,10 @@ impl Pki {
     }
 }
 
+/// A TCP address nothing listens on: outside the ephemeral range, where no other test's
+/// `:0` listener can appear.
 fn dead_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    l.local_addr().unwrap()
+    bigfleet_testkit::reserve_tcp_port().unwrap().release()
 }
 
 struct Fleet {

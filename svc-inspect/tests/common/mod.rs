@@ -51,12 +51,10 @@ impl Pki {
     }
 }
 
-/// A TCP address nothing listens on.
+/// A TCP address nothing listens on: outside the ephemeral range, where no other test's
+/// `:0` listener can appear.
 pub fn dead_addr() -> SocketAddr {
-    let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let a = l.local_addr().unwrap();
-    drop(l);
-    a
+    bigfleet_testkit::reserve_tcp_port().unwrap().release()
 }
 
 /// Shard s1: clusters c-a and c-b; s2: c-a and c-c (with every unmet reason); s3: down.
