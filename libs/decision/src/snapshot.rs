@@ -415,6 +415,33 @@ impl Base {
 /// compacts (none in unit tests, so they compact every time).
 const ORPHAN_SLACK: usize = if cfg!(test) { 0 } else { 64 };
 
+/// The records a patch replaces, as the base saw them, with a bitset so the
+/// comparisons of a patch read unchanged machines without hashing.
+struct Olds {
+    map: FxHashMap<u32, (Rec, i64)>,
+    changed: Vec<u64>,
+}
+
+impl Olds {
+    fn new(map: FxHashMap<u32, (Rec, i64)>, slots: usize) -> Olds {
+        let mut changed = vec![0u64; slots.div_ceil(64)];
+        for &h in map.keys() {
+            changed[h as usize / 64] |= 1 << (h % 64);
+        }
+        Olds { map, changed }
+    }
+
+    /// The record of `h` as the base saw it.
+    #[inline]
+    fn rec<'a>(&'a self, recs: &'a [Rec], h: u32) -> &'a Rec {
+        if self.changed[h as usize / 64] & (1 << (h % 64)) != 0 {
+            &self.map[&h].0
+        } else {
+            &recs[h as usize]
+        }
+    }
+}
+
 /// A list of a [`Base`] a patch edits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum ListId {
@@ -457,53 +484,59 @@ impl Default for ListEdit {
     }
 }
 
-/// Removes `gone` from `list` and merges in `add`. `list` is sorted by
-/// `old_cmp` (its order when built, with the changed machines' old keys) and
-/// ends sorted by `new_cmp`; both agree on every machine not in `gone`/`add`.
-fn splice(
+/// Removes `gone` from `list` and merges in `add`, in one pass. `list` is
+/// sorted by `order` over the records the base saw (`was`); it ends sorted by
+/// `order` over the current records (`now`). The two agree on every machine not
+/// leaving or arriving, so a leaver is found by binary search with its old
+/// record, and an arrival's place is where its new record sorts among the old
+/// ones.
+fn splice<'r>(
     list: &mut Vec<u32>,
     gone: &[u32],
     add: &mut [u32],
-    old_cmp: impl Fn(u32, u32) -> Ordering,
-    new_cmp: impl Fn(u32, u32) -> Ordering,
+    order: impl Fn(&Rec, u32, &Rec, u32) -> Ordering,
+    was: impl Fn(u32) -> &'r Rec,
+    now: impl Fn(u32) -> &'r Rec,
 ) {
-    if !gone.is_empty() {
-        let mut at: Vec<usize> = gone
-            .iter()
-            .map(|&h| {
-                list.binary_search_by(|&x| old_cmp(x, h))
-                    .ok()
-                    .filter(|&i| list[i] == h)
-                    .or_else(|| list.iter().position(|&x| x == h))
-                    .expect("a patched machine is in the list it leaves")
-            })
-            .collect();
-        at.sort_unstable();
-        let mut w = at[0];
-        for (k, &i) in at.iter().enumerate() {
-            let end = at.get(k + 1).copied().unwrap_or(list.len());
-            list.copy_within(i + 1..end, w);
-            w += end - i - 1;
-        }
-        list.truncate(w);
-    }
-    if add.is_empty() {
+    if gone.is_empty() && add.is_empty() {
         return;
     }
-    add.sort_unstable_by(|a, b| new_cmp(*a, *b));
-    // Merge from the back into the grown list: each arriving machine's place
-    // is binary-searched and the block after it moved in one copy, so the
-    // cost is k searches plus one pass of memmove, with no second buffer.
-    let (mut i, mut j) = (list.len(), add.len());
-    list.resize(i + j, 0);
-    while j > 0 {
-        let h = add[j - 1];
-        let at = list[..i].partition_point(|&x| new_cmp(x, h) == Ordering::Less);
-        list.copy_within(at..i, at + j);
-        list[at + j - 1] = h;
-        i = at;
-        j -= 1;
+    let mut drops: Vec<usize> = gone
+        .iter()
+        .map(|&h| {
+            list.binary_search_by(|&x| order(was(x), x, was(h), h))
+                .ok()
+                .filter(|&i| list[i] == h)
+                .or_else(|| list.iter().position(|&x| x == h))
+                .expect("a patched machine is in the list it leaves")
+        })
+        .collect();
+    drops.sort_unstable();
+    add.sort_unstable_by(|&a, &b| order(now(a), a, now(b), b));
+    let places: Vec<usize> = add
+        .iter()
+        .map(|&h| list.partition_point(|&x| order(was(x), x, now(h), h) == Ordering::Less))
+        .collect();
+    // Copy the runs between drops and arrivals once into the new list.
+    let mut out = Vec::with_capacity(list.len() + add.len() - drops.len());
+    let (mut i, mut d, mut a) = (0, 0, 0);
+    loop {
+        let next_drop = drops.get(d).copied().unwrap_or(usize::MAX);
+        let next_add = places.get(a).copied().unwrap_or(usize::MAX);
+        let stop = next_drop.min(next_add).min(list.len());
+        out.extend_from_slice(&list[i..stop]);
+        i = stop;
+        if next_add == i {
+            out.push(add[a]);
+            a += 1;
+        } else if next_drop == i {
+            d += 1;
+            i += 1;
+        } else {
+            break;
+        }
     }
+    *list = out;
 }
 
 /// The exact new minimum of a list whose old minimum was `min` after `e`.
@@ -540,8 +573,9 @@ impl Base {
         if old.is_empty() {
             return;
         }
+        let old = Olds::new(old, recs.len());
         let grouping = self.grouping.take();
-        let was = |h: u32| old.get(&h).map_or(&recs[h as usize], |o| &o.0);
+        let was = |h: u32| old.rec(recs, h);
         let itype = |r: &Rec| fleet.profiles[r.profile as usize].itype;
         let type_key = |r: &Rec| match r.state {
             MachineState::Idle | MachineState::Configured => Some((r.state as u8, itype(r))),
@@ -583,10 +617,11 @@ impl Base {
         let mut new_types: Vec<(u8, u32)> = Vec::new();
         let mut idle_lost = [false; 5];
         let mut idle_add = [i64::MAX; 5];
-        let mut handles: Vec<u32> = old.keys().copied().collect();
+        let mut handles: Vec<u32> = old.map.keys().copied().collect();
         handles.sort_unstable();
         for &h in &handles {
-            let (o, t_old) = (&old[&h].0, old[&h].1);
+            let (o, t_old) = old.map[&h];
+            let o = &o;
             let n = &recs[h as usize];
             let t_new = fleet.idle[h as usize];
             let spec = MachineState::Speculative;
@@ -662,55 +697,52 @@ impl Base {
                 ranks[h as usize]
             }
         };
-        let rank_cmp = |a: u32, b: u32| rank(a).cmp(&rank(b));
-        let price_cmp = |ra: &Rec, a: u32, rb: &Rec, b: u32| {
+        let by_rank = |_: &Rec, a: u32, _: &Rec, b: u32| rank(a).cmp(&rank(b));
+        let by_price = |ra: &Rec, a: u32, rb: &Rec, b: u32| {
             ra.price.total_cmp(&rb.price).then(rank(a).cmp(&rank(b)))
         };
-        let old_price = |a: u32, b: u32| price_cmp(was(a), a, was(b), b);
-        let new_price = |a: u32, b: u32| price_cmp(&recs[a as usize], a, &recs[b as usize], b);
-        let old_keep = |a: u32, b: u32| keep_cmp(was(a), rank(a), was(b), rank(b));
-        let new_keep =
-            |a: u32, b: u32| keep_cmp(&recs[a as usize], rank(a), &recs[b as usize], rank(b));
+        let by_keep = |ra: &Rec, a: u32, rb: &Rec, b: u32| keep_cmp(ra, rank(a), rb, rank(b));
+        let now = |h: u32| &recs[h as usize];
         let prio = |h: u32| recs[h as usize].asg_prio;
         let mut touched_bound: Vec<(u32, u8)> = Vec::new();
         for (id, mut e) in edits {
             match id {
                 ListId::State(s) => {
                     let l = &mut self.by_state[s as usize];
-                    splice(l, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                    splice(l, &e.gone, &mut e.add, by_rank, was, now);
                     self.min_prio[s as usize] = patched_min(self.min_prio[s as usize], &e, l, prio);
                 }
                 ListId::Type(i) => {
                     let l = &mut self.type_lists[i as usize];
-                    splice(l, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                    splice(l, &e.gone, &mut e.add, by_rank, was, now);
                     let m = &mut self.type_min_prio[i as usize];
                     *m = patched_min(*m, &e, l, prio);
                 }
                 ListId::Bound(c, s) => {
                     let l = &mut self.bound[c as usize][s as usize];
-                    splice(l, &e.gone, &mut e.add, old_keep, new_keep);
+                    splice(l, &e.gone, &mut e.add, by_keep, was, now);
                     touched_bound.push((c, s));
                 }
                 ListId::IdleSorted => {
                     if let Some(l) = self.idle_sorted.get_mut() {
-                        splice(l, &e.gone, &mut e.add, old_price, new_price);
+                        splice(l, &e.gone, &mut e.add, by_price, was, now);
                     }
                 }
                 ListId::TypeSorted(i) => {
                     if let Some(l) = self.type_sorted[i as usize].get_mut() {
-                        splice(l, &e.gone, &mut e.add, old_price, new_price);
+                        splice(l, &e.gone, &mut e.add, by_price, was, now);
                     }
                 }
                 ListId::Spec => {
                     if let Some(sl) = self.spec.get_mut() {
-                        splice(&mut sl.all, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                        splice(&mut sl.all, &e.gone, &mut e.add, by_rank, was, now);
                         sl.min_prio = patched_min(sl.min_prio, &e, &sl.all, prio);
                     }
                 }
                 ListId::SpecType(t) => {
                     if let Some(sl) = self.spec.get_mut() {
                         let entry = sl.by_type.entry(t).or_insert((Vec::new(), i32::MAX));
-                        splice(&mut entry.0, &e.gone, &mut e.add, rank_cmp, rank_cmp);
+                        splice(&mut entry.0, &e.gone, &mut e.add, by_rank, was, now);
                         entry.1 = patched_min(entry.1, &e, &entry.0, prio);
                         if entry.0.is_empty() {
                             sl.by_type.remove(&t);
@@ -914,25 +946,18 @@ impl Grouping {
     /// empty are dropped from their family and compacted away once they are
     /// half of all. False when the fleet gained profiles (a fresh build
     /// re-shapes).
-    fn patch(
-        &mut self,
-        fleet: &Fleet,
-        base: &Base,
-        old: &FxHashMap<u32, (Rec, i64)>,
-        handles: &[u32],
-    ) -> bool {
+    fn patch(&mut self, fleet: &Fleet, base: &Base, old: &Olds, handles: &[u32]) -> bool {
         if self.shape_of_profile.len() != fleet.profiles.len()
             || self.group.len() != fleet.recs.len()
         {
             return false;
         }
         let recs: &[Rec] = &fleet.recs;
-        let was = |h: u32| old.get(&h).map_or(&recs[h as usize], |o| &o.0);
+        let was = |h: u32| old.rec(recs, h);
         let rank = |h: u32| base.rank(h);
-        let keep_old = |a: u32, b: u32| keep_cmp(was(a), rank(a), was(b), rank(b));
-        let keep_new =
-            |a: u32, b: u32| keep_cmp(&recs[a as usize], rank(a), &recs[b as usize], rank(b));
-        let by_rank = |a: u32, b: u32| rank(a).cmp(&rank(b));
+        let now = |h: u32| &recs[h as usize];
+        let by_keep = |ra: &Rec, a: u32, rb: &Rec, b: u32| keep_cmp(ra, rank(a), rb, rank(b));
+        let by_rank = |_: &Rec, a: u32, _: &Rec, b: u32| rank(a).cmp(&rank(b));
         let free_on = self.key.1;
         // Family of a record: its cluster's bound groups, or the free groups.
         let family = |r: &Rec| -> Option<u32> {
@@ -970,9 +995,9 @@ impl Grouping {
             let bound = BOUND_STATES.contains(&self.groups[g as usize].state);
             let members = &mut self.groups[g as usize].members;
             if bound {
-                splice(members, &hs, &mut [], keep_old, keep_new);
+                splice(members, &hs, &mut [], by_keep, was, now);
             } else {
-                splice(members, &hs, &mut [], by_rank, by_rank);
+                splice(members, &hs, &mut [], by_rank, was, now);
             }
         }
         if self.cluster_groups.len() < base.bound.len() {
@@ -1009,9 +1034,9 @@ impl Grouping {
             }
             let members = &mut self.groups[g as usize].members;
             if f == NONE {
-                splice(members, &[], &mut add, by_rank, by_rank);
+                splice(members, &[], &mut add, by_rank, was, now);
             } else {
-                splice(members, &[], &mut add, keep_new, keep_new);
+                splice(members, &[], &mut add, by_keep, was, now);
             }
         }
         // Families in first-appearance order: bound groups by (state, keep
