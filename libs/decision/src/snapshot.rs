@@ -442,6 +442,16 @@ impl Olds {
     }
 }
 
+/// The cluster and [`BOUND_STATES`] slot of a machine bound to a cluster.
+fn bound_key(r: &Rec) -> Option<(u32, u8)> {
+    match r.state {
+        MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
+            Some((r.cluster, u8::from(r.state == MachineState::Configuring)))
+        }
+        _ => None,
+    }
+}
+
 /// A list of a [`Base`] a patch edits.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 enum ListId {
@@ -579,12 +589,6 @@ impl Base {
         let itype = |r: &Rec| fleet.profiles[r.profile as usize].itype;
         let type_key = |r: &Rec| match r.state {
             MachineState::Idle | MachineState::Configured => Some((r.state as u8, itype(r))),
-            _ => None,
-        };
-        let bound_key = |r: &Rec| match r.state {
-            MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
-                Some((r.cluster, u8::from(r.state == MachineState::Configuring)))
-            }
             _ => None,
         };
         let spec_listed = self.spec.get().is_some();
@@ -961,13 +965,10 @@ impl Grouping {
         let free_on = self.key.1;
         // Family of a record: its cluster's bound groups, or the free groups.
         let family = |r: &Rec| -> Option<u32> {
-            match r.state {
-                MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
-                    Some(r.cluster)
-                }
-                MachineState::Idle | MachineState::Speculative if free_on => Some(NONE),
-                _ => None,
-            }
+            let free = free_on && matches!(r.state, MachineState::Idle | MachineState::Speculative);
+            bound_key(r)
+                .map(|(c, _)| c)
+                .or_else(|| free.then_some(NONE))
         };
         let key = |r: &Rec| (r.state, self.shape_of_profile[r.profile as usize], r.alloc);
         let mut gone: FxHashMap<u32, Vec<u32>> = FxHashMap::default();
@@ -1085,13 +1086,10 @@ impl Grouping {
         was: impl Fn(u32) -> &'r Rec,
         handles: &[u32],
     ) {
-        let own_key = |r: &Rec| match r.state {
-            MachineState::Configured | MachineState::Configuring
-                if r.cluster != NONE && r.fp != NONE =>
-            {
-                Some((r.cluster, r.fp, r.gstamp))
-            }
-            _ => None,
+        let own_key = |r: &Rec| {
+            bound_key(r)
+                .filter(|_| r.fp != NONE)
+                .map(|(c, _)| (c, r.fp, r.gstamp))
         };
         for &h in handles {
             if let Some(k) = own_key(was(h))
