@@ -1,10 +1,13 @@
 //! Ports, temp dirs and socket paths for tests and the local mesh.
 
+use std::collections::HashSet;
 use std::collections::hash_map::RandomState;
+use std::fs::File;
 use std::hash::BuildHasher;
 use std::io::ErrorKind;
 use std::net::{Ipv4Addr, SocketAddr, TcpListener};
 use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use crate::TestkitError;
 
@@ -17,6 +20,13 @@ const MAX_UNIX_PATH: usize = 107;
 /// outgoing connection and no `bind(:0)` anywhere on the machine can land on it between
 /// [`PortReservation::release`] and the child's own bind — the race that made parallel
 /// suites fail with "address already in use" when ports came from `bind(:0)`.
+///
+/// A port is also *claimed* for the life of the process that reserved it (see
+/// [`claim_port`]): no other reservation in this process or in any other process on the
+/// machine gets the same port again, even after it is released. Without the claim, two
+/// test processes (nextest runs one per test) picking at random from the same quiet range,
+/// or one test asking twice in a row, could be handed a port that a sibling child was about
+/// to bind; the child then died at start-up with "address already in use" (issue 22).
 #[derive(Debug)]
 pub struct PortReservation {
     listener: TcpListener,
@@ -30,7 +40,7 @@ impl PortReservation {
             .expect("a bound listener has an address")
     }
 
-    /// Frees the port for the child and returns it.
+    /// Frees the port for the child and returns it. The claim stays (see the type's docs).
     pub fn release(self) -> SocketAddr {
         self.addr()
     }
@@ -40,19 +50,66 @@ impl PortReservation {
 pub fn reserve_tcp_port() -> std::io::Result<PortReservation> {
     if let Some((lo, hi)) = quiet_port_range() {
         let seeds = RandomState::new();
-        for attempt in 0u32..64 {
+        for attempt in 0u32..256 {
             let span = u64::from(hi - lo);
             let port = lo + u16::try_from(seeds.hash_one(attempt) % span).expect("below span");
             match TcpListener::bind((Ipv4Addr::LOCALHOST, port)) {
-                Ok(listener) => return Ok(PortReservation { listener }),
+                Ok(listener) => {
+                    if claim_port(port)? {
+                        return Ok(PortReservation { listener });
+                    }
+                }
                 Err(e)
                     if matches!(e.kind(), ErrorKind::AddrInUse | ErrorKind::PermissionDenied) => {}
                 Err(e) => return Err(e),
             }
         }
     }
-    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
-    Ok(PortReservation { listener })
+    // No quiet range (or it is crowded): the kernel's choice, claimed like any other.
+    for _ in 0..64 {
+        let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+        if claim_port(listener.local_addr()?.port())? {
+            return Ok(PortReservation { listener });
+        }
+    }
+    Err(std::io::Error::new(
+        ErrorKind::AddrNotAvailable,
+        "no loopback port could be claimed",
+    ))
+}
+
+/// Ports this process has claimed, with the open lock files that hold the claims.
+static CLAIMS: Mutex<Option<(HashSet<u16>, Vec<File>)>> = Mutex::new(None);
+
+/// Claims `port` for the rest of this process's life, machine-wide among the processes that
+/// use this function: `false` when this process or another live one already holds it.
+///
+/// The claim is an exclusive `flock` on `<tmp>/bigfleet-ports/<port>`; the kernel drops it
+/// when the process exits however it exits, so a crashed test never leaks a port.
+fn claim_port(port: u16) -> std::io::Result<bool> {
+    let mut claims = CLAIMS
+        .lock()
+        .unwrap_or_else(std::sync::PoisonError::into_inner);
+    let (taken, files) = claims.get_or_insert_with(Default::default);
+    if taken.contains(&port) {
+        return Ok(false);
+    }
+    let dir = std::env::temp_dir().join("bigfleet-ports");
+    std::fs::create_dir_all(&dir)?;
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(dir.join(port.to_string()))?;
+    match file.try_lock() {
+        Ok(()) => {
+            taken.insert(port);
+            files.push(file);
+            Ok(true)
+        }
+        Err(std::fs::TryLockError::WouldBlock) => Ok(false),
+        Err(std::fs::TryLockError::Error(e)) => Err(e),
+    }
 }
 
 /// A TCP port on 127.0.0.1 that was free a moment ago, for a child process that must be
@@ -132,6 +189,40 @@ mod tests {
         assert!(TcpListener::bind(addr).is_err(), "held port was bindable");
         assert_eq!(r.release(), addr);
         TcpListener::bind(addr).unwrap();
+    }
+
+    #[test]
+    fn a_released_port_is_never_handed_out_again() {
+        let first = reserve_tcp_port().unwrap().release().port();
+        for _ in 0..200 {
+            let next = reserve_tcp_port().unwrap().release().port();
+            assert_ne!(next, first, "port {first} handed out twice");
+        }
+    }
+
+    #[test]
+    fn a_claim_is_granted_once_per_port() {
+        let port = reserve_tcp_port().unwrap().release().port();
+        assert!(!claim_port(port).unwrap(), "{port} claimed twice");
+    }
+
+    #[test]
+    fn another_process_cannot_claim_a_claimed_port() {
+        let port = reserve_tcp_port().unwrap().release().port();
+        // A second open file description stands in for another process: flock conflicts
+        // between descriptions, not only between processes.
+        let other = std::fs::OpenOptions::new()
+            .write(true)
+            .open(
+                std::env::temp_dir()
+                    .join("bigfleet-ports")
+                    .join(port.to_string()),
+            )
+            .unwrap();
+        assert!(
+            matches!(other.try_lock(), Err(std::fs::TryLockError::WouldBlock)),
+            "claim on {port} not held"
+        );
     }
 
     #[test]

@@ -16,7 +16,9 @@ use tokio::sync::watch;
 use tonic::transport::Channel;
 
 /// Cluster tests start several processes each; running two at once on a 2-core machine
-/// would only make elections flaky.
+/// would only make elections flaky. This lock keeps them apart under `cargo test` (one
+/// process); under nextest (a process per test) the `raft-cluster` test group in
+/// `.config/nextest.toml` does.
 static SERIAL: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
 
 pub async fn serial() -> tokio::sync::MutexGuard<'static, ()> {
@@ -109,6 +111,12 @@ impl Replica {
         self.child.is_some()
     }
 
+    /// How the process ended, if it was started and has exited on its own (`None` while
+    /// it runs or after [`Replica::kill`]).
+    pub fn exited(&mut self) -> Option<std::process::ExitStatus> {
+        self.child.as_mut()?.try_wait().ok().flatten()
+    }
+
     /// Moves the replica to fresh ports (as a pod restarted with a new IP would).
     pub fn move_ports(&mut self) {
         self.api = port();
@@ -147,11 +155,29 @@ pub fn join_list(rs: &[Replica]) -> String {
         .join(",")
 }
 
-pub fn dump_logs(rs: &[Replica]) -> String {
-    rs.iter()
-        .map(|r| format!("===== {} =====\n{}", r.name, r.log_tail()))
+/// Every replica's log for a failure message: the whole log of a replica that died on its
+/// own (its error is at the top and a backtrace would push it out of any tail), the last
+/// lines of the others.
+pub fn dump_logs(rs: &mut [Replica]) -> String {
+    rs.iter_mut()
+        .map(|r| match r.exited() {
+            Some(status) => format!(
+                "===== {} EXITED ({status}); whole log =====\n{}",
+                r.name,
+                std::fs::read_to_string(&r.log).unwrap_or_default()
+            ),
+            None => format!("===== {} =====\n{}", r.name, r.log_tail()),
+        })
         .collect::<Vec<_>>()
         .join("\n")
+}
+
+/// Fails at once, with the dead replica's whole log, when a replica that should be running
+/// has exited: waiting out a formation deadline would only hide why.
+pub fn assert_none_died(rs: &mut [Replica]) {
+    if rs.iter_mut().any(|r| r.exited().is_some()) {
+        panic!("a replica exited on its own\n{}", dump_logs(rs));
+    }
 }
 
 /// Minimal HTTP/1.0 GET (status, body).
@@ -231,12 +257,13 @@ pub async fn leader_of(rs: &[Replica]) -> Option<usize> {
     None
 }
 
-pub async fn wait_leader(rs: &[Replica], within: Duration) -> usize {
+pub async fn wait_leader(rs: &mut [Replica], within: Duration) -> usize {
     let start = Instant::now();
     loop {
         if let Some(i) = leader_of(rs).await {
             return i;
         }
+        assert_none_died(rs);
         assert!(
             start.elapsed() < within,
             "no leader within {within:?}\n{}",
@@ -247,9 +274,10 @@ pub async fn wait_leader(rs: &[Replica], within: Duration) -> usize {
 }
 
 /// Waits until every running replica is ready and counts `voters` voters.
-pub async fn wait_formed(rs: &[Replica], voters: usize, within: Duration) {
+pub async fn wait_formed(rs: &mut [Replica], voters: usize, within: Duration) {
     let start = Instant::now();
     loop {
+        assert_none_died(rs);
         let mut ok = true;
         for r in rs.iter().filter(|r| r.running()) {
             let v = r.metric("bigfleet_coordinator_raft_voters").await;

@@ -88,15 +88,37 @@ fn violations(meta: &Value, root: &str) -> Vec<String> {
     out
 }
 
+/// The host's target triple, from `rustc -vV` (the compiler cargo builds this test with).
+fn host_triple() -> String {
+    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
+    let out = Command::new(&rustc)
+        .arg("-vV")
+        .output()
+        .unwrap_or_else(|e| panic!("run {rustc} -vV: {e}"));
+    assert!(out.status.success(), "{rustc} -vV failed");
+    String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .find_map(|l| l.strip_prefix("host: "))
+        .map(|h| h.trim().to_owned())
+        .expect("rustc -vV prints a host line")
+}
+
+/// The resolved graph for the host only. Without `--filter-platform`, `cargo metadata`
+/// needs every package in the lock file for *every* platform, and `--offline` then fails on
+/// a machine whose cargo cache holds only what a host build downloaded (issue 22); the
+/// rule is about what this host links anyway.
 fn workspace_metadata() -> Value {
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
     let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
+    let host = host_triple();
     let out = Command::new(cargo)
         .args([
             "metadata",
             "--format-version",
             "1",
             "--offline",
+            "--filter-platform",
+            &host,
             "--manifest-path",
             manifest,
         ])
