@@ -67,6 +67,10 @@ pub struct GlobalArgs {
     )]
     pub tls_ca: Option<PathBuf>,
 
+    /// PEM revocation lists the servers' certificates are checked against.
+    #[arg(long, global = true, env = "BIGFLEET_TLS_CRL", value_name = "PATH")]
+    pub tls_crl: Option<PathBuf>,
+
     /// Bound on each call (not on `admin snapshot save`).
     #[arg(long, global = true, env = "BIGFLEET_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub timeout: Duration,

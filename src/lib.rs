@@ -48,6 +48,8 @@ impl Context {
             cert: g.tls_cert.clone(),
             key: g.tls_key.clone(),
             ca: g.tls_ca.clone(),
+            crl: g.tls_crl.clone(),
+            insecure_plaintext: false,
         };
         let tls = match flags.resolve()? {
             None => None,

@@ -1,10 +1,10 @@
-//! A stand-in for decide's `Decide` service: enough of it for the gateway to run against
+//! A stand-in for decide's `Ingest` service: enough of it for the gateway to run against
 //! (gateway tests, the gateway load test) without inventory, provider or cycles.
 //!
 //! It applies roll-ups by remembering the last one per cluster, answers session events with
 //! a fixed epoch and term, and can be slowed down (a fixed delay, or a gate that holds every
 //! ApplyRollup until the test releases it). `ShardRead.InspectNeeds` lists the remembered
-//! needs (cycle 0: no decisions are ever made). Work and Transition are UNIMPLEMENTED.
+//! needs (cycle 0: no decisions are ever made). It serves no `Work`: it hands out nothing.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -13,11 +13,10 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use bigfleet_mesh::{MeshServer, RunningServer, ServerError, ServerStackConfig};
-use bigfleet_proto::mesh::v1::decide_server::{Decide, DecideServer};
+use bigfleet_proto::mesh::v1::ingest_server::{Ingest, IngestServer};
 use bigfleet_proto::mesh::v1::{
     ApplyRollupRequest, ApplyRollupResponse, RollupOutcome, SessionClosedRequest,
-    SessionClosedResponse, SessionOpenedRequest, SessionOpenedResponse, TransitionRequest,
-    TransitionResponse, WorkItem, WorkerMessage,
+    SessionClosedResponse, SessionOpenedRequest, SessionOpenedResponse,
 };
 use bigfleet_proto::v1alpha1::shard_read_server::{ShardRead, ShardReadServer};
 use bigfleet_proto::v1alpha1::{
@@ -26,7 +25,7 @@ use bigfleet_proto::v1alpha1::{
 };
 use parking_lot::Mutex;
 use tokio::sync::Semaphore;
-use tonic::{Request, Response, Status, Streaming};
+use tonic::{Request, Response, Status};
 
 /// How the stub behaves.
 #[derive(Debug, Clone, Default)]
@@ -97,14 +96,14 @@ impl DecideStub {
             .add_service(bigfleet_mesh::with_message_limits!(ShardReadServer::new(
                 self.clone()
             )))
-            .add_service(bigfleet_mesh::with_message_limits!(DecideServer::new(self)))
+            .add_service(bigfleet_mesh::with_message_limits!(IngestServer::new(self)))
             .start()
             .await
     }
 }
 
 #[tonic::async_trait]
-impl Decide for DecideStub {
+impl Ingest for DecideStub {
     async fn apply_rollup(
         &self,
         request: Request<ApplyRollupRequest>,
@@ -170,22 +169,6 @@ impl Decide for DecideStub {
         self.state.closes.lock().push(req);
         self.state.closed.fetch_add(1, Ordering::SeqCst);
         Ok(Response::new(SessionClosedResponse {}))
-    }
-
-    type WorkStream = futures::stream::Empty<Result<WorkItem, Status>>;
-
-    async fn work(
-        &self,
-        _request: Request<Streaming<WorkerMessage>>,
-    ) -> Result<Response<Self::WorkStream>, Status> {
-        Err(Status::unimplemented("the decide stub hands out no work"))
-    }
-
-    async fn transition(
-        &self,
-        _request: Request<TransitionRequest>,
-    ) -> Result<Response<TransitionResponse>, Status> {
-        Err(Status::unimplemented("the decide stub has no inventory"))
     }
 }
 

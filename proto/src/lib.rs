@@ -44,10 +44,14 @@ pub mod service_names {
     /// `bigfleet.v1alpha1.Coordinator` (present in the descriptor set only
     /// with the `coordinator` feature).
     pub const COORDINATOR: &str = "bigfleet.v1alpha1.Coordinator";
-    /// `bigfleet.mesh.v1.Decide`.
-    pub const DECIDE: &str = "bigfleet.mesh.v1.Decide";
-    /// `bigfleet.mesh.v1.Gateway`.
-    pub const GATEWAY: &str = "bigfleet.mesh.v1.Gateway";
+    /// `bigfleet.mesh.v1.Ingest`: decide's contract with the session gateway.
+    pub const INGEST: &str = "bigfleet.mesh.v1.Ingest";
+    /// `bigfleet.mesh.v1.Work`: decide's contract with execute workers.
+    pub const WORK: &str = "bigfleet.mesh.v1.Work";
+    /// `bigfleet.mesh.v1.Outbox`: the gateway's contract with decide.
+    pub const OUTBOX: &str = "bigfleet.mesh.v1.Outbox";
+    /// `bigfleet.mesh.v1.Relay`: the gateway's contract with execute workers.
+    pub const RELAY: &str = "bigfleet.mesh.v1.Relay";
     /// `bigfleet.mesh.v1.Raft`.
     pub const RAFT: &str = "bigfleet.mesh.v1.Raft";
     /// `bigfleet.mesh.v1.Inspect`.

@@ -332,25 +332,29 @@ fn descriptor_holds_the_mesh_services() {
         .collect();
     let expect = [
         (
-            "Decide",
+            "Ingest",
             "bigfleet/mesh/v1/decide.proto",
-            &[
-                "ApplyRollup",
-                "SessionOpened",
-                "SessionClosed",
-                "Work",
-                "Transition",
-            ][..],
+            &["ApplyRollup", "SessionOpened", "SessionClosed"][..],
         ),
         (
-            "Gateway",
+            "Work",
+            "bigfleet/mesh/v1/decide.proto",
+            &["Pull", "Transition"][..],
+        ),
+        (
+            "Outbox",
             "bigfleet/mesh/v1/gateway.proto",
-            &["RequestBootstrap", "SendReclaim", "Publish", "Status"][..],
+            &["Publish", "Status"][..],
+        ),
+        (
+            "Relay",
+            "bigfleet/mesh/v1/gateway.proto",
+            &["RequestBootstrap", "SendReclaim"][..],
         ),
         (
             "Raft",
             "bigfleet/mesh/v1/raft.proto",
-            &["AppendEntries", "Vote", "InstallSnapshot", "ClientWrite"][..],
+            &["AppendEntries", "Vote", "InstallSnapshot"][..],
         ),
         (
             "Inspect",
@@ -367,8 +371,10 @@ fn descriptor_holds_the_mesh_services() {
     }
     // Every mesh and public service name is exported as a constant.
     let names = [
-        bigfleet_proto::service_names::DECIDE,
-        bigfleet_proto::service_names::GATEWAY,
+        bigfleet_proto::service_names::INGEST,
+        bigfleet_proto::service_names::WORK,
+        bigfleet_proto::service_names::OUTBOX,
+        bigfleet_proto::service_names::RELAY,
         bigfleet_proto::service_names::RAFT,
         bigfleet_proto::service_names::INSPECT,
         bigfleet_proto::service_names::SHARD_INFO,

@@ -2,12 +2,17 @@
 //! RPC is one unary call carrying the serde_json-encoded openraft request, answered with the
 //! encoded response or the encoded remote error. One lazily connected channel per peer
 //! address, shared by every replication stream to that peer.
+//!
+//! Under mTLS the Raft port is the process's own TLS config, and a call is accepted only
+//! from `bigfleet://coordinator/<id>` whose node id is the request's `from_node_id`, the
+//! vote's leader or candidate, and a member or learner of this replica's configuration (or
+//! any replica, while this one has no configuration yet and waits to be joined) — ADR-0100.
 
 use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_mesh::{ChannelConfig, Target};
+use bigfleet_mesh::{ChannelConfig, Peer, PeerIdentity, Target, peer_of};
 use bigfleet_proto::mesh::v1::raft_client::RaftClient;
 use bigfleet_proto::mesh::v1::raft_reply::Outcome;
 use bigfleet_proto::mesh::v1::raft_server::{Raft as RaftRpc, RaftServer};
@@ -26,7 +31,7 @@ use serde::de::DeserializeOwned;
 use tonic::transport::Channel;
 use tonic::{Code, Request, Status};
 
-use crate::raft_types::{CoordNode, NodeId, Raft, TypeConfig};
+use crate::raft_types::{CoordNode, NodeId, Raft, TypeConfig, node_id_of};
 
 /// How long a peer that refused connections is left alone before openraft retries it.
 /// Short, because on loopback and in a pod network "refused" usually means "restarting".
@@ -41,13 +46,16 @@ struct TransportError(String);
 #[derive(Clone)]
 pub struct Network {
     self_id: NodeId,
+    tls: Option<Arc<rustls::ClientConfig>>,
     channels: Arc<Mutex<HashMap<NodeId, (String, Channel)>>>,
 }
 
 impl Network {
-    pub fn new(self_id: NodeId) -> Self {
+    /// `tls`: the process's client config (mTLS to peers' Raft ports), `None` in plaintext.
+    pub fn new(self_id: NodeId, tls: Option<Arc<rustls::ClientConfig>>) -> Self {
         Self {
             self_id,
+            tls,
             channels: Arc::new(Mutex::new(HashMap::new())),
         }
     }
@@ -59,10 +67,16 @@ impl Network {
         {
             return Ok(ch.clone());
         }
-        let t: Target = addr.parse().map_err(|e| format!("{e}"))?;
+        // A bare host:port is dialled with the process's transport: https under mTLS.
+        let scheme = if self.tls.is_some() { "https" } else { "http" };
+        let url = if addr.contains("://") {
+            addr.to_owned()
+        } else {
+            format!("{scheme}://{addr}")
+        };
+        let t: Target = url.parse().map_err(|e| format!("{e}"))?;
         let cfg = ChannelConfig {
-            // Raft's port is plaintext by design (ADR-0048 scope); peers are replicas.
-            tls: None,
+            tls: self.tls.clone(),
             connect_timeout: Duration::from_secs(1),
             keepalive_interval: Duration::from_secs(10),
             keepalive_timeout: Duration::from_secs(5),
@@ -214,6 +228,49 @@ impl RaftService {
     }
 }
 
+/// Binds a Raft call to its sender (ADR-0100). `named` is the node id the payload itself
+/// names as leader or candidate. Plaintext (loopback-only, or `--insecure-plaintext`)
+/// callers skip the certificate checks, as on every other port.
+fn authorize(
+    raft: &Raft,
+    peer: Option<&Peer>,
+    from: NodeId,
+    named: Option<NodeId>,
+) -> Result<(), Status> {
+    let name = match peer {
+        None | Some(Peer::Plaintext | Peer::Local) => return Ok(()),
+        Some(Peer::Verified(PeerIdentity::Coordinator(name))) => name,
+        Some(Peer::Verified(id)) => {
+            return Err(Status::permission_denied(format!(
+                "{id} may not call the raft port (requires bigfleet://coordinator/<id>)"
+            )));
+        }
+        Some(Peer::Invalid(e)) => return Err(Status::permission_denied(e.to_string())),
+    };
+    if node_id_of(name) != from {
+        return Err(Status::permission_denied(format!(
+            "bigfleet://coordinator/{name} may not speak for raft node {from}"
+        )));
+    }
+    if named.is_some_and(|n| n != from) {
+        return Err(Status::permission_denied(format!(
+            "raft node {from} may not send a message for another node"
+        )));
+    }
+    let metrics = raft.metrics().borrow().clone();
+    let membership = metrics.membership_config.membership();
+    let known = membership.nodes().any(|(id, _)| *id == from);
+    // A replica that has never been configured (fresh, waiting to be joined) has no member
+    // list to check against; the certificate binding above still holds.
+    let unconfigured = membership.nodes().next().is_none();
+    if !known && !unconfigured {
+        return Err(Status::permission_denied(format!(
+            "raft node {from} ({name}) is not a member or learner of this group"
+        )));
+    }
+    Ok(())
+}
+
 fn decode<T: DeserializeOwned>(req: &RaftRequest) -> Result<T, Status> {
     serde_json::from_slice(&req.payload)
         .map_err(|e| Status::invalid_argument(format!("undecodable raft payload: {e}")))
@@ -242,6 +299,12 @@ impl RaftRpc for RaftService {
         request: Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, Status> {
         let req: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
+        authorize(
+            &self.raft,
+            peer_of(&request),
+            request.get_ref().from_node_id,
+            req.vote.leader_id().voted_for(),
+        )?;
         reply(self.raft.append_entries(req).await)
     }
 
@@ -250,6 +313,12 @@ impl RaftRpc for RaftService {
         request: Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, Status> {
         let req: VoteRequest<NodeId> = decode(request.get_ref())?;
+        authorize(
+            &self.raft,
+            peer_of(&request),
+            request.get_ref().from_node_id,
+            req.vote.leader_id().voted_for(),
+        )?;
         reply(self.raft.vote(req).await)
     }
 
@@ -258,17 +327,12 @@ impl RaftRpc for RaftService {
         request: Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, Status> {
         let req: InstallSnapshotRequest<TypeConfig> = decode(request.get_ref())?;
+        authorize(
+            &self.raft,
+            peer_of(&request),
+            request.get_ref().from_node_id,
+            req.vote.leader_id().voted_for(),
+        )?;
         reply(self.raft.install_snapshot(req).await)
-    }
-
-    /// Leader forwarding for an encoded command. Our public RPCs are leader-only (callers
-    /// re-dial the hinted leader), so nothing in the coordinator uses this yet; it is served
-    /// for tooling that prefers forwarding.
-    async fn client_write(
-        &self,
-        request: Request<RaftRequest>,
-    ) -> Result<tonic::Response<RaftReply>, Status> {
-        let cmd: crate::fsm::Command = decode(request.get_ref())?;
-        reply(self.raft.client_write(cmd).await)
     }
 }

@@ -9,10 +9,10 @@ use std::time::Duration;
 
 use bigfleet_identity::TlsContext;
 use bigfleet_mesh::{
-    AuthzPolicy, ChannelConfig, GrpcMetrics, MeshServer, RunningServer, ServerStackConfig,
+    AuthzPolicy, ChannelConfig, GrpcMetrics, MeshServer, Role, RunningServer, ServerStackConfig,
     ServingStatus, Target,
 };
-use bigfleet_proto::service_names::COORDINATOR;
+use bigfleet_proto::service_names::{COORDINATOR, RAFT as RAFT_SERVICE};
 use bigfleet_proto::v1alpha1::JoinRaftClusterRequest;
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_telemetry::{MetricsRegistry, Readiness};
@@ -212,7 +212,7 @@ pub async fn start_with_registry(
     let raft = Raft::new(
         id,
         Arc::new(raft_config()?),
-        Network::new(id),
+        Network::new(id, tls.as_ref().map(TlsContext::client_config).transpose()?),
         store.log_store(),
         store.state_machine(),
     )
@@ -230,14 +230,21 @@ pub async fn start_with_registry(
         api_port: api_addr.port(),
     });
 
+    // The Raft port: the process's mTLS config, and only coordinator replicas may call it
+    // (the handler then binds the sender's node id to the certificate, ADR-0100).
     let raft_server = MeshServer::new(
         "coordinator-raft",
         ServerStackConfig {
             metrics: Some(grpc_metrics.clone()),
+            authz: Arc::new(
+                AuthzPolicy::deny_by_default().allow_service(RAFT_SERVICE, &[Role::Coordinator]),
+            ),
             ..ServerStackConfig::default()
         },
     )
     .tcp_listener(raft_listener)
+    .tls(tls.as_ref().map(TlsContext::server_config).transpose()?)
+    .insecure_plaintext(args.tls.insecure_plaintext)
     .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
     .drain_deadline(Duration::from_secs(2))
     .add_service(RaftService::new(raft.clone()).into_server())
@@ -266,6 +273,7 @@ pub async fn start_with_registry(
     )
     .tcp_listener(api_listener)
     .tls(tls.as_ref().map(TlsContext::server_config).transpose()?)
+    .insecure_plaintext(args.tls.insecure_plaintext)
     .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
     .drain_deadline(args.drain_timeout)
     .add_service_with_status(

@@ -76,6 +76,18 @@ fn require_admin<T>(req: &Request<T>) -> Result<(), CoordError> {
     }
 }
 
+/// JoinRaftCluster: admin tooling, or the replica itself — `coordinator/<id>` may join only
+/// as `<id>` (ADR-0100), so one replica's certificate cannot enrol another node.
+fn require_admin_or_replica<T>(req: &Request<T>, node_id: &str) -> Result<(), CoordError> {
+    match peer(req) {
+        Peer::Verified(PeerIdentity::Coordinator(name)) if name == node_id => Ok(()),
+        Peer::Verified(PeerIdentity::Coordinator(name)) => Err(CoordError::PermissionDenied(
+            format!("bigfleet://coordinator/{name} may not join the group as {node_id:?}"),
+        )),
+        _ => require_admin(req),
+    }
+}
+
 fn require_reader<T>(req: &Request<T>) -> Result<(), CoordError> {
     match peer(req) {
         Peer::Plaintext
@@ -306,7 +318,7 @@ impl Coordinator for CoordinatorService {
         request: Request<pb::JoinRaftClusterRequest>,
     ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
         self.core.leader_term()?;
-        require_admin(&request)?;
+        require_admin_or_replica(&request, &request.get_ref().node_id)?;
         let api_addr = request
             .metadata()
             .get(JOIN_API_ADDR_KEY)

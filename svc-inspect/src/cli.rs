@@ -30,14 +30,30 @@ pub struct Args {
     )]
     pub listen: String,
 
-    /// HTTP listen address of the dashboard and the JSON API (plaintext).
+    /// HTTP listen address of the dashboard and the JSON API (plaintext HTTP). Loopback by
+    /// default (reach it with `kubectl port-forward`); any other address needs
+    /// --http-token-file (or --insecure-plaintext).
     #[arg(
         long,
         env = "BIGFLEET_HTTP_LISTEN",
-        default_value = ":8795",
+        default_value = "127.0.0.1:8795",
         value_name = "ADDR"
     )]
     pub http_listen: String,
+
+    /// File holding the bearer token every HTTP request must carry (`Authorization: Bearer
+    /// <token>` or the `bigfleet_token` cookie); at least 16 characters.
+    #[arg(long, env = "BIGFLEET_HTTP_TOKEN_FILE", value_name = "PATH")]
+    pub http_token_file: Option<std::path::PathBuf>,
+
+    /// HTTP requests per second across all callers (burst twice that); each page fans out to
+    /// every shard.
+    #[arg(long, env = "BIGFLEET_HTTP_RATE", default_value_t = 20.0)]
+    pub http_rate: f64,
+
+    /// HTTP requests in flight before new ones get 503.
+    #[arg(long, env = "BIGFLEET_HTTP_MAX_IN_FLIGHT", default_value_t = 16)]
+    pub http_max_in_flight: usize,
 
     /// How long a fleet answer is reused before the shards are asked again.
     #[arg(long, env = "BIGFLEET_CACHE_TTL", default_value = "2s", value_parser = humantime::parse_duration)]
@@ -113,7 +129,8 @@ mod tests {
         let a = Args::try_parse_from(["bigfleet-inspect", "--coordinator-addr", "http://c:7790"])
             .unwrap();
         assert_eq!(a.listen, ":7795");
-        assert_eq!(a.http_listen, ":8795");
+        assert_eq!(a.http_listen, "127.0.0.1:8795");
+        assert!(a.http_token_file.is_none());
         assert_eq!(a.metrics_addr, ":8796");
         assert_eq!(a.cache_ttl, Duration::from_secs(2));
         assert_eq!(a.drain_timeout, Duration::from_secs(10));

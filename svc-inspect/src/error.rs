@@ -25,6 +25,10 @@ pub enum InspectError {
     Telemetry(#[from] bigfleet_telemetry::TelemetryError),
     #[error("http server: {0}")]
     Http(#[source] std::io::Error),
+    #[error(
+        "refusing to serve the dashboard on {addr} without --http-token-file: anyone who can reach it could read the whole fleet; bind a loopback address (and use kubectl port-forward), give a token file, or pass --insecure-plaintext"
+    )]
+    HttpExposed { addr: std::net::SocketAddr },
 }
 
 impl ClassifyError for InspectError {
@@ -42,7 +46,8 @@ impl ClassifyError for InspectError {
             | InspectError::Tls(_)
             | InspectError::Server(_)
             | InspectError::Telemetry(_)
-            | InspectError::Http(_) => ErrorClass::Internal,
+            | InspectError::Http(_)
+            | InspectError::HttpExposed { .. } => ErrorClass::Internal,
         }
     }
 }

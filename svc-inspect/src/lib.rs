@@ -29,6 +29,7 @@ pub mod fleet;
 pub mod grpc;
 mod html;
 pub mod http;
+pub mod http_guard;
 pub mod merge;
 mod pages;
 pub mod view;
@@ -64,6 +65,13 @@ pub struct Config {
     pub drain_timeout: Duration,
     /// mTLS on the gRPC server and towards coordinator and shards; `None`: plaintext.
     pub tls: Option<TlsFiles>,
+    /// Serve plaintext gRPC, and HTTP without a token, on non-loopback addresses.
+    pub insecure_plaintext: bool,
+    /// Bearer token for the HTTP port (`--http-token-file`).
+    pub http_token: Option<String>,
+    /// HTTP request budget and in-flight cap.
+    pub http_rate: bigfleet_mesh::RateLimit,
+    pub http_max_in_flight: usize,
 }
 
 impl Config {
@@ -77,6 +85,18 @@ impl Config {
             shard_timeout: args.shard_timeout,
             drain_timeout: args.drain_timeout,
             tls: args.tls.resolve()?,
+            insecure_plaintext: args.tls.insecure_plaintext,
+            http_token: args
+                .http_token_file
+                .as_deref()
+                .map(http_guard::read_token_file)
+                .transpose()
+                .map_err(InspectError::InvalidArgument)?,
+            http_rate: bigfleet_mesh::RateLimit {
+                per_second: args.http_rate.max(0.1),
+                burst: (args.http_rate * 2.0).ceil().max(1.0) as u32,
+            },
+            http_max_in_flight: args.http_max_in_flight,
         })
     }
 
@@ -92,6 +112,10 @@ impl Config {
             shard_timeout: Duration::from_secs(3),
             drain_timeout: Duration::from_secs(5),
             tls: None,
+            insecure_plaintext: false,
+            http_token: None,
+            http_rate: http_guard::DEFAULT_HTTP_RATE,
+            http_max_in_flight: http_guard::DEFAULT_HTTP_CONCURRENCY,
         }
     }
 }
@@ -185,9 +209,19 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
         authz: Arc::new(grpc::authz_policy()),
         ..ServerStackConfig::default()
     };
+    // Refuse an exposed, unauthenticated dashboard before anything is bound.
+    if !config.http_listen.ip().is_loopback()
+        && config.http_token.is_none()
+        && !config.insecure_plaintext
+    {
+        return Err(InspectError::HttpExposed {
+            addr: config.http_listen,
+        });
+    }
     let grpc = MeshServer::new("inspect", stack)
         .tcp(config.grpc_listen)
         .tls(server_tls)
+        .insecure_plaintext(config.insecure_plaintext)
         .drain_deadline(config.drain_timeout)
         .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
         .add_service(bigfleet_mesh::with_message_limits!(ShardReadServer::new(
@@ -202,7 +236,21 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
         .await
         .map_err(InspectError::Http)?;
     let http_addr = listener.local_addr().map_err(InspectError::Http)?;
-    let router = http::router(Arc::clone(&fleet));
+    if !http_addr.ip().is_loopback() && config.http_token.is_none() {
+        tracing::warn!(
+            addr = %http_addr,
+            "--insecure-plaintext: dashboard and JSON API served without a token on a non-loopback address; anyone who can reach it can read the whole fleet"
+        );
+    }
+    let guard = http_guard::HttpGuard::new(
+        config.http_token.clone(),
+        config.http_rate,
+        config.http_max_in_flight,
+    );
+    let router = http::router(Arc::clone(&fleet)).layer(axum::middleware::from_fn_with_state(
+        guard,
+        http_guard::guard,
+    ));
     let http_stop = stop.clone();
     let http_task = tokio::spawn(async move {
         axum::serve(listener, router)

@@ -14,7 +14,8 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_SHARD_ID", default_value = "shard-0")]
     pub shard_id: String,
 
-    /// Public gRPC address (Session, ShardRead, ShardInfo, and Gateway for remote execute workers).
+    /// Public gRPC address (Session, ShardRead, ShardInfo, and — with mTLS only — Relay for
+    /// remote execute workers).
     #[arg(long, env = "BIGFLEET_LISTEN", default_value = ":7780")]
     pub listen: String,
 
@@ -41,6 +42,21 @@ pub struct Args {
     /// Per-cluster outbound frames (distinct coalescing keys) before new ones are dropped.
     #[arg(long, env = "BIGFLEET_OUTBOX_CAPACITY", default_value_t = 1024)]
     pub outbox_capacity: usize,
+
+    /// How long a new stream may stay silent before its Hello; then it is closed.
+    #[arg(long, env = "BIGFLEET_HELLO_TIMEOUT", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub hello_timeout: Duration,
+
+    /// Largest frame after the Hello (a roll-up), in bytes; larger frames end the session
+    /// with RESOURCE_EXHAUSTED before they are buffered.
+    #[arg(long, env = "BIGFLEET_MAX_ROLLUP_BYTES", default_value_t = crate::core::DEFAULT_MAX_ROLLUP_BYTES)]
+    pub max_rollup_bytes: usize,
+
+    /// Session opens per second per cluster (per source address for callers without an
+    /// identity; loopback plaintext callers are exempt); burst is ten times that, at least
+    /// 1. 0 disables.
+    #[arg(long, env = "BIGFLEET_SESSION_OPEN_RATE", default_value_t = 1.0)]
+    pub session_open_rate: f64,
 
     /// HTTP address of /metrics, /healthz and /readyz; 0 disables.
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8781")]

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshChannel, RetryPolicy};
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
 use tonic::Status;
@@ -44,8 +44,8 @@ impl DecideLink {
         }
     }
 
-    fn decide(&self) -> DecideClient<MeshChannel> {
-        bigfleet_mesh::with_message_limits!(DecideClient::new(self.channel.clone()))
+    fn decide(&self) -> IngestClient<MeshChannel> {
+        bigfleet_mesh::with_message_limits!(IngestClient::new(self.channel.clone()))
     }
 
     pub fn shard_read(&self) -> ShardReadClient<MeshChannel> {

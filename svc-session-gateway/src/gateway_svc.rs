@@ -1,13 +1,17 @@
-//! `bigfleet.mesh.v1.Gateway`: how decide and the execute workers reach operators.
+//! The gateway's internal contracts, one per audience (ADR-0101): how decide and the
+//! execute workers reach operators.
 //!
-//! Served on `gateway.sock` (same-pod callers, no identity checks) and on the public port
-//! for remote execute workers, who must present `bigfleet://shard/<this shard>/execute`.
+//! * `bigfleet.mesh.v1.Outbox` (decide publishes session frames): `gateway.sock` only.
+//! * `bigfleet.mesh.v1.Relay` (execute workers ask for bootstrap blobs and deliver reclaim
+//!   instructions): `gateway.sock`, and with mTLS only the public port for remote workers
+//!   presenting `bigfleet://shard/<this shard>/execute`.
 
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_mesh::{IntoStatus, PeerIdentity, peer_of};
-use bigfleet_proto::mesh::v1::gateway_server::Gateway;
+use bigfleet_mesh::{IntoStatus, Peer, PeerIdentity, peer_of};
+use bigfleet_proto::mesh::v1::outbox_server::Outbox;
+use bigfleet_proto::mesh::v1::relay_server::Relay;
 use bigfleet_proto::mesh::v1::{
     BootstrapError, PublishSummary, RequestBootstrapRequest, RequestBootstrapResponse,
     SendReclaimRequest, SendReclaimResponse, SessionInfo, ShardEvent, StatusRequest,
@@ -22,7 +26,7 @@ use crate::error::SessionError;
 use crate::outbox::Offer;
 use crate::session::{QueueError, Session};
 
-/// The internal Gateway service.
+/// The gateway's internal services (Outbox and Relay).
 #[derive(Debug, Clone)]
 pub struct GatewayService {
     core: Arc<Core>,
@@ -33,14 +37,28 @@ impl GatewayService {
         Self { core }
     }
 
-    /// Remote callers must be this shard's execute workers; same-pod (Unix socket) and
-    /// plaintext callers pass.
-    fn authorize<T>(&self, req: &Request<T>) -> Result<(), Status> {
+    /// Relay callers: same-pod (Unix socket), or over mTLS exactly this shard's execute
+    /// workers. A plaintext TCP caller has no identity to bind, so it is refused: a bootstrap
+    /// blob or a drain order must never be one unauthenticated request away.
+    fn authorize_relay<T>(&self, req: &Request<T>) -> Result<(), Status> {
         match peer_of(req) {
-            None => Ok(()),
+            None | Some(Peer::Local) => Ok(()),
+            Some(Peer::Plaintext) => Err(Status::permission_denied(
+                "bigfleet.mesh.v1.Relay needs mtls off the unix socket",
+            )),
             Some(peer) => peer.ensure(&PeerIdentity::ShardExecute(
                 self.core.settings.shard_id.clone(),
             )),
+        }
+    }
+
+    /// Outbox callers: decide, over the pod's Unix socket only.
+    fn require_local<T>(req: &Request<T>) -> Result<(), Status> {
+        match peer_of(req) {
+            None | Some(Peer::Local) => Ok(()),
+            Some(peer) => Err(Status::permission_denied(format!(
+                "{peer} may not call bigfleet.mesh.v1.Outbox (unix socket only)"
+            ))),
         }
     }
 }
@@ -78,12 +96,12 @@ impl Drop for PendingBootstrap<'_> {
 }
 
 #[tonic::async_trait]
-impl Gateway for GatewayService {
+impl Relay for GatewayService {
     async fn request_bootstrap(
         &self,
         request: Request<RequestBootstrapRequest>,
     ) -> Result<Response<RequestBootstrapResponse>, Status> {
-        self.authorize(&request)?;
+        self.authorize_relay(&request)?;
         let core = &self.core;
         let req = request.into_inner();
         let outcome = |label: &str| {
@@ -183,7 +201,7 @@ impl Gateway for GatewayService {
         &self,
         request: Request<SendReclaimRequest>,
     ) -> Result<Response<SendReclaimResponse>, Status> {
-        self.authorize(&request)?;
+        self.authorize_relay(&request)?;
         let req = request.into_inner();
         let undelivered = Response::new(SendReclaimResponse {
             delivered: false,
@@ -212,12 +230,15 @@ impl Gateway for GatewayService {
             Err(QueueError::Full) => Err(SessionError::NotReading(req.cluster_id).into_status()),
         }
     }
+}
 
+#[tonic::async_trait]
+impl Outbox for GatewayService {
     async fn publish(
         &self,
         request: Request<Streaming<ShardEvent>>,
     ) -> Result<Response<PublishSummary>, Status> {
-        self.authorize(&request)?;
+        Self::require_local(&request)?;
         let core = &self.core;
         let mut stream = request.into_inner();
         let mut summary = PublishSummary::default();
@@ -273,7 +294,7 @@ impl Gateway for GatewayService {
         &self,
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
-        self.authorize(&request)?;
+        Self::require_local(&request)?;
         let core = &self.core;
         let sessions = if request.get_ref().include_sessions {
             core.registry

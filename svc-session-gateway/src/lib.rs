@@ -9,11 +9,12 @@
 //!   session that validates at the trust boundary (`bigfleet-conv`) and hands roll-ups to
 //!   decide, rate-limited per cluster.
 //! * `bigfleet.v1alpha1.ShardRead` and `bigfleet.mesh.v1.ShardInfo`, answered by decide.
-//! * `bigfleet.mesh.v1.Gateway` for remote execute workers (`shard/<id>/execute` only).
+//! * `bigfleet.mesh.v1.Relay` for remote execute workers — only with mTLS, only to
+//!   `shard/<this shard>/execute`.
 //!
-//! and `Gateway` on `<socket-dir>/gateway.sock` for decide and sidecar workers:
-//! bootstrap pulls matched by request id, reclaim instructions, and published frames
-//! coalesced per `supersedes_key` in a bounded per-cluster outbox.
+//! and on `<socket-dir>/gateway.sock` (same-pod callers): `Relay` for sidecar workers
+//! (bootstrap pulls matched by request id, reclaim instructions) and `Outbox` for decide
+//! (published frames coalesced per `supersedes_key` in a bounded per-cluster outbox).
 //!
 //! [`run`] is the binary; [`start`] runs the same gateway in-process (tests, `bigfleet up`'s
 //! tests) and returns a [`Running`] handle.
@@ -39,7 +40,8 @@ use std::time::Duration;
 use anyhow::Context as _;
 use bigfleet_identity::{Role, TlsContext};
 use bigfleet_mesh::{AuthzPolicy, GrpcMetrics, MeshServer, RunningServer, ServerStackConfig};
-use bigfleet_proto::mesh::v1::gateway_server::GatewayServer;
+use bigfleet_proto::mesh::v1::outbox_server::OutboxServer;
+use bigfleet_proto::mesh::v1::relay_server::RelayServer;
 use bigfleet_proto::mesh::v1::shard_info_server::ShardInfoServer;
 use bigfleet_proto::service_names;
 use bigfleet_proto::v1alpha1::shard_read_server::ShardReadServer;
@@ -77,6 +79,8 @@ pub struct GatewayConfig {
     pub decide_addr: Option<String>,
     /// mTLS on the public port (`None`: plaintext).
     pub tls: Option<TlsContext>,
+    /// Plaintext on a non-loopback public address (`--insecure-plaintext`).
+    pub insecure_plaintext: bool,
     /// Global concurrency limit before requests are shed (RESOURCE_EXHAUSTED).
     pub max_concurrent_requests: usize,
     /// How long shutdown waits for connections to drain.
@@ -95,6 +99,7 @@ impl GatewayConfig {
             socket_dir: socket_dir.into(),
             decide_addr: None,
             tls: None,
+            insecure_plaintext: false,
             max_concurrent_requests: 4096,
             drain_timeout: Duration::from_secs(10),
             registry: MetricsRegistry::new(),
@@ -173,7 +178,7 @@ fn public_policy() -> AuthzPolicy {
         .open_service(service_names::SHARD)
         .allow_service(service_names::SHARD_READ, &[Role::Readonly, Role::Admin])
         .allow_service(service_names::SHARD_INFO, &[Role::Readonly, Role::Admin])
-        .allow_service(service_names::GATEWAY, &[Role::ShardExecute])
+        .allow_service(service_names::RELAY, &[Role::ShardExecute])
 }
 
 /// Starts the gateway: `gateway.sock` always, the public port when `listen` is set.
@@ -183,16 +188,15 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
     let decide = DecideLink::dial(&config.decide_target())?;
     let core = Core::new(config.settings.clone(), decide, metrics);
 
-    let gateway = || {
-        bigfleet_mesh::with_message_limits!(GatewayServer::new(gateway_svc::GatewayService::new(
-            Arc::clone(&core)
-        )))
-    };
+    let internal_svc = gateway_svc::GatewayService::new(Arc::clone(&core));
+    let relay = || bigfleet_mesh::with_message_limits!(RelayServer::new(internal_svc.clone()));
     let stack = |authz: AuthzPolicy| ServerStackConfig {
         metrics: Some(grpc_metrics.clone()),
         mtls: false, // set by MeshServer from its TLS config
         authz: Arc::new(authz),
         rate_limit: None,
+        rate_limited_services: None,
+        rate_limit_exempt_loopback: false,
         concurrency_limit: Some(config.max_concurrent_requests.max(1)),
         timeout: None,
     };
@@ -205,7 +209,10 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
     .unix(&socket_path)
     .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
     .drain_deadline(config.drain_timeout)
-    .add_service(gateway())
+    .add_service(bigfleet_mesh::with_message_limits!(OutboxServer::new(
+        internal_svc.clone()
+    )))
+    .add_service(relay())
     .start()
     .await?;
 
@@ -218,21 +225,42 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
                 .map(TlsContext::server_config)
                 .transpose()?;
             let read = read_proxy::ReadProxy::new(Arc::clone(&core));
-            let server = MeshServer::new("session-gateway", stack(public_policy()))
+            // Remote workers' Relay only under mTLS: in plaintext there is no identity to
+            // bind it to, so the public port does not serve it at all.
+            let relay = tls.is_some().then(relay);
+            // Session opens are budgeted per cluster identity, or per source address for a
+            // caller that has none yet; reads and the relay are not (their callers are few
+            // and authenticated).
+            let public_stack = ServerStackConfig {
+                rate_limit: config.settings.session_open_rate,
+                rate_limited_services: Some(Arc::from(vec![service_names::SHARD.to_owned()])),
+                // `bigfleet up`'s simulated operators and load generators open thousands
+                // of sessions from loopback; only plaintext off loopback needs the
+                // per-source budget.
+                rate_limit_exempt_loopback: true,
+                ..stack(public_policy())
+            };
+            let server = MeshServer::new("session-gateway", public_stack)
                 .tcp(addr)
                 .tls(tls)
+                .insecure_plaintext(config.insecure_plaintext)
                 .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
                 .drain_deadline(config.drain_timeout)
                 .add_service(session_server::SessionServer::new(
                     shard_svc::ShardService::new(Arc::clone(&core)),
+                    config.settings.max_hello_bytes,
+                    config.settings.max_rollup_bytes,
                 ))
                 .add_service(bigfleet_mesh::with_message_limits!(ShardReadServer::new(
                     read.clone()
                 )))
                 .add_service(bigfleet_mesh::with_message_limits!(ShardInfoServer::new(
                     read
-                )))
-                .add_service(gateway());
+                )));
+            let server = match relay {
+                Some(r) => server.add_service(r),
+                None => server,
+            };
             match server.start().await {
                 Ok(s) => Some(s),
                 Err(e) => {
@@ -299,12 +327,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             },
             bootstrap_timeout: args.bootstrap_timeout,
             outbox_capacity: args.outbox_capacity,
+            hello_timeout: args.hello_timeout,
+            max_rollup_bytes: args.max_rollup_bytes,
+            session_open_rate: (args.session_open_rate > 0.0).then(|| bigfleet_mesh::RateLimit {
+                per_second: args.session_open_rate,
+                burst: (args.session_open_rate * 10.0).ceil().max(1.0) as u32,
+            }),
             ..GatewaySettings::default()
         },
         listen: Some(parse_listen(&args.listen)?),
         socket_dir: args.socket_dir.clone(),
         decide_addr: None,
         tls,
+        insecure_plaintext: args.tls.insecure_plaintext,
         max_concurrent_requests: args.max_concurrent_requests,
         drain_timeout: args.drain_timeout,
         registry,
@@ -375,7 +410,7 @@ mod tests {
         let invalid = Peer::Invalid(bigfleet_identity::IdentityError::SanCount { found: 0 });
         let session = "/bigfleet.v1alpha1.Shard/Session";
         let needs = "/bigfleet.v1alpha1.ShardRead/InspectNeeds";
-        let boot = "/bigfleet.mesh.v1.Gateway/RequestBootstrap";
+        let boot = "/bigfleet.mesh.v1.Relay/RequestBootstrap";
         assert!(p.check(session, &cluster).is_ok());
         assert!(p.check(session, &invalid).is_ok(), "the handler counts it");
         assert!(p.check(needs, &ro).is_ok());

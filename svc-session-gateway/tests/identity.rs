@@ -3,8 +3,9 @@
 mod common;
 
 use bigfleet_identity::{TlsContext, TlsFiles};
-use bigfleet_proto::mesh::v1::StatusRequest;
-use bigfleet_proto::mesh::v1::gateway_client::GatewayClient;
+use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;
+use bigfleet_proto::mesh::v1::relay_client::RelayClient;
+use bigfleet_proto::mesh::v1::{SendReclaimRequest, StatusRequest};
 use bigfleet_testkit::{LeafSpec, TestCa};
 use common::*;
 use tonic::Code;
@@ -117,21 +118,35 @@ async fn the_certificate_must_name_the_hello_cluster() {
 }
 
 #[tokio::test]
-async fn the_public_gateway_service_is_for_this_shards_execute_workers_only() {
+async fn the_public_relay_is_for_this_shards_execute_workers_only() {
     let pki = Pki::new();
     let h = mtls_harness(&pki).await;
-    let status = |ctx: TlsContext| {
+    let reclaim = |ctx: TlsContext| {
         let target = https(&h);
         async move {
-            GatewayClient::new(channel(&target, Some(&ctx)).await)
-                .status(StatusRequest::default())
+            RelayClient::new(channel(&target, Some(&ctx)).await)
+                .send_reclaim(SendReclaimRequest {
+                    cluster_id: "cluster-a".into(),
+                    ..Default::default()
+                })
                 .await
         }
     };
-    assert!(status(pki.role("shard/shard-0/execute")).await.is_ok());
-    let err = status(pki.role("shard/shard-1/execute")).await.unwrap_err();
+    assert!(reclaim(pki.role("shard/shard-0/execute")).await.is_ok());
+    let err = reclaim(pki.role("shard/shard-1/execute"))
+        .await
+        .unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "another shard's worker");
-    let err = status(pki.role("cluster/cluster-a")).await.unwrap_err();
+    let err = reclaim(pki.role("cluster/cluster-a")).await.unwrap_err();
     assert_eq!(err.code(), Code::PermissionDenied, "an operator");
+    // Decide's contract is not served on the public port at all, whoever asks: the
+    // deny-by-default policy refuses the unknown service before routing.
+    for role in ["shard/shard-0/execute", "shard/shard-0", "admin"] {
+        let err = OutboxClient::new(channel(&https(&h), Some(&pki.role(role))).await)
+            .status(StatusRequest::default())
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), Code::PermissionDenied, "{role}");
+    }
     h.stop().await;
 }

@@ -125,6 +125,8 @@ pub struct StartConfig {
     /// TCP address for remote execute workers.
     pub work_listen: Option<SocketAddr>,
     pub tls: Option<TlsContext>,
+    /// Serve the work port in plaintext on a non-loopback address (`--insecure-plaintext`).
+    pub insecure_plaintext: bool,
     pub coordinator: Option<CoordinatorConfig>,
     /// etcd mode; `None`: `decide.epoch` as given (the epoch file), always actuating.
     pub etcd: Option<EtcdMode>,
@@ -144,6 +146,7 @@ impl StartConfig {
             gateway_addr: None,
             work_listen: None,
             tls: None,
+            insecure_plaintext: false,
             coordinator: None,
             etcd: None,
             registry: MetricsRegistry::new(),
@@ -243,7 +246,7 @@ impl Running {
 
 /// Who may call what on the remote-worker port: only this shard's execute role.
 fn work_policy() -> AuthzPolicy {
-    AuthzPolicy::deny_by_default().allow_service(service_names::DECIDE, &[Role::ShardExecute])
+    AuthzPolicy::deny_by_default().allow_service(service_names::WORK, &[Role::ShardExecute])
 }
 
 /// Starts decide: `decide.sock` always, the worker port when `work_listen` is set,
@@ -320,6 +323,8 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
         mtls: false, // set by MeshServer from its TLS config
         authz: Arc::new(authz),
         rate_limit: None,
+        rate_limited_services: None,
+        rate_limit_exempt_loopback: false,
         concurrency_limit: None,
         timeout: None,
     };
@@ -328,7 +333,8 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
         .unix(&socket_path)
         .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
         .drain_deadline(config.drain_timeout)
-        .add_service(svc.decide_server())
+        .add_service(svc.ingest_server())
+        .add_service(svc.work_server())
         .add_service(svc.shard_read_server())
         .add_service(svc.shard_info_server())
         .start()
@@ -353,7 +359,9 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
                 .tls(tls)
                 .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
                 .drain_deadline(config.drain_timeout)
-                .add_service(svc.decide_server())
+                .insecure_plaintext(config.insecure_plaintext)
+                // Execute workers' contract only: ingest and reads stay on the socket.
+                .add_service(svc.work_server())
                 .start()
                 .await;
             match started {
@@ -527,6 +535,10 @@ pub fn etcd_mode(args: &Args) -> anyhow::Result<Option<EtcdMode>> {
     config
         .timing()
         .map_err(|e| anyhow::anyhow!("--etcd-*: {e}"))?;
+    let mesh_mtls = args.tls.resolve()?.is_some();
+    config
+        .check_transport(mesh_mtls, args.tls.insecure_plaintext)
+        .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut mode = EtcdMode::new(config);
     mode.work_endpoint = args.work_advertise.clone();
     // A shard moving over from the epoch file continues above its last file epoch.
@@ -617,6 +629,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         gateway_addr: None,
         work_listen: args.work_listen.as_deref().map(parse_listen).transpose()?,
         tls,
+        insecure_plaintext: args.tls.insecure_plaintext,
         coordinator,
         etcd,
         registry,
@@ -646,7 +659,7 @@ mod tests {
     #[test]
     fn work_port_admits_only_execute_workers() {
         let p = work_policy();
-        let work = "/bigfleet.mesh.v1.Decide/Work";
+        let work = "/bigfleet.mesh.v1.Work/Pull";
         let exec = Peer::Verified(PeerIdentity::ShardExecute("shard-0".into()));
         let cluster = Peer::Verified(PeerIdentity::Cluster("c".into()));
         assert!(p.check(work, &exec).is_ok());
@@ -741,9 +754,27 @@ mod tests {
                 "--etcd-ca=/ca.pem",
                 "--etcd-cert=/c.pem",
             ],
+            // The mesh runs mTLS, etcd would not (ADR-0102).
+            &[
+                "--etcd-endpoints=a:1",
+                "--tls-cert=/t.crt",
+                "--tls-key=/t.key",
+                "--tls-ca=/t-ca.crt",
+            ],
         ] {
             assert!(etcd_mode(&parse(bad)).is_err(), "{bad:?}");
         }
+        let explicit = etcd_mode(&parse(&[
+            "--etcd-endpoints=a:1",
+            "--tls-cert=/t.crt",
+            "--tls-key=/t.key",
+            "--tls-ca=/t-ca.crt",
+            "--insecure-plaintext",
+        ]));
+        assert!(
+            explicit.is_ok(),
+            "--insecure-plaintext accepts plaintext etcd"
+        );
     }
 
     #[test]

@@ -12,8 +12,9 @@ use std::time::{Duration, Instant};
 
 use bigfleet_fake_provider::{FakeProvider, ProviderConfig, ServerHandle, spawn_uds};
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
+use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_shardlease::testing::EtcdServer;
@@ -86,14 +87,19 @@ impl DecideProc {
         }
     }
 
-    /// Waits for decide.sock to answer and returns a Decide client.
-    async fn ready(&self) -> DecideClient<Channel> {
+    /// The gateway's contract on decide.sock (roll-ups).
+    fn ingest(&self) -> IngestClient<Channel> {
+        IngestClient::new(channel(&self.uri()))
+    }
+
+    /// Waits for decide.sock to answer and returns a Work client.
+    async fn ready(&self) -> WorkClient<Channel> {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             if self.socket().exists() {
                 let mut info = ShardInfoClient::new(channel(&self.uri()));
                 if info.describe(mesh::DescribeShardRequest {}).await.is_ok() {
-                    return DecideClient::new(channel(&self.uri()));
+                    return WorkClient::new(channel(&self.uri()));
                 }
             }
             assert!(
@@ -127,7 +133,7 @@ struct Worker {
 }
 
 impl Worker {
-    async fn connect(client: &mut DecideClient<Channel>, credits: u32) -> Worker {
+    async fn connect(client: &mut WorkClient<Channel>, credits: u32) -> Worker {
         let (tx, rx) = mpsc::channel(16);
         let hello = mesh::worker_message::Msg::Hello(mesh::worker_message::Hello {
             worker_id: "w".into(),
@@ -137,7 +143,7 @@ impl Worker {
             .await
             .unwrap();
         let items = client
-            .work(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .pull(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
             .unwrap()
             .into_inner();
@@ -267,8 +273,8 @@ async fn only_the_leader_hands_out_and_a_standby_takes_over_fencing_the_old_one(
     let mut ca = a.ready().await;
     let b = DecideProc::spawn(&etcd, &provider_uri, ttl, &advertise);
     let mut cb = b.ready().await;
-    for c in [&mut ca, &mut cb] {
-        c.apply_rollup(rollup(1)).await.unwrap();
+    for p in [&a, &b] {
+        p.ingest().apply_rollup(rollup(1)).await.unwrap();
     }
     let mut wa = Worker::connect(&mut ca, 10).await;
     let mut wb = Worker::connect(&mut cb, 10).await;
@@ -352,14 +358,14 @@ async fn etcd_outage_pauses_only_the_hand_out_and_resumes_with_a_higher_epoch() 
         ttl,
         &["--work-listen=127.0.0.1:0"],
     );
-    let mut local = d.ready().await;
-    local.apply_rollup(rollup(4)).await.unwrap();
+    d.ready().await;
+    d.ingest().apply_rollup(rollup(4)).await.unwrap();
     let endpoint = watcher
         .wait_for_endpoint(Duration::from_secs(5))
         .await
         .expect("work endpoint published");
     assert!(endpoint.starts_with("http://127.0.0.1:"), "{endpoint}");
-    let mut remote = DecideClient::new(channel(&endpoint));
+    let mut remote = WorkClient::new(channel(&endpoint));
     let mut w = Worker::connect(&mut remote, 1).await;
     let first = w
         .next(Duration::from_secs(10))

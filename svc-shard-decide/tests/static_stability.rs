@@ -3,7 +3,7 @@
 
 use bigfleet_fake_provider::{FakeProvider, spawn_uds};
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
@@ -60,7 +60,7 @@ async fn in_process_decide_with_a_dead_coordinator_is_ready_and_cycles() {
         &Default::default(),
     )
     .unwrap();
-    let mut client = DecideClient::new(channel);
+    let mut client = IngestClient::new(channel);
     let resp = client
         .apply_rollup(mesh::ApplyRollupRequest {
             rollup: Some(bigfleet_proto::v1alpha1::ClusterCapacityNeeds {

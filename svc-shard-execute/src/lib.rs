@@ -236,6 +236,9 @@ impl Args {
         };
         cfg.timing()
             .map_err(|e| StartError::EtcdFlags(e.to_string()))?;
+        let mesh_mtls = self.tls.resolve().is_ok_and(|f| f.is_some());
+        cfg.check_transport(mesh_mtls, self.tls.insecure_plaintext)
+            .map_err(StartError::EtcdFlags)?;
         Ok(Some(cfg))
     }
 

@@ -11,8 +11,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_client::DecideClient;
-use bigfleet_proto::mesh::v1::gateway_client::GatewayClient;
+use bigfleet_proto::mesh::v1::relay_client::RelayClient;
+use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_telemetry::propagation::inject_current_span_into_metadata;
@@ -151,7 +151,7 @@ fn traced<T>(msg: T, timeout: Option<Duration>) -> Request<T> {
 /// Decide over gRPC.
 #[derive(Clone, Debug)]
 pub struct GrpcDecide {
-    client: DecideClient<Channel>,
+    client: WorkClient<Channel>,
     timeout: Duration,
 }
 
@@ -159,7 +159,7 @@ impl GrpcDecide {
     /// `timeout` bounds each Transition call.
     pub fn new(channel: Channel, timeout: Duration) -> Self {
         Self {
-            client: DecideClient::new(channel)
+            client: WorkClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
             timeout,
@@ -167,7 +167,7 @@ impl GrpcDecide {
     }
 
     /// The client, for the Work stream.
-    pub fn client(&self) -> DecideClient<Channel> {
+    pub fn client(&self) -> WorkClient<Channel> {
         self.client.clone()
     }
 }
@@ -188,13 +188,13 @@ impl DecideLink for GrpcDecide {
 /// The gateway over gRPC.
 #[derive(Clone, Debug)]
 pub struct GrpcGateway {
-    client: GatewayClient<Channel>,
+    client: RelayClient<Channel>,
 }
 
 impl GrpcGateway {
     pub fn new(channel: Channel) -> Self {
         Self {
-            client: GatewayClient::new(channel)
+            client: RelayClient::new(channel)
                 .max_decoding_message_size(MAX_MESSAGE_BYTES)
                 .max_encoding_message_size(MAX_MESSAGE_BYTES),
         }

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::mesh::v1::worker_message::{Credit, Hello, Msg};
 use bigfleet_telemetry::Readiness;
 use rand::Rng;
@@ -62,7 +62,7 @@ enum StreamEnd {
 /// Runs the pool until `shutdown` fires, then drains (see
 /// [`PoolConfig::drain_timeout`]) and returns.
 pub async fn run_pool<D, G, P>(
-    client: DecideClient<Channel>,
+    client: WorkClient<Channel>,
     executor: Arc<Executor<D, G, P>>,
     cfg: PoolConfig,
     shutdown: CancellationToken,
@@ -111,7 +111,7 @@ async fn drain_tasks(tasks: &mut JoinSet<()>) {
 }
 
 async fn run_stream<D, G, P>(
-    mut client: DecideClient<Channel>,
+    mut client: WorkClient<Channel>,
     executor: &Arc<Executor<D, G, P>>,
     cfg: &PoolConfig,
     shutdown: &CancellationToken,
@@ -135,7 +135,7 @@ where
     }
     let opened = tokio::select! {
         _ = shutdown.cancelled() => return StreamEnd::Shutdown,
-        r = client.work(ReceiverStream::new(rx)) => r,
+        r = client.pull(ReceiverStream::new(rx)) => r,
     };
     let mut inbound = match opened {
         Ok(resp) => resp.into_inner(),

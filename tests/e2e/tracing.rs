@@ -1,7 +1,7 @@
 //! One trace across the mesh: with `OTEL_EXPORTER_OTLP_ENDPOINT` pointed at an OTLP trace
 //! receiver run by this test, a roll-up that leads to a Bootstrap yields spans from the
 //! gateway, decide, execute and the provider call under one trace id — the trace that holds
-//! the roll-up's hop into decide (`Decide/ApplyRollup`) must reach the provider.
+//! the roll-up's hop into decide (`Ingest/ApplyRollup`) must reach the provider.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
@@ -112,8 +112,8 @@ async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_pr
             let e = by_trace.entry(trace.clone()).or_default();
             e.0.insert(service.clone());
             e.1 |= is_provider_call(service, name);
-            // decide's server span for the hop: `/bigfleet.mesh.v1.Decide/ApplyRollup`.
-            if name.ends_with(".Decide/ApplyRollup") {
+            // decide's server span for the hop: `/bigfleet.mesh.v1.Ingest/ApplyRollup`.
+            if name.ends_with(".Ingest/ApplyRollup") {
                 rollup_traces.insert(trace.clone());
             }
         }

@@ -7,6 +7,7 @@ use rustls::crypto::CryptoProvider;
 use rustls::server::WebPkiClientVerifier;
 use rustls::{ClientConfig, RootCertStore, ServerConfig};
 
+use crate::crl::CrlVerifiers;
 use crate::reload::{CertReloader, read_certs};
 use crate::{IdentityError, PeerIdentity, TlsError, TlsFiles};
 
@@ -29,6 +30,7 @@ pub struct TlsContext {
     roots: Arc<RootCertStore>,
     reloader: Arc<CertReloader>,
     provider: Arc<CryptoProvider>,
+    crl: Option<Arc<CrlVerifiers>>,
 }
 
 impl TlsContext {
@@ -54,11 +56,25 @@ impl TlsContext {
         }
         let reloader = CertReloader::load(&files.cert, &files.key, Arc::clone(&provider))?
             .with_check_interval(check_interval);
+        let roots = Arc::new(roots);
+        let crl = files
+            .crl
+            .as_deref()
+            .map(|path| {
+                CrlVerifiers::load(
+                    path,
+                    Arc::clone(&roots),
+                    Arc::clone(&provider),
+                    check_interval,
+                )
+            })
+            .transpose()?;
         Ok(Self {
             files: files.clone(),
-            roots: Arc::new(roots),
+            roots,
             reloader: Arc::new(reloader),
             provider,
+            crl,
         })
     }
 
@@ -83,12 +99,15 @@ impl TlsContext {
     /// TLS 1.3 only; every client must present a certificate chaining to the CA (rustls
     /// refuses the handshake otherwise); the served leaf follows file changes.
     pub fn server_config(&self) -> Result<Arc<ServerConfig>, TlsError> {
-        let verifier = WebPkiClientVerifier::builder_with_provider(
-            Arc::clone(&self.roots),
-            Arc::clone(&self.provider),
-        )
-        .build()
-        .map_err(|e| TlsError::Config(e.to_string()))?;
+        let verifier = match &self.crl {
+            Some(crl) => crl.client_verifier(),
+            None => WebPkiClientVerifier::builder_with_provider(
+                Arc::clone(&self.roots),
+                Arc::clone(&self.provider),
+            )
+            .build()
+            .map_err(|e| TlsError::Config(e.to_string()))?,
+        };
         let mut config = ServerConfig::builder_with_provider(Arc::clone(&self.provider))
             .with_protocol_versions(&[&rustls::version::TLS13])
             .map_err(|e| TlsError::Config(e.to_string()))?
@@ -101,11 +120,20 @@ impl TlsContext {
     /// TLS 1.3 only; servers are verified against the same CA; our current leaf is
     /// presented as the client certificate.
     pub fn client_config(&self) -> Result<Arc<ClientConfig>, TlsError> {
-        let mut config = ClientConfig::builder_with_provider(Arc::clone(&self.provider))
+        let builder = ClientConfig::builder_with_provider(Arc::clone(&self.provider))
             .with_protocol_versions(&[&rustls::version::TLS13])
-            .map_err(|e| TlsError::Config(e.to_string()))?
-            .with_root_certificates(Arc::clone(&self.roots))
-            .with_client_cert_resolver(self.reloader.clone());
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let mut config = match &self.crl {
+            // The webpki verifier with CRLs, re-read when the file changes: not "dangerous"
+            // in any sense but rustls's name for a verifier it did not build itself.
+            Some(crl) => builder
+                .dangerous()
+                .with_custom_certificate_verifier(crl.server_verifier())
+                .with_client_cert_resolver(self.reloader.clone()),
+            None => builder
+                .with_root_certificates(Arc::clone(&self.roots))
+                .with_client_cert_resolver(self.reloader.clone()),
+        };
         config.alpn_protocols = vec![ALPN_H2.to_vec()];
         Ok(Arc::new(config))
     }

@@ -1,4 +1,5 @@
-//! The `--tls-cert --tls-key --tls-ca` flag triple: all three or none.
+//! The `--tls-cert --tls-key --tls-ca` flag triple (all three or none), the optional
+//! `--tls-crl`, and `--insecure-plaintext`, the explicit opt-in to plaintext off loopback.
 
 use std::path::PathBuf;
 
@@ -17,6 +18,15 @@ pub struct TlsFlags {
     /// PEM CA bundle that peers' certificates must chain to (read once at startup).
     #[arg(long = "tls-ca", env = "BIGFLEET_TLS_CA", value_name = "PATH")]
     pub ca: Option<PathBuf>,
+    /// PEM file of certificate revocation lists checked on every handshake, both ways;
+    /// re-read when it changes. Needs the three --tls-* flags.
+    #[arg(long = "tls-crl", env = "BIGFLEET_TLS_CRL", value_name = "PATH")]
+    pub crl: Option<PathBuf>,
+    /// Serve plaintext on non-loopback addresses. Without TLS flags every server refuses to
+    /// start on such an address unless this is given (then it logs one WARN line saying what
+    /// is exposed). Plaintext on loopback and Unix sockets needs no flag.
+    #[arg(long = "insecure-plaintext", env = "BIGFLEET_INSECURE_PLAINTEXT", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub insecure_plaintext: bool,
 }
 
 /// A complete set of TLS files: the process runs with mTLS on every edge.
@@ -25,6 +35,8 @@ pub struct TlsFiles {
     pub cert: PathBuf,
     pub key: PathBuf,
     pub ca: PathBuf,
+    /// Revocation lists to check peers against (`--tls-crl`).
+    pub crl: Option<PathBuf>,
 }
 
 impl TlsFiles {
@@ -33,7 +45,14 @@ impl TlsFiles {
             cert: cert.into(),
             key: key.into(),
             ca: ca.into(),
+            crl: None,
         }
+    }
+
+    /// Also checks peers against the CRLs in `crl`.
+    pub fn with_crl(mut self, crl: impl Into<PathBuf>) -> Self {
+        self.crl = Some(crl.into());
+        self
     }
 }
 
@@ -43,8 +62,14 @@ impl TlsFlags {
     /// in plaintext.
     pub fn resolve(&self) -> Result<Option<TlsFiles>, TlsError> {
         match (&self.cert, &self.key, &self.ca) {
+            (None, None, None) if self.crl.is_some() => Err(TlsError::PartialFlags {
+                missing: vec!["--tls-cert", "--tls-key", "--tls-ca"],
+            }),
             (None, None, None) => Ok(None),
-            (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles::new(cert, key, ca))),
+            (Some(cert), Some(key), Some(ca)) => Ok(Some(TlsFiles {
+                crl: self.crl.clone(),
+                ..TlsFiles::new(cert, key, ca)
+            })),
             _ => {
                 let missing = [
                     ("--tls-cert", self.cert.is_none()),
@@ -66,6 +91,8 @@ impl From<TlsFiles> for TlsFlags {
             cert: Some(files.cert),
             key: Some(files.key),
             ca: Some(files.ca),
+            crl: files.crl,
+            insecure_plaintext: false,
         }
     }
 }
@@ -86,6 +113,7 @@ mod tests {
             cert: cert.then(|| "c.pem".into()),
             key: key.then(|| "k.pem".into()),
             ca: ca.then(|| "ca.pem".into()),
+            ..TlsFlags::default()
         }
     }
 
@@ -118,6 +146,33 @@ mod tests {
                 assert!(err.to_string().contains(flag), "{err}");
             }
         }
+    }
+
+    #[test]
+    fn a_crl_needs_the_tls_flags_and_travels_with_them() {
+        let lone = TlsFlags {
+            crl: Some("r.pem".into()),
+            ..TlsFlags::default()
+        };
+        assert!(matches!(lone.resolve(), Err(TlsError::PartialFlags { .. })));
+        let full = TlsFlags {
+            crl: Some("r.pem".into()),
+            ..flags(true, true, true)
+        };
+        assert_eq!(
+            full.resolve().unwrap().unwrap().crl,
+            Some(PathBuf::from("r.pem"))
+        );
+    }
+
+    #[test]
+    fn insecure_plaintext_is_off_unless_asked_for() {
+        let cli = Cli::try_parse_from(["x"]).unwrap();
+        assert!(!cli.tls.insecure_plaintext);
+        let cli = Cli::try_parse_from(["x", "--insecure-plaintext"]).unwrap();
+        assert!(cli.tls.insecure_plaintext);
+        let cli = Cli::try_parse_from(["x", "--insecure-plaintext=false"]).unwrap();
+        assert!(!cli.tls.insecure_plaintext);
     }
 
     #[test]

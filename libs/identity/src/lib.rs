@@ -8,10 +8,12 @@
 //!   CA). Both serve the leaf through [`CertReloader`], which swaps in a rotated pair when
 //!   the files change and keeps the previous pair when the new files do not load.
 //! * [`PeerIdentity`] is read from exactly one `bigfleet://` URI SAN of a verified leaf.
+//! * [`CrlVerifiers`] checks peers against `--tls-crl` revocation lists, re-read on change.
 //!
 //! This crate knows nothing about gRPC; `bigfleet-mesh` wires it into servers and channels.
 
 mod config;
+mod crl;
 mod flags;
 mod peer;
 mod reload;
@@ -19,6 +21,7 @@ mod reload;
 use std::path::PathBuf;
 
 pub use config::{TlsContext, crypto_provider};
+pub use crl::{CrlVerifiers, read_crls};
 pub use flags::{TlsFiles, TlsFlags};
 pub use peer::{IDENTITY_SCHEME, IdentityError, PeerIdentity, Role};
 pub use reload::{CertReloader, DEFAULT_RELOAD_CHECK_INTERVAL, ReloadOutcome};

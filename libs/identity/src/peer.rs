@@ -17,15 +17,17 @@ pub enum Role {
     ShardExecute,
     Admin,
     Readonly,
+    Coordinator,
 }
 
 impl Role {
-    pub const ALL: [Role; 5] = [
+    pub const ALL: [Role; 6] = [
         Role::Cluster,
         Role::Shard,
         Role::ShardExecute,
         Role::Admin,
         Role::Readonly,
+        Role::Coordinator,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -35,6 +37,7 @@ impl Role {
             Role::ShardExecute => "shard-execute",
             Role::Admin => "admin",
             Role::Readonly => "readonly",
+            Role::Coordinator => "coordinator",
         }
     }
 }
@@ -45,7 +48,7 @@ impl fmt::Display for Role {
     }
 }
 
-/// A verified peer: one of the five identities a bigfleet certificate can carry.
+/// A verified peer: one of the six identities a bigfleet certificate can carry.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum PeerIdentity {
     /// `bigfleet://cluster/<id>` — a cluster operator.
@@ -54,10 +57,13 @@ pub enum PeerIdentity {
     Shard(String),
     /// `bigfleet://shard/<id>/execute` — a remote execute worker of that shard.
     ShardExecute(String),
-    /// `bigfleet://admin` — operators' CLI and coordinator replicas.
+    /// `bigfleet://admin` — operators' CLI and admin tooling.
     Admin,
     /// `bigfleet://readonly` — dashboards, CLIs, alerting.
     Readonly,
+    /// `bigfleet://coordinator/<id>` — a coordinator replica (`--id`): the only identity
+    /// the Raft port accepts, bound to the Raft sender's node id (ADR-0100).
+    Coordinator(String),
 }
 
 impl PeerIdentity {
@@ -68,6 +74,7 @@ impl PeerIdentity {
             PeerIdentity::ShardExecute(_) => Role::ShardExecute,
             PeerIdentity::Admin => Role::Admin,
             PeerIdentity::Readonly => Role::Readonly,
+            PeerIdentity::Coordinator(_) => Role::Coordinator,
         }
     }
 
@@ -76,7 +83,8 @@ impl PeerIdentity {
         match self {
             PeerIdentity::Cluster(id)
             | PeerIdentity::Shard(id)
-            | PeerIdentity::ShardExecute(id) => Some(id),
+            | PeerIdentity::ShardExecute(id)
+            | PeerIdentity::Coordinator(id) => Some(id),
             PeerIdentity::Admin | PeerIdentity::Readonly => None,
         }
     }
@@ -116,6 +124,7 @@ impl fmt::Display for PeerIdentity {
             PeerIdentity::ShardExecute(id) => write!(f, "{IDENTITY_SCHEME}://shard/{id}/execute"),
             PeerIdentity::Admin => write!(f, "{IDENTITY_SCHEME}://admin"),
             PeerIdentity::Readonly => write!(f, "{IDENTITY_SCHEME}://readonly"),
+            PeerIdentity::Coordinator(id) => write!(f, "{IDENTITY_SCHEME}://coordinator/{id}"),
         }
     }
 }
@@ -136,6 +145,7 @@ impl FromStr for PeerIdentity {
             ["readonly"] => PeerIdentity::Readonly,
             ["cluster", id] => PeerIdentity::Cluster(valid_id(id).ok_or_else(unknown)?),
             ["shard", id] => PeerIdentity::Shard(valid_id(id).ok_or_else(unknown)?),
+            ["coordinator", id] => PeerIdentity::Coordinator(valid_id(id).ok_or_else(unknown)?),
             ["shard", id, "execute"] => {
                 PeerIdentity::ShardExecute(valid_id(id).ok_or_else(unknown)?)
             }
@@ -171,7 +181,7 @@ pub enum IdentityError {
     /// Zero or several `bigfleet://` URI SANs: ambiguous, so refused.
     #[error("client certificate must carry exactly one bigfleet:// URI SAN (found {found})")]
     SanCount { found: usize },
-    /// A `bigfleet://` URI that is not one of the five identity forms.
+    /// A `bigfleet://` URI that is not one of the six identity forms.
     #[error("unrecognised bigfleet identity {0:?}")]
     UnknownIdentity(String),
     /// The certificate could not be parsed at all.
@@ -195,6 +205,10 @@ mod tests {
             ),
             ("bigfleet://admin", PeerIdentity::Admin),
             ("bigfleet://readonly", PeerIdentity::Readonly),
+            (
+                "bigfleet://coordinator/c-0",
+                PeerIdentity::Coordinator("c-0".into()),
+            ),
             ("BIGFLEET://admin", PeerIdentity::Admin),
         ];
         for (uri, want) in cases {
@@ -212,6 +226,8 @@ mod tests {
             "bigfleet://shard/s1/read",
             "bigfleet://admin/",
             "bigfleet://root",
+            "bigfleet://coordinator",
+            "bigfleet://coordinator/a/b",
             "bigfleet://cluster/a%2Fb",
             "bigfleet://cluster/a b",
             "bigfleet://cluster/a?x",
@@ -254,6 +270,7 @@ mod tests {
             id.prop_map(PeerIdentity::ShardExecute),
             Just(PeerIdentity::Admin),
             Just(PeerIdentity::Readonly),
+            id.prop_map(PeerIdentity::Coordinator),
         ]
     }
 

@@ -22,7 +22,7 @@ pub struct RoleSet(u8);
 
 impl RoleSet {
     pub const NONE: RoleSet = RoleSet(0);
-    pub const ALL: RoleSet = RoleSet(0b1_1111);
+    pub const ALL: RoleSet = RoleSet(0b11_1111);
 
     pub fn of(roles: &[Role]) -> Self {
         roles.iter().fold(Self::NONE, |set, r| set.with(*r))
@@ -43,6 +43,7 @@ impl RoleSet {
             Role::ShardExecute => 4,
             Role::Admin => 8,
             Role::Readonly => 16,
+            Role::Coordinator => 32,
         }
     }
 }
@@ -143,7 +144,7 @@ impl Default for AuthzPolicy {
     }
 }
 
-fn service_of(path: &str) -> &str {
+pub(crate) fn service_of(path: &str) -> &str {
     path.trim_start_matches('/')
         .split_once('/')
         .map_or("", |(service, _)| service)

@@ -13,7 +13,7 @@ use tonic::body::Body;
 use tower::{Layer, Service};
 use tracing::Instrument;
 
-use crate::authz::AuthzPolicy;
+use crate::authz::{AuthzPolicy, HEALTH_SERVICE, REFLECTION_SERVICES};
 use crate::conn::{ConnInfo, PeerCert, Transport};
 use crate::error::{BoxError, MeshError, status_from_box_error};
 use crate::peer::Peer;
@@ -279,6 +279,11 @@ impl RequestCheck for AuthzCheck {
 pub struct RateLimitCheck {
     pub buckets: Option<TokenBuckets>,
     pub policy: Arc<AuthzPolicy>,
+    /// Only these services are limited (`None`: every service but health and reflection).
+    pub services: Option<Arc<[String]>>,
+    /// Plaintext callers on loopback are not limited (a local mesh, or a load generator
+    /// speaking for thousands of clusters from one address).
+    pub exempt_loopback_plaintext: bool,
 }
 
 impl RequestCheck for RateLimitCheck {
@@ -286,17 +291,34 @@ impl RequestCheck for RateLimitCheck {
         let Some(buckets) = &self.buckets else {
             return Ok(());
         };
-        if self.policy.is_open(req.uri().path()) {
+        let path = req.uri().path();
+        let service = crate::authz::service_of(path);
+        // Probes and tooling are never throttled.
+        if service == HEALTH_SERVICE || REFLECTION_SERVICES.contains(&service) {
+            return Ok(());
+        }
+        if let Some(only) = &self.services
+            && !only.iter().any(|s| s == service)
+        {
             return Ok(());
         }
         let remote = req
             .extensions()
             .get::<ConnInfo>()
             .and_then(|i| i.remote_addr);
-        let key = req
-            .extensions()
-            .get::<Peer>()
-            .map_or_else(|| "unknown".to_owned(), |p| p.key(remote));
+        let peer = req.extensions().get::<Peer>();
+        // Same-pod callers are the shard itself: no budget.
+        let local = match peer {
+            Some(Peer::Local) => true,
+            Some(Peer::Plaintext) => {
+                self.exempt_loopback_plaintext && remote.is_none_or(|a| a.ip().is_loopback())
+            }
+            _ => false,
+        };
+        if local {
+            return Ok(());
+        }
+        let key = peer.map_or_else(|| "unknown".to_owned(), |p| p.key(remote));
         if buckets.try_acquire(&key) {
             Ok(())
         } else {

@@ -24,7 +24,9 @@ mod client;
 mod conn;
 pub mod error;
 mod layers;
+mod limits;
 mod listen;
+mod local;
 mod metrics;
 mod peer;
 mod rate_limit;
@@ -44,7 +46,11 @@ pub use layers::{
     AuthzCheck, CheckLayer, DeadlineLayer, ErrorMapLayer, IdentityCheck, RateLimitCheck,
     RequestCheck, TraceLayer,
 };
+pub use limits::ServerLimits;
 pub use listen::parse_listen_addr;
+pub use local::{
+    LocalPeers, SOCKET_DIR_MODE, SOCKET_FILE_MODE, SocketDirError, current_uid, prepare_socket_dir,
+};
 pub use metrics::{GrpcMetrics, MetricsLayer};
 pub use peer::{Peer, peer_of};
 pub use rate_limit::{RateLimit, TokenBuckets};

@@ -25,13 +25,20 @@ pub struct GrpcMetrics {
     handled: IntCounterVec,
     latency: HistogramVec,
     retries: Option<IntCounterVec>,
+    rejected_connections: Option<IntCounterVec>,
 }
 
 impl GrpcMetrics {
     /// `grpc_server_started_total`, `grpc_server_handled_total{grpc_code}` and
     /// `grpc_server_handling_seconds`, labelled by `grpc_service` and `grpc_method`.
     pub fn server(registry: &MetricsRegistry) -> Result<Self, TelemetryError> {
-        Self::register(registry, "server", "handled by this server", false)
+        let mut m = Self::register(registry, "server", "handled by this server", false)?;
+        m.rejected_connections = Some(registry.int_counter_vec(
+            "bigfleet_server_rejected_connections_total",
+            "Connections closed before any request: a Unix-socket peer with the wrong uid, a failed or timed-out TLS handshake",
+            &["reason"],
+        )?);
+        Ok(m)
     }
 
     /// The `grpc_client_*` equivalents, plus `grpc_client_retries_total{grpc_code}` (the code
@@ -74,7 +81,15 @@ impl GrpcMetrics {
             } else {
                 None
             },
+            rejected_connections: None,
         })
+    }
+
+    /// Counts a connection closed before its first request (`reason`: a fixed label).
+    pub(crate) fn record_rejected_connection(&self, reason: &'static str) {
+        if let Some(r) = &self.rejected_connections {
+            r.with_label_values(&[reason]).inc();
+        }
     }
 
     pub(crate) fn record_retry(&self, path: &str, code: Code) {

@@ -52,7 +52,11 @@ impl Peer {
     pub fn key(&self, remote: Option<std::net::SocketAddr>) -> String {
         match self {
             Peer::Verified(id) => id.to_string(),
-            Peer::Invalid(_) => "invalid".to_owned(),
+            // No identity to key on: the source address is the budget.
+            Peer::Invalid(_) => match remote {
+                Some(addr) => format!("invalid:{}", addr.ip()),
+                None => "invalid".to_owned(),
+            },
             Peer::Local => "local".to_owned(),
             Peer::Plaintext => match remote {
                 Some(addr) => format!("plaintext:{}", addr.ip()),

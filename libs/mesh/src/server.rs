@@ -22,6 +22,9 @@ use tonic_health::server::HealthReporter;
 use tower::Service;
 
 use crate::conn::MeshConn;
+use crate::limits::ServerLimits;
+use crate::local::{LocalPeers, SocketDirError, prepare_socket_dir, restrict_socket_file};
+use crate::metrics::GrpcMetrics;
 use crate::stack::{MeshLayer, ServerStackConfig};
 
 /// Message size limit for every server and client, both directions (256 MiB): full
@@ -30,9 +33,6 @@ pub const MAX_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 
 /// How long a shutdown waits for in-flight calls and streams before closing connections.
 pub const DEFAULT_DRAIN_DEADLINE: Duration = Duration::from_secs(10);
-
-/// A client that opens TCP but never finishes the TLS handshake is dropped after this.
-const TLS_HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Applies [`MAX_MESSAGE_SIZE`] in both directions to a tonic-generated server or client
 /// (tonic's defaults are 4 MiB decoding and unlimited encoding, per service):
@@ -60,6 +60,12 @@ pub enum ServerError {
         #[source]
         source: std::io::Error,
     },
+    #[error(
+        "refusing to serve plaintext gRPC on {addr}: anyone who can reach it could call it without an identity; configure --tls-cert/--tls-key/--tls-ca, bind a loopback address, or pass --insecure-plaintext to accept the exposure"
+    )]
+    PlaintextRefused { addr: SocketAddr },
+    #[error(transparent)]
+    SocketDir(#[from] SocketDirError),
     #[error("binding unix socket {path}: {source}")]
     BindUnix {
         path: PathBuf,
@@ -105,6 +111,9 @@ pub struct MeshServer {
     descriptor_sets: Vec<&'static [u8]>,
     health: HealthReporter,
     drain_deadline: Duration,
+    limits: Option<ServerLimits>,
+    insecure_plaintext: bool,
+    local_peers: LocalPeers,
 }
 
 impl MeshServer {
@@ -124,7 +133,31 @@ impl MeshServer {
             descriptor_sets: Vec::new(),
             health,
             drain_deadline: DEFAULT_DRAIN_DEADLINE,
+            limits: None,
+            insecure_plaintext: false,
+            local_peers: LocalPeers::same_user(),
         }
+    }
+
+    /// Connection and HTTP/2 limits (default: [`ServerLimits::network`] when a TCP listener
+    /// is configured, [`ServerLimits::local`] for Unix-socket-only servers).
+    pub fn limits(mut self, limits: ServerLimits) -> Self {
+        self.limits = Some(limits);
+        self
+    }
+
+    /// Allows plaintext TCP on a non-loopback address (`--insecure-plaintext`). Without it,
+    /// [`MeshServer::start`] refuses such a listener; with it, start-up logs one WARN line
+    /// naming what is exposed.
+    pub fn insecure_plaintext(mut self, allow: bool) -> Self {
+        self.insecure_plaintext = allow;
+        self
+    }
+
+    /// Who may connect to the Unix socket (default: this process's uid only).
+    pub fn local_peers(mut self, peers: LocalPeers) -> Self {
+        self.local_peers = peers;
+        self
     }
 
     /// Listens on `addr` (port 0 picks a free port; see [`RunningServer::tcp_addr`]).
@@ -140,7 +173,8 @@ impl MeshServer {
     }
 
     /// Also listens on a Unix socket (a stale socket file at `path` is replaced; the parent
-    /// directory is created).
+    /// directory is created 0750 or checked, see [`prepare_socket_dir`]; the socket is 0660
+    /// and only [`MeshServer::local_peers`] may connect).
     pub fn unix(mut self, path: impl Into<PathBuf>) -> Self {
         self.unix = Some(path.into());
         self
@@ -209,6 +243,13 @@ impl MeshServer {
         if self.tcp.is_none() && self.unix.is_none() {
             return Err(ServerError::NoListener(self.name));
         }
+        let limits = self.limits.clone().unwrap_or_else(|| {
+            if self.tcp.is_some() {
+                ServerLimits::network()
+            } else {
+                ServerLimits::local()
+            }
+        });
         self.add_reflection()?;
         for (name, status) in &self.services {
             self.health.set_service_status(name, *status).await;
@@ -234,13 +275,18 @@ impl MeshServer {
                         addr: "0.0.0.0:0".parse().expect("literal address"),
                         source,
                     })?;
+                self.check_plaintext(addr)?;
                 let acceptor = self.tls.clone().map(TlsAcceptor::from);
                 acceptors.push(tokio::spawn(accept_tcp(
                     listener,
                     acceptor,
-                    tx.clone(),
-                    drain.clone(),
-                    kill.clone(),
+                    TcpAccept {
+                        limits: limits.clone(),
+                        metrics: self.stack.metrics.clone(),
+                        tx: tx.clone(),
+                        drain: drain.clone(),
+                        kill: kill.clone(),
+                    },
                 )));
                 Some(addr)
             }
@@ -251,6 +297,8 @@ impl MeshServer {
                 let listener = bind_unix(&path)?;
                 acceptors.push(tokio::spawn(accept_unix(
                     listener,
+                    self.local_peers,
+                    self.stack.metrics.clone(),
                     tx.clone(),
                     drain.clone(),
                     kill.clone(),
@@ -262,9 +310,11 @@ impl MeshServer {
 
         let mut stack = self.stack.clone();
         stack.mtls = self.tls.is_some();
-        let router = tonic::transport::Server::builder()
+        let builder = tonic::transport::Server::builder()
             .http2_keepalive_interval(Some(Duration::from_secs(30)))
-            .http2_keepalive_timeout(Some(Duration::from_secs(10)))
+            .http2_keepalive_timeout(Some(Duration::from_secs(10)));
+        let router = limits
+            .apply(builder)
             .layer(MeshLayer::new(stack))
             .add_routes(self.routes.routes());
         let signal = drain.clone();
@@ -292,6 +342,24 @@ impl MeshServer {
             acceptors,
             drain_deadline: self.drain_deadline,
         })
+    }
+
+    /// Plaintext TCP is for loopback; anywhere else it needs the explicit opt-in, and then
+    /// says loudly what anyone on the network can now call.
+    fn check_plaintext(&self, addr: SocketAddr) -> Result<(), ServerError> {
+        if self.tls.is_some() || addr.ip().is_loopback() {
+            return Ok(());
+        }
+        if !self.insecure_plaintext {
+            return Err(ServerError::PlaintextRefused { addr });
+        }
+        tracing::warn!(
+            server = %self.name,
+            %addr,
+            services = %self.services.iter().map(|(n, _)| n.as_str()).collect::<Vec<_>>().join(","),
+            "--insecure-plaintext: serving without TLS on a non-loopback address; anyone who can reach it can call these services with no identity and read or forge their traffic"
+        );
+        Ok(())
     }
 
     fn add_reflection(&mut self) -> Result<(), ServerError> {
@@ -342,7 +410,7 @@ fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
         source,
     };
     if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-        std::fs::create_dir_all(dir).map_err(err)?;
+        prepare_socket_dir(dir)?;
     }
     // A socket file left by a previous run would make bind fail with AddrInUse.
     match std::fs::remove_file(path) {
@@ -350,18 +418,36 @@ fn bind_unix(path: &Path) -> Result<UnixListener, ServerError> {
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
         Err(e) => return Err(err(e)),
     }
-    UnixListener::bind(path).map_err(err)
+    let listener = UnixListener::bind(path).map_err(err)?;
+    restrict_socket_file(path).map_err(err)?;
+    Ok(listener)
 }
 
 type ConnSender = mpsc::Sender<Result<MeshConn, std::io::Error>>;
 
-async fn accept_tcp(
-    listener: TcpListener,
-    tls: Option<TlsAcceptor>,
+/// What the TCP accept loop needs besides the listener.
+struct TcpAccept {
+    limits: ServerLimits,
+    metrics: Option<GrpcMetrics>,
     tx: ConnSender,
     drain: CancellationToken,
     kill: CancellationToken,
-) {
+}
+
+async fn accept_tcp(listener: TcpListener, tls: Option<TlsAcceptor>, ctx: TcpAccept) {
+    let TcpAccept {
+        limits,
+        metrics,
+        tx,
+        drain,
+        kill,
+    } = ctx;
+    let handshakes = Arc::new(tokio::sync::Semaphore::new(
+        limits.max_concurrent_handshakes.max(1),
+    ));
+    let keepalive = limits
+        .tcp_keepalive
+        .map(|idle| socket2::TcpKeepalive::new().with_time(idle));
     loop {
         let (stream, remote) = tokio::select! {
             _ = drain.cancelled() => return,
@@ -376,6 +462,9 @@ async fn accept_tcp(
             },
         };
         let _ = stream.set_nodelay(true);
+        if let Some(k) = &keepalive {
+            let _ = socket2::SockRef::from(&stream).set_tcp_keepalive(k);
+        }
         match &tls {
             None => {
                 if tx.send(Ok(MeshConn::tcp(stream, &kill))).await.is_err() {
@@ -383,20 +472,40 @@ async fn accept_tcp(
                 }
             }
             Some(acceptor) => {
-                // Handshakes run concurrently so one slow client cannot stall the others.
+                // Handshakes run concurrently so one slow client cannot stall the others, but
+                // only so many at once: past that the accept loop waits and the kernel's
+                // backlog holds the rest, so a handshake flood costs no unbounded tasks.
+                let permit = tokio::select! {
+                    _ = drain.cancelled() => return,
+                    p = Arc::clone(&handshakes).acquire_owned() => match p {
+                        Ok(p) => p,
+                        Err(_) => return,
+                    },
+                };
                 let acceptor = acceptor.clone();
                 let tx = tx.clone();
                 let kill = kill.clone();
+                let metrics = metrics.clone();
+                let timeout = limits.handshake_timeout;
                 tokio::spawn(async move {
-                    match tokio::time::timeout(TLS_HANDSHAKE_TIMEOUT, acceptor.accept(stream)).await
-                    {
+                    let outcome = tokio::time::timeout(timeout, acceptor.accept(stream)).await;
+                    drop(permit);
+                    match outcome {
                         Ok(Ok(tls)) => {
                             let _ = tx.send(Ok(MeshConn::tls(tls, &kill))).await;
                         }
                         Ok(Err(e)) => {
                             tracing::debug!(%remote, error = %e, "tls handshake failed");
+                            if let Some(m) = &metrics {
+                                m.record_rejected_connection("tls_handshake");
+                            }
                         }
-                        Err(_) => tracing::debug!(%remote, "tls handshake timed out"),
+                        Err(_) => {
+                            tracing::debug!(%remote, "tls handshake timed out");
+                            if let Some(m) = &metrics {
+                                m.record_rejected_connection("tls_handshake_timeout");
+                            }
+                        }
                     }
                 });
             }
@@ -406,6 +515,8 @@ async fn accept_tcp(
 
 async fn accept_unix(
     listener: UnixListener,
+    peers: LocalPeers,
+    metrics: Option<GrpcMetrics>,
     tx: ConnSender,
     drain: CancellationToken,
     kill: CancellationToken,
@@ -422,6 +533,30 @@ async fn accept_unix(
                 }
             },
         };
+        // File modes keep strangers off the socket; the kernel's word on who connected is
+        // the second lock, and the one that holds if a mode is ever loosened by hand.
+        match stream.peer_cred() {
+            Ok(cred) if peers.allows(cred.uid(), cred.gid()) => {}
+            Ok(cred) => {
+                tracing::warn!(
+                    peer_uid = cred.uid(),
+                    peer_gid = cred.gid(),
+                    peer_pid = ?cred.pid(),
+                    "unix socket peer refused: not this process's uid or the configured group"
+                );
+                if let Some(m) = &metrics {
+                    m.record_rejected_connection("peer_uid");
+                }
+                continue;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "unix socket peer credentials unavailable; refused");
+                if let Some(m) = &metrics {
+                    m.record_rejected_connection("peer_cred_unavailable");
+                }
+                continue;
+            }
+        }
         if tx.send(Ok(MeshConn::unix(stream, &kill))).await.is_err() {
             return;
         }

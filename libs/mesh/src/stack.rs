@@ -33,8 +33,13 @@ pub struct ServerStackConfig {
     pub mtls: bool,
     /// Who may call what (checked for mTLS callers only).
     pub authz: Arc<AuthzPolicy>,
-    /// Per-identity token bucket (`None`: no limit).
+    /// Per-identity token bucket (`None`: no limit); callers without an identity are keyed
+    /// by source address, loopback-plaintext and Unix-socket callers are exempt.
     pub rate_limit: Option<RateLimit>,
+    /// Which services the rate limit applies to (`None`: all but health and reflection).
+    pub rate_limited_services: Option<Arc<[String]>>,
+    /// Whether plaintext callers on loopback skip the rate limit.
+    pub rate_limit_exempt_loopback: bool,
     /// Requests in flight across all connections before new ones are shed with
     /// RESOURCE_EXHAUSTED (`None`: unlimited).
     pub concurrency_limit: Option<usize>,
@@ -51,6 +56,8 @@ impl Default for ServerStackConfig {
             mtls: false,
             authz: Arc::new(AuthzPolicy::allow_any_identity()),
             rate_limit: None,
+            rate_limited_services: None,
+            rate_limit_exempt_loopback: false,
             concurrency_limit: None,
             timeout: None,
         }
@@ -97,6 +104,8 @@ where
         .layer(CheckLayer::new(RateLimitCheck {
             buckets: cfg.rate_limit.map(TokenBuckets::new),
             policy: Arc::clone(&cfg.authz),
+            services: cfg.rate_limited_services.clone(),
+            exempt_loopback_plaintext: cfg.rate_limit_exempt_loopback,
         }))
         // 7. Load shed + concurrency limit: a global cap on requests in flight. Shedding
         //    (fail fast with RESOURCE_EXHAUSTED) instead of queueing keeps latency bounded

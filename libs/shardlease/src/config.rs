@@ -87,6 +87,31 @@ impl EtcdConfig {
         LeaseTiming::new(self.lease_ttl, self.safety_margin, self.request_timeout)
     }
 
+    /// Secure by default (ADR-0102): a process that runs the mesh with mTLS must not talk
+    /// to etcd, which holds its epochs and leader lease, in plaintext — unless
+    /// `insecure_plaintext` (`--insecure-plaintext`) says so. `Err` says what to change.
+    pub fn check_transport(&self, mesh_mtls: bool, insecure_plaintext: bool) -> Result<(), String> {
+        if !mesh_mtls || insecure_plaintext {
+            return Ok(());
+        }
+        if self.tls.is_none() {
+            return Err(
+                "the mesh runs with mtls but etcd would be plaintext: give --etcd-ca (and --etcd-cert/--etcd-key), or --insecure-plaintext to accept it"
+                    .to_owned(),
+            );
+        }
+        if let Some(e) = self
+            .endpoints
+            .iter()
+            .find(|e| e.to_ascii_lowercase().starts_with("http://"))
+        {
+            return Err(format!(
+                "etcd endpoint {e} is plaintext while the mesh runs with mtls: use https:// or a bare host:port, or --insecure-plaintext"
+            ));
+        }
+        Ok(())
+    }
+
     /// The keys of one shard.
     pub fn keys(&self, shard_id: &str) -> ShardKeys {
         ShardKeys::new(&self.key_prefix, shard_id)
@@ -283,5 +308,24 @@ mod tests {
             }
             other => panic!("expected a tls file error, got {other:?}"),
         }
+    }
+
+    #[test]
+    fn plaintext_etcd_is_refused_when_the_mesh_runs_mtls() {
+        let plain = EtcdConfig::new(["a:2379"]);
+        assert!(plain.check_transport(false, false).is_ok());
+        let err = plain.check_transport(true, false).unwrap_err();
+        assert!(err.contains("--etcd-ca"), "{err}");
+        assert!(plain.check_transport(true, true).is_ok());
+        let mut tls = EtcdConfig::new(["a:2379", "http://b:2379"]);
+        tls.tls = Some(EtcdTls {
+            ca: "ca.pem".into(),
+            cert: None,
+            key: None,
+        });
+        let err = tls.check_transport(true, false).unwrap_err();
+        assert!(err.contains("http://b:2379"), "{err}");
+        tls.endpoints.pop();
+        assert!(tls.check_transport(true, false).is_ok());
     }
 }

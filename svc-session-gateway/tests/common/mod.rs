@@ -8,7 +8,9 @@ use std::time::Duration;
 use bigfleet_identity::TlsContext;
 use bigfleet_loadtest::decide_stub::{DecideStub, StubConfig, StubState};
 use bigfleet_mesh::{ChannelConfig, RunningServer, Target};
-use bigfleet_proto::mesh::v1::gateway_client::GatewayClient;
+use bigfleet_proto::mesh::v1 as meshpb;
+use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;
+use bigfleet_proto::mesh::v1::relay_client::RelayClient;
 use bigfleet_proto::v1alpha1::shard_client::ShardClient;
 use bigfleet_proto::v1alpha1::{
     Acknowledgement, Hello, OperatorMessage, ShardMessage, operator_message, shard_message,
@@ -92,13 +94,16 @@ impl Harness {
         format!("http://{}", self.addr)
     }
 
-    /// A Gateway client over gateway.sock (how decide and sidecar workers call it).
-    pub async fn gateway_client(&self) -> GatewayClient<Channel> {
+    /// Both internal contracts over gateway.sock (how decide and sidecar workers call it).
+    pub async fn gateway_client(&self) -> InternalClient {
         let target = Target::Unix(self.gw().socket_path().to_path_buf());
         let ch = bigfleet_mesh::connect(&target, &ChannelConfig::default())
             .await
             .unwrap();
-        GatewayClient::new(ch)
+        InternalClient {
+            outbox: OutboxClient::new(ch.clone()),
+            relay: RelayClient::new(ch),
+        }
     }
 
     pub async fn stop(mut self) {
@@ -197,5 +202,43 @@ pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
             "timed out waiting for {what}"
         );
         tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// The gateway's `Outbox` (decide's contract) and `Relay` (execute workers') over one
+/// Unix-socket channel, so a test can play both same-pod callers.
+#[derive(Clone)]
+pub struct InternalClient {
+    pub outbox: OutboxClient<Channel>,
+    pub relay: RelayClient<Channel>,
+}
+
+impl InternalClient {
+    pub async fn publish(
+        &mut self,
+        req: impl tonic::IntoStreamingRequest<Message = meshpb::ShardEvent>,
+    ) -> Result<tonic::Response<meshpb::PublishSummary>, tonic::Status> {
+        self.outbox.publish(req).await
+    }
+
+    pub async fn status(
+        &mut self,
+        req: impl tonic::IntoRequest<meshpb::StatusRequest>,
+    ) -> Result<tonic::Response<meshpb::StatusResponse>, tonic::Status> {
+        self.outbox.status(req).await
+    }
+
+    pub async fn request_bootstrap(
+        &mut self,
+        req: impl tonic::IntoRequest<meshpb::RequestBootstrapRequest>,
+    ) -> Result<tonic::Response<meshpb::RequestBootstrapResponse>, tonic::Status> {
+        self.relay.request_bootstrap(req).await
+    }
+
+    pub async fn send_reclaim(
+        &mut self,
+        req: impl tonic::IntoRequest<meshpb::SendReclaimRequest>,
+    ) -> Result<tonic::Response<meshpb::SendReclaimResponse>, tonic::Status> {
+        self.relay.send_reclaim(req).await
     }
 }

@@ -10,7 +10,7 @@
 //!   reconcile against the provider ([`reconcile`]) → NeedsTable snapshot →
 //!   `bigfleet_decision::run_cycle` → ledgers and AvailableCapacity hints →
 //!   [`rails`] → the bounded action queue ([`actions`]).
-//! * [`DecideService`] serves `bigfleet.mesh.v1.Decide` (roll-up ingest,
+//! * [`DecideService`] serves `bigfleet.mesh.v1.Ingest` and `bigfleet.mesh.v1.Work` (roll-up ingest,
 //!   session events, the credit-based Work stream, Transition),
 //!   `bigfleet.v1alpha1.ShardRead` and `bigfleet.mesh.v1.ShardInfo`.
 //! * [`EpochSource`] says under which epoch work is handed out and whether it

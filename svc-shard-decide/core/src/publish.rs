@@ -7,7 +7,7 @@
 
 use bigfleet_mesh::MeshChannel;
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::gateway_client::GatewayClient;
+use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;
 use prometheus::IntCounter;
 use std::sync::Arc;
 use std::time::Duration;
@@ -46,7 +46,7 @@ impl Publisher {
     }
 }
 
-/// What the forwarder learns from `Gateway.Status` when it (re)connects.
+/// What the forwarder learns from `Outbox.Status` when it (re)connects.
 pub trait SessionSink: Send + Sync + 'static {
     /// The gateway's live sessions: (cluster, session id).
     fn sessions_live(&self, sessions: Vec<(String, u64)>);
@@ -54,7 +54,7 @@ pub trait SessionSink: Send + Sync + 'static {
 
 /// Forwards frames from `rx` to the gateway's `Publish` stream until
 /// `shutdown` resolves, redialling with backoff when the stream breaks. After
-/// each (re)connect it asks `Gateway.Status` for the live sessions, so a
+/// each (re)connect it asks `Outbox.Status` for the live sessions, so a
 /// restarted decide learns which clusters are connected.
 pub async fn forward_to_gateway(
     channel: MeshChannel,
@@ -63,7 +63,7 @@ pub async fn forward_to_gateway(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) {
     let rx = Arc::new(Mutex::new(rx));
-    let client = GatewayClient::new(channel)
+    let client = OutboxClient::new(channel)
         .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
         .max_encoding_message_size(crate::MAX_MESSAGE_SIZE);
     let run = async {

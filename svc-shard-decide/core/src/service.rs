@@ -1,13 +1,15 @@
-//! gRPC faces of decide: `bigfleet.mesh.v1.Decide` (gateway and execute
-//! workers), `bigfleet.v1alpha1.ShardRead` (per-need verdicts) and
+//! gRPC faces of decide, one per audience (ADR-0101): `bigfleet.mesh.v1.Ingest`
+//! (the gateway, Unix socket only), `bigfleet.mesh.v1.Work` (execute workers),
+//! `bigfleet.v1alpha1.ShardRead` (per-need verdicts) and
 //! `bigfleet.mesh.v1.ShardInfo` (counts for the gateway / svc-inspect).
 
 use crate::ledgers::VerdictRow;
 use crate::shard::{Decide, DecideError};
 use bigfleet_conv::{need_to_proto, resources_message};
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_server::DecideServer;
+use bigfleet_proto::mesh::v1::ingest_server::IngestServer;
 use bigfleet_proto::mesh::v1::shard_info_server::ShardInfoServer;
+use bigfleet_proto::mesh::v1::work_server::WorkServer;
 use bigfleet_proto::mesh::v1::worker_message::Msg;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::shard_read_server::ShardReadServer;
@@ -57,9 +59,28 @@ impl DecideService {
         }
     }
 
-    /// `bigfleet.mesh.v1.Decide` with 256 MiB message limits.
-    pub fn decide_server(&self) -> DecideServer<DecideService> {
-        DecideServer::new(self.clone())
+    /// Ingest comes from the gateway over the pod's Unix socket and nowhere
+    /// else: a TCP caller of any identity is refused, even if a listener were
+    /// ever misconfigured to serve the contract.
+    fn require_local<T>(request: &Request<T>) -> Result<(), Status> {
+        match bigfleet_mesh::peer_of(request) {
+            None | Some(bigfleet_mesh::Peer::Local) => Ok(()),
+            Some(peer) => Err(Status::permission_denied(format!(
+                "{peer} may not call bigfleet.mesh.v1.Ingest (unix socket only)"
+            ))),
+        }
+    }
+
+    /// `bigfleet.mesh.v1.Ingest` with 256 MiB message limits (roll-ups).
+    pub fn ingest_server(&self) -> IngestServer<DecideService> {
+        IngestServer::new(self.clone())
+            .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(crate::MAX_MESSAGE_SIZE)
+    }
+
+    /// `bigfleet.mesh.v1.Work` with 256 MiB message limits.
+    pub fn work_server(&self) -> WorkServer<DecideService> {
+        WorkServer::new(self.clone())
             .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
             .max_encoding_message_size(crate::MAX_MESSAGE_SIZE)
     }
@@ -78,11 +99,12 @@ impl DecideService {
 }
 
 #[tonic::async_trait]
-impl mesh::decide_server::Decide for DecideService {
+impl mesh::ingest_server::Ingest for DecideService {
     async fn apply_rollup(
         &self,
         request: Request<mesh::ApplyRollupRequest>,
     ) -> Result<Response<mesh::ApplyRollupResponse>, Status> {
+        Self::require_local(&request)?;
         Ok(Response::new(self.decide.apply_rollup(request.get_ref())?))
     }
 
@@ -90,6 +112,7 @@ impl mesh::decide_server::Decide for DecideService {
         &self,
         request: Request<mesh::SessionOpenedRequest>,
     ) -> Result<Response<mesh::SessionOpenedResponse>, Status> {
+        Self::require_local(&request)?;
         let req = request.into_inner();
         if req.cluster_id.is_empty() {
             return Err(Status::invalid_argument("cluster_id must not be empty"));
@@ -101,16 +124,20 @@ impl mesh::decide_server::Decide for DecideService {
         &self,
         request: Request<mesh::SessionClosedRequest>,
     ) -> Result<Response<mesh::SessionClosedResponse>, Status> {
+        Self::require_local(&request)?;
         self.decide.session_closed(request.get_ref());
         Ok(Response::new(mesh::SessionClosedResponse {}))
     }
+}
 
-    type WorkStream = ReceiverStream<Result<mesh::WorkItem, Status>>;
+#[tonic::async_trait]
+impl mesh::work_server::Work for DecideService {
+    type PullStream = ReceiverStream<Result<mesh::WorkItem, Status>>;
 
-    async fn work(
+    async fn pull(
         &self,
         request: Request<Streaming<mesh::WorkerMessage>>,
-    ) -> Result<Response<Self::WorkStream>, Status> {
+    ) -> Result<Response<Self::PullStream>, Status> {
         self.bind_worker(&request)?;
         let mut inbound = request.into_inner();
         let hello = match inbound.message().await? {

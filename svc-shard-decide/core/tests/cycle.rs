@@ -368,7 +368,7 @@ async fn quarantine_holds_two_drops_and_accepts_the_third() {
         ..cfg_rails_off()
     })
     .await;
-    let mut client = h.client();
+    let mut client = h.ingest();
     let rows: Vec<_> = (0..20).map(|i| need(1, i)).collect();
     let r = client
         .apply_rollup(rollup("c1", rows))
@@ -419,7 +419,7 @@ async fn quarantine_holds_two_drops_and_accepts_the_third() {
 #[tokio::test]
 async fn bad_rollups_are_invalid_argument_and_counted() {
     let h = Harness::start(cfg_rails_off()).await;
-    let mut client = h.client();
+    let mut client = h.ingest();
     let mut bad = need(1, 1);
     bad.interruption_penalty_bucket = 99;
     let err = client

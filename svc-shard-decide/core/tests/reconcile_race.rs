@@ -74,7 +74,8 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
     let svc = DecideService::new(decide.clone());
     tokio::spawn(
         Server::builder()
-            .add_service(svc.decide_server())
+            .add_service(svc.ingest_server())
+            .add_service(svc.work_server())
             .serve_with_incoming(UnixListenerStream::new(
                 UnixListener::bind(&decide_sock).unwrap(),
             )),
@@ -92,7 +93,7 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
     assert_eq!(decide.run_cycle().await.unwrap().enqueued, 1);
 
     let mut client =
-        bigfleet_proto::mesh::v1::decide_client::DecideClient::new(uds_channel(&decide_sock));
+        bigfleet_proto::mesh::v1::work_client::WorkClient::new(uds_channel(&decide_sock));
     let mut w = Worker::connect(&mut client, "w").await;
     w.credit(1).await;
     let item = w.next(LONG).await.unwrap();

@@ -388,7 +388,7 @@ async fn sessions_resync_and_hints_are_deduplicated() {
     let mut h = Harness::start_with(cfg_rails_off(), p).await;
     h.decide.reconcile().await.unwrap();
     h.drain_events();
-    let mut client = h.client();
+    let mut client = h.ingest();
     let resp = client
         .session_opened(mesh::SessionOpenedRequest {
             cluster_id: "c1".into(),

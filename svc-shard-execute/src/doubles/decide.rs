@@ -8,7 +8,7 @@ use std::time::Duration;
 use bigfleet_conv as conv;
 use bigfleet_model::{Host, Machine, MachineState, check_transition};
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_server::{Decide, DecideServer};
+use bigfleet_proto::mesh::v1::work_server::{Work, WorkServer};
 use bigfleet_proto::mesh::v1::worker_message::Msg;
 use bigfleet_proto::v1alpha1 as pb;
 use parking_lot::Mutex;
@@ -278,17 +278,17 @@ impl DecideDouble {
         result
     }
 
-    /// The `bigfleet.mesh.v1.Decide` service of this double, to add to a
+    /// The `bigfleet.mesh.v1.Work` service of this double, to add to a
     /// server of your own (e.g. one with TLS).
-    pub fn service(&self) -> DecideServer<DecideService> {
-        DecideServer::new(DecideService {
+    pub fn service(&self) -> WorkServer<DecideService> {
+        WorkServer::new(DecideService {
             double: self.clone(),
         })
         .max_decoding_message_size(MAX_MESSAGE_BYTES)
         .max_encoding_message_size(MAX_MESSAGE_BYTES)
     }
 
-    /// A tonic router serving this double as `bigfleet.mesh.v1.Decide`.
+    /// A tonic router serving this double as `bigfleet.mesh.v1.Work`.
     pub fn router(&self) -> tonic::transport::server::Router {
         Server::builder().add_service(self.service())
     }
@@ -598,40 +598,13 @@ pub struct DecideService {
 }
 
 #[tonic::async_trait]
-impl Decide for DecideService {
-    async fn apply_rollup(
-        &self,
-        _: Request<mesh::ApplyRollupRequest>,
-    ) -> Result<Response<mesh::ApplyRollupResponse>, Status> {
-        Err(Status::unimplemented(
-            "the decide double only serves Work and Transition",
-        ))
-    }
+impl Work for DecideService {
+    type PullStream = ReceiverStream<Result<mesh::WorkItem, Status>>;
 
-    async fn session_opened(
-        &self,
-        _: Request<mesh::SessionOpenedRequest>,
-    ) -> Result<Response<mesh::SessionOpenedResponse>, Status> {
-        Err(Status::unimplemented(
-            "the decide double only serves Work and Transition",
-        ))
-    }
-
-    async fn session_closed(
-        &self,
-        _: Request<mesh::SessionClosedRequest>,
-    ) -> Result<Response<mesh::SessionClosedResponse>, Status> {
-        Err(Status::unimplemented(
-            "the decide double only serves Work and Transition",
-        ))
-    }
-
-    type WorkStream = ReceiverStream<Result<mesh::WorkItem, Status>>;
-
-    async fn work(
+    async fn pull(
         &self,
         request: Request<Streaming<mesh::WorkerMessage>>,
-    ) -> Result<Response<Self::WorkStream>, Status> {
+    ) -> Result<Response<Self::PullStream>, Status> {
         let mut inbound = request.into_inner();
         let first = inbound
             .message()

@@ -1,4 +1,4 @@
-//! A scripted Gateway: bootstrap blobs and reclaim delivery.
+//! A scripted gateway `Relay`: bootstrap blobs and reclaim delivery.
 
 use std::collections::HashMap;
 use std::path::Path;
@@ -6,11 +6,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::gateway_server::{Gateway, GatewayServer};
+use bigfleet_proto::mesh::v1::relay_server::{Relay, RelayServer};
 use bigfleet_proto::mesh::v1::request_bootstrap_response::Outcome as Reply;
 use parking_lot::Mutex;
 use tonic::transport::Server;
-use tonic::{Code, Request, Response, Status, Streaming};
+use tonic::{Code, Request, Response, Status};
 
 use super::{Served, serve_uds};
 use crate::links::{GatewayLink, MAX_MESSAGE_BYTES};
@@ -197,10 +197,10 @@ impl GatewayDouble {
         }
     }
 
-    /// A tonic router serving this double as `bigfleet.mesh.v1.Gateway`.
+    /// A tonic router serving this double as `bigfleet.mesh.v1.Relay`.
     pub fn router(&self) -> tonic::transport::server::Router {
         Server::builder().add_service(
-            GatewayServer::new(GatewayService {
+            RelayServer::new(GatewayService {
                 double: self.clone(),
             })
             .max_decoding_message_size(MAX_MESSAGE_BYTES)
@@ -236,7 +236,7 @@ struct GatewayService {
 }
 
 #[tonic::async_trait]
-impl Gateway for GatewayService {
+impl Relay for GatewayService {
     async fn request_bootstrap(
         &self,
         request: Request<mesh::RequestBootstrapRequest>,
@@ -257,19 +257,5 @@ impl Gateway for GatewayService {
         request: Request<mesh::SendReclaimRequest>,
     ) -> Result<Response<mesh::SendReclaimResponse>, Status> {
         Ok(Response::new(self.double.reclaim(request.into_inner())))
-    }
-
-    async fn publish(
-        &self,
-        _: Request<Streaming<mesh::ShardEvent>>,
-    ) -> Result<Response<mesh::PublishSummary>, Status> {
-        Err(Status::unimplemented("the gateway double does not publish"))
-    }
-
-    async fn status(
-        &self,
-        _: Request<mesh::StatusRequest>,
-    ) -> Result<Response<mesh::StatusResponse>, Status> {
-        Ok(Response::new(mesh::StatusResponse::default()))
     }
 }

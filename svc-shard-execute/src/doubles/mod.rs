@@ -1,11 +1,11 @@
 //! In-process doubles of the services a worker talks to, for this crate's
 //! tests, the `execute-bench` binary and other crates' tests.
 //!
-//! * [`DecideDouble`]: a scripted `bigfleet.mesh.v1.Decide` (Work + Transition)
+//! * [`DecideDouble`]: a scripted `bigfleet.mesh.v1.Work` (Pull + Transition)
 //!   with an authoritative machine table, the legal-transition check, one
 //!   action in flight per machine, fencing windows, abandonment of a dead
 //!   stream's actions (optionally re-issued) and records of everything.
-//! * [`GatewayDouble`]: a scripted `bigfleet.mesh.v1.Gateway`
+//! * [`GatewayDouble`]: a scripted `bigfleet.mesh.v1.Relay`
 //!   (RequestBootstrap / SendReclaim) that records what it was asked.
 //!
 //! Both work in memory (they implement the crate's link traits) and over

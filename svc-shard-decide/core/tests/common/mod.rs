@@ -3,7 +3,8 @@
 #![allow(dead_code)]
 
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::decide_client::DecideClient;
+use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
+use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::capacity_provider_server::{
     CapacityProvider, CapacityProviderServer,
@@ -262,7 +263,8 @@ impl Harness {
         let (tx, rx) = oneshot::channel::<()>();
         tokio::spawn(
             Server::builder()
-                .add_service(svc.decide_server())
+                .add_service(svc.ingest_server())
+                .add_service(svc.work_server())
                 .add_service(svc.shard_read_server())
                 .add_service(svc.shard_info_server())
                 .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
@@ -280,8 +282,13 @@ impl Harness {
         }
     }
 
-    pub fn client(&self) -> DecideClient<Channel> {
-        DecideClient::new(uds_channel(&self.decide_sock))
+    pub fn client(&self) -> WorkClient<Channel> {
+        WorkClient::new(uds_channel(&self.decide_sock))
+    }
+
+    /// The gateway's contract (roll-ups, session events) on decide.sock.
+    pub fn ingest(&self) -> IngestClient<Channel> {
+        IngestClient::new(uds_channel(&self.decide_sock))
     }
 
     /// Every frame published so far.
@@ -323,7 +330,7 @@ pub struct Worker {
 }
 
 impl Worker {
-    pub async fn connect(client: &mut DecideClient<Channel>, name: &str) -> Worker {
+    pub async fn connect(client: &mut WorkClient<Channel>, name: &str) -> Worker {
         let (tx, rx) = mpsc::channel(64);
         tx.send(mesh::WorkerMessage {
             msg: Some(mesh::worker_message::Msg::Hello(
@@ -336,7 +343,7 @@ impl Worker {
         .await
         .unwrap();
         let items = client
-            .work(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .pull(tokio_stream::wrappers::ReceiverStream::new(rx))
             .await
             .unwrap()
             .into_inner();
