@@ -102,6 +102,9 @@ pub enum Command {
     /// Change the fleet (needs an admin certificate under mTLS).
     #[command(subcommand)]
     Admin(AdminCommand),
+    /// Certificates: the chart's CA hook (`install-secrets`) and one-off leaves (`issue`).
+    #[command(subcommand)]
+    Pki(crate::pki::PkiCommand),
     /// Run the whole mesh locally: coordinator, shards, fake provider, inspect and
     /// simulated operators, each a separate child process.
     Up(crate::up::UpArgs),

@@ -122,6 +122,8 @@ pub enum CliError {
     },
     #[error("snapshot: {0}")]
     Snapshot(String),
+    #[error("pki: {0}")]
+    Pki(#[from] crate::pki::PkiError),
     #[error("writing output: {0}")]
     Output(#[from] std::io::Error),
     #[error("encoding json: {0}")]

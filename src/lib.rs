@@ -7,6 +7,7 @@
 //! * [`admin`] — `admin assign-domain | unassign-domain | remove-shard | snapshot save |
 //!   snapshot restore`.
 //! * [`output`] — human tables and `-o json`.
+//! * [`pki`] — `pki install-secrets` (the chart's CA hook Job, ADR-0110) and `pki issue`.
 //!
 //! Coordinator calls follow the leader hint of a follower once; refusals say which role the
 //! call needs and unreachable servers are named ([`CliError`]).
@@ -15,6 +16,7 @@ pub mod admin;
 pub mod cli;
 mod error;
 pub mod output;
+pub mod pki;
 pub mod read;
 pub mod svc;
 pub mod up;
@@ -136,6 +138,22 @@ pub async fn run(
         let outcome = admin::snapshot_restore(data_dir, node_id, raft_advertise, file).await?;
         return print_outcome(cli.global.output, out, &outcome);
     }
+    // Neither does `pki`: it talks to the Kubernetes API or only to files.
+    if let Command::Pki(cmd) = &cli.command {
+        let output = match cmd {
+            pki::PkiCommand::InstallSecrets(a) => {
+                pki::run_install_secrets(a, cli.global.timeout, |k| std::env::var(k).ok()).await?
+            }
+            pki::PkiCommand::Issue(a) => pki::run_issue(a)?,
+        };
+        if let pki::PkiOutput::Installed(report) = &output {
+            warn(err, &report.warnings)?;
+        }
+        return match cli.global.output {
+            OutputFormat::Json => output::json(out, &output),
+            OutputFormat::Table => Ok(out.write_all(output.render().as_bytes())?),
+        };
+    }
     let ctx = Context::from_args(&cli.global)?;
     let json = ctx.output == OutputFormat::Json;
     match &cli.command {
@@ -173,6 +191,7 @@ pub async fn run(
                 out.write_all(read::render_domains(&rows).as_bytes())?;
             }
         }
+        Command::Pki(_) => unreachable!("handled above"),
         Command::Up(_) | Command::Svc(_) => {
             // Process-level commands: `main` runs them (`up::main`, `svc::main`) before
             // this function is reached.

@@ -375,9 +375,10 @@ impl Mesh {
         if self.spec.coordinator {
             let (grpc, raft, http) = (pool.take(0)?, pool.take(0)?, pool.take(0)?);
             let dir = run.join("coordinator");
+            let id = "coord-0";
             let mut args = vec![
                 s("--id"),
-                s("coord-0"),
+                s(id),
                 s("--listen"),
                 s(grpc),
                 s("--raft-bind"),
@@ -390,7 +391,9 @@ impl Mesh {
                 s("--drain-timeout"),
                 s("3s"),
             ];
-            args.extend(self.tls_flags("admin")?);
+            // A replica's identity is bigfleet://coordinator/<its --id> (the Raft port binds
+            // message senders to it); admin stays the operators' CLI role.
+            args.extend(self.tls_flags(&format!("coordinator/{id}"))?);
             let extra = self.spec.coordinator_flags.clone();
             tier0.push((
                 self.child("coordinator", "coordinator", args, &extra),

@@ -1,18 +1,23 @@
-//! `bigfleet up --tls`: a throwaway CA and one certificate per role, written into the run
-//! directory, exactly as the test suites mint them (libs/testkit).
+//! `bigfleet up --tls`: a throwaway CA for this run and one certificate per role, written
+//! into the run directory by the production CA of `bigfleet-identity` (the one behind
+//! `bigfleet pki`, ADR-0110).
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
+use bigfleet_identity::ca::{CertificateAuthority, LeafRequest};
 use bigfleet_identity::{TlsContext, TlsFiles};
-use bigfleet_testkit::TestCa;
 
 use super::UpError;
 
-/// The local mesh's certificate authority and the role bundles issued so far.
+/// Long enough for any local run; the CA dies with the run directory anyway.
+const CA_VALIDITY: Duration = Duration::from_secs(90 * 24 * 3600);
+
+/// The local mesh's certificate authority; role bundles are issued on demand.
 pub struct Pki {
     dir: PathBuf,
-    ca: TestCa,
+    ca: CertificateAuthority,
 }
 
 impl std::fmt::Debug for Pki {
@@ -25,14 +30,28 @@ fn tls_err(e: impl std::fmt::Display) -> UpError {
     UpError::Tls(e.to_string())
 }
 
+/// A file-name-safe stem for a role: `shard/s1/execute` ⇒ `shard-s1-execute`.
+fn file_stem(role: &str) -> String {
+    role.trim_start_matches("bigfleet://")
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
 impl Pki {
-    /// A new CA whose files go to `dir` (created).
+    /// A new CA whose files go to `dir` (created; the CA key is never written).
     pub fn create(dir: &Path) -> Result<Self, UpError> {
         std::fs::create_dir_all(dir).map_err(|source| UpError::Io {
             what: format!("creating {}", dir.display()),
             source,
         })?;
-        let ca = TestCa::new("bigfleet-up-ca").map_err(tls_err)?;
+        let ca = CertificateAuthority::create("bigfleet-up-ca", CA_VALIDITY).map_err(tls_err)?;
         ca.write_ca(dir).map_err(tls_err)?;
         Ok(Self {
             dir: dir.to_owned(),
@@ -44,13 +63,14 @@ impl Pki {
         &self.dir
     }
 
-    /// Issues (or re-issues) `role`'s certificate and returns its files.
+    /// Issues (or re-issues) `role`'s certificate — `cluster/<id>`, `shard/<id>`,
+    /// `shard/<id>/execute`, `coordinator/<id>`, `admin`, `readonly` — valid for the
+    /// loopback names every local service listens on, and returns its files.
     pub fn files(&self, role: &str) -> Result<TlsFiles, UpError> {
-        let p = self
-            .ca
-            .write_role_bundle(&self.dir, role)
-            .map_err(tls_err)?;
-        Ok(TlsFiles::new(p.cert, p.key, p.ca))
+        let request = LeafRequest::new(role).map_err(tls_err)?.with_loopback();
+        self.ca
+            .issue_bundle(&request, &self.dir, &file_stem(role))
+            .map_err(tls_err)
     }
 
     /// `--tls-cert C --tls-key K --tls-ca A` for a service running as `role`.
@@ -77,6 +97,7 @@ impl Pki {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bigfleet_identity::ca::CertInfo;
 
     #[test]
     fn role_bundles_carry_the_role() {
@@ -91,5 +112,21 @@ mod tests {
             bigfleet_identity::PeerIdentity::ShardExecute("shard-0".into())
         );
         assert!(pki.client_config("readonly").is_ok());
+    }
+
+    #[test]
+    fn coordinator_replicas_get_their_own_identity() {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::create(dir.path()).unwrap();
+        let files = pki.files("coordinator/coord-0").unwrap();
+        assert_eq!(files.cert, dir.path().join("coordinator-coord-0.crt"));
+        let info = CertInfo::from_pem(&std::fs::read_to_string(&files.cert).unwrap()).unwrap();
+        assert_eq!(info.identity_uris, vec!["bigfleet://coordinator/coord-0"]);
+        assert!(info.dns_names.contains(&"localhost".to_owned()));
+        assert!(
+            !dir.path().join("ca.key").exists(),
+            "the CA key stays in memory"
+        );
+        assert!(pki.files("not a role").is_err());
     }
 }

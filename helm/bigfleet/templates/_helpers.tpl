@@ -111,10 +111,59 @@ app.kubernetes.io/part-of: bigfleet
 
 {{- define "bigfleet.etcdEndpoints" -}}{{ join "," .Values.etcd.endpoints }}{{- end -}}
 
-{{- define "bigfleet.tlsSecret.coordinator" -}}{{ default (printf "%s-coordinator-tls" (include "bigfleet.fullname" .)) .Values.tls.coordinator.secretName }}{{- end -}}
+{{- define "bigfleet.tlsSecret.coordinatorPrefix" -}}{{ default (printf "%s-coordinator-tls" (include "bigfleet.fullname" .)) .Values.tls.coordinator.secretName }}{{- end -}}
 {{- define "bigfleet.tlsSecret.shardPrefix" -}}{{ default (printf "%s-shard-tls" (include "bigfleet.fullname" .)) .Values.tls.shard.secretName }}{{- end -}}
 {{- define "bigfleet.tlsSecret.executePrefix" -}}{{ default (printf "%s-execute-tls" (include "bigfleet.fullname" .)) .Values.tls.execute.secretName }}{{- end -}}
 {{- define "bigfleet.tlsSecret.inspect" -}}{{ default (printf "%s-inspect-tls" (include "bigfleet.fullname" .)) .Values.tls.inspect.secretName }}{{- end -}}
+{{- define "bigfleet.caSecret" -}}{{ include "bigfleet.fullname" . }}-ca{{- end -}}
+{{- define "bigfleet.pkiName" -}}{{ include "bigfleet.fullname" . }}-pki{{- end -}}
+
+{{/* "true" when the chart's own CA hook (ADR-0110) provides the Secrets. */}}
+{{- define "bigfleet.chartCA" -}}
+{{- if and .Values.tls.enabled .Values.tls.chartCA.enabled (not .Values.tls.certManager.enabled) -}}true{{- end -}}
+{{- end -}}
+
+{{/* Every Secret the pki hook manages (the CA first), as a YAML list: the Role's resourceNames. */}}
+{{- define "bigfleet.pki.secretNames" -}}
+- {{ include "bigfleet.caSecret" . }}
+{{- if .Values.coordinator.enabled }}
+{{- range $i := until (int $.Values.coordinator.replicas) }}
+- {{ printf "%s-%d" (include "bigfleet.tlsSecret.coordinatorPrefix" $) $i }}
+{{- end }}
+{{- end }}
+{{- if .Values.shard.enabled }}
+{{- range $i := until (int $.Values.shard.replicas) }}
+- {{ printf "%s-%d" (include "bigfleet.tlsSecret.shardPrefix" $) $i }}
+{{- if $.Values.execute.enabled }}
+- {{ printf "%s-%d" (include "bigfleet.tlsSecret.executePrefix" $) $i }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- if .Values.inspect.enabled }}
+- {{ include "bigfleet.tlsSecret.inspect" . }}
+{{- end }}
+{{- end -}}
+
+{{/*
+The TLS volume of a StatefulSet whose pods each need their own Secret (ADR-0052): every
+ordinal's Secret projected under <pod name>/, each optional so a missing one breaks only its
+own pod. Call with (dict "name" <statefulset name> "secretPrefix" <prefix> "replicas" <n>).
+*/}}
+{{- define "bigfleet.perPodTlsVolume" -}}
+- name: tls
+  projected:
+    sources:
+      {{- range $i := until (int .replicas) }}
+      {{- $pod := printf "%s-%d" $.name $i }}
+      - secret:
+          name: {{ printf "%s-%d" $.secretPrefix $i }}
+          optional: true
+          items:
+            - {key: tls.crt, path: {{ $pod }}/tls.crt}
+            - {key: tls.key, path: {{ $pod }}/tls.key}
+            - {key: ca.crt, path: {{ $pod }}/ca.crt}
+      {{- end }}
+{{- end -}}
 
 {{/*
 Flags every service takes (docs/flags.md "Common to every service"), in --flag=value form only:
@@ -129,6 +178,18 @@ Call with (dict "ctx" $ "metrics" "8780" "tlsDir" "/etc/bigfleet/tls").
 - --tls-cert={{ .tlsDir }}/tls.crt
 - --tls-key={{ .tlsDir }}/tls.key
 - --tls-ca={{ .tlsDir }}/ca.crt
+{{- end }}
+{{- end -}}
+
+{{/*
+BIGFLEET_INSECURE_PLAINTEXT for every service container (not the fake provider, which is no
+service of the mesh): only with insecurePlaintext, which the validation allows only without TLS.
+*/}}
+{{- define "bigfleet.plaintextEnv" -}}
+{{- if .Values.insecurePlaintext }}
+# insecurePlaintext: serve plaintext on non-loopback addresses (development only).
+- name: BIGFLEET_INSECURE_PLAINTEXT
+  value: "true"
 {{- end }}
 {{- end -}}
 
@@ -207,6 +268,12 @@ affinity:
 {{- end -}}
 {{- if and .Values.execute.enabled (not .Values.shard.enabled) -}}
 {{- fail "execute.enabled needs shard.enabled: remote execute workers serve this release's shards" -}}
+{{- end -}}
+{{- if and (not .Values.tls.enabled) (not .Values.insecurePlaintext) -}}
+{{- fail "tls.enabled=false needs insecurePlaintext=true as well: without mTLS every port is unauthenticated (development only; docs/deploy.md)" -}}
+{{- end -}}
+{{- if and .Values.tls.enabled .Values.insecurePlaintext -}}
+{{- fail "insecurePlaintext=true is only allowed with tls.enabled=false" -}}
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
 {{- fail "tls.certManager.enabled needs tls.enabled" -}}

@@ -12,6 +12,7 @@
 //!
 //! This crate knows nothing about gRPC; `bigfleet-mesh` wires it into servers and channels.
 
+pub mod ca;
 mod config;
 mod crl;
 mod flags;
