@@ -145,6 +145,7 @@ pub async fn run(
                 pki::run_install_secrets(a, cli.global.timeout, |k| std::env::var(k).ok()).await?
             }
             pki::PkiCommand::Issue(a) => pki::run_issue(a)?,
+            pki::PkiCommand::Crl(a) => pki::run_crl(a)?,
         };
         if let pki::PkiOutput::Installed(report) = &output {
             warn(err, &report.warnings)?;

@@ -712,3 +712,65 @@ fn pki_issue_writes_an_admin_bundle_from_a_ca_on_disk() {
         ca.cert_pem()
     );
 }
+
+#[test]
+fn pki_crl_revokes_the_named_certificates_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let ca = CertificateAuthority::create("crl ca", Duration::from_secs(3600 * 24)).unwrap();
+    let (ca_crt, ca_key) = (dir.path().join("ca.crt"), dir.path().join("ca.key"));
+    std::fs::write(&ca_crt, ca.cert_pem()).unwrap();
+    std::fs::write(&ca_key, ca.key_pem()).unwrap();
+    let issue = |id: &str| {
+        let leaf = ca
+            .issue(&bigfleet_identity::ca::LeafRequest::new(id).unwrap())
+            .unwrap();
+        let path = dir.path().join(format!("{}.crt", id.replace('/', "-")));
+        std::fs::write(&path, &leaf.cert_pem).unwrap();
+        (path, leaf.cert_der)
+    };
+    let (revoked_path, revoked_der) = issue("cluster/leaked");
+    let (_, kept_der) = issue("cluster/fine");
+    let out = dir.path().join("ca.crl");
+    let run = |extra: &[String]| {
+        std::process::Command::new(env!("CARGO_BIN_EXE_bigfleet"))
+            .args(["pki", "crl"])
+            .arg(format!("--ca-cert={}", ca_crt.display()))
+            .arg(format!("--ca-key={}", ca_key.display()))
+            .arg(format!("--out={}", out.display()))
+            .args(extra)
+            .output()
+            .unwrap()
+    };
+    let ok = run(&[format!("--revoke={}", revoked_path.display())]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let crls = bigfleet_identity::read_crls(&out).unwrap();
+    assert_eq!(crls.len(), 1);
+    let serial = |der: &[u8]| {
+        x509_parser::parse_x509_certificate(der)
+            .unwrap()
+            .1
+            .raw_serial()
+            .to_vec()
+    };
+    let (_, crl) = x509_parser::parse_x509_crl(crls[0].as_ref()).unwrap();
+    let listed: Vec<Vec<u8>> = crl
+        .iter_revoked_certificates()
+        .map(|r| r.raw_serial().to_vec())
+        .collect();
+    assert_eq!(listed, vec![serial(&revoked_der)]);
+    assert!(!listed.contains(&serial(&kept_der)));
+    // A certificate of another CA is refused, not silently listed.
+    let other = CertificateAuthority::create("other", Duration::from_secs(3600)).unwrap();
+    let foreign = other
+        .issue(&bigfleet_identity::ca::LeafRequest::new("admin").unwrap())
+        .unwrap();
+    let foreign_path = dir.path().join("foreign.crt");
+    std::fs::write(&foreign_path, &foreign.cert_pem).unwrap();
+    let bad = run(&[format!("--revoke={}", foreign_path.display())]);
+    assert!(!bad.status.success());
+    assert!(String::from_utf8_lossy(&bad.stderr).contains("not a certificate of this CA"));
+}

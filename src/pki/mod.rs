@@ -44,6 +44,9 @@ pub enum PkiCommand {
     InstallSecrets(InstallSecretsArgs),
     /// Issue one certificate from a CA on disk into DIR (NAME.crt, NAME.key, ca.crt).
     Issue(IssueArgs),
+    /// Write a revocation list naming the given certificates, signed by a CA on disk;
+    /// serve it to every process with --tls-crl (it is re-read when it changes).
+    Crl(CrlArgs),
 }
 
 fn duration(s: &str) -> Result<Duration, humantime::DurationError> {
@@ -129,6 +132,29 @@ pub struct IssueArgs {
     /// File name stem (default: from the identity, e.g. admin, cluster-c1).
     #[arg(long)]
     pub name: Option<String>,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CrlArgs {
+    /// PEM certificate of the CA.
+    #[arg(long, value_name = "PATH")]
+    pub ca_cert: PathBuf,
+    /// PEM (PKCS#8) private key of the CA.
+    #[arg(long, value_name = "PATH")]
+    pub ca_key: PathBuf,
+    /// A PEM certificate to revoke (repeatable; none writes an empty list).
+    #[arg(long = "revoke", value_name = "PATH")]
+    pub revoke: Vec<PathBuf>,
+    /// The list's sequence number: each new list of a CA must use a higher one (default:
+    /// the current Unix time, which always grows).
+    #[arg(long)]
+    pub number: Option<u64>,
+    /// How long the list is valid (its nextUpdate).
+    #[arg(long, default_value = "720h", value_parser = duration)]
+    pub validity: Duration,
+    /// Where to write the PEM list (replaced atomically).
+    #[arg(long, value_name = "PATH")]
+    pub out: PathBuf,
 }
 
 /// Why `bigfleet pki` failed.
@@ -671,6 +697,53 @@ pub fn run_issue(args: &IssueArgs) -> Result<PkiOutput, PkiError> {
     }))
 }
 
+/// `bigfleet pki crl`: signs a revocation list for the given certificates.
+pub fn run_crl(args: &CrlArgs) -> Result<PkiOutput, PkiError> {
+    let ca = CertificateAuthority::load(&args.ca_cert, &args.ca_key)?;
+    let mut ders = Vec::with_capacity(args.revoke.len());
+    for path in &args.revoke {
+        let pem = std::fs::read(path).map_err(|source| CaError::Io {
+            path: path.clone(),
+            source,
+        })?;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(&pem)
+            .map_err(|e| PkiError::Invalid(format!("{}: {e}", path.display())))?;
+        ca.verify(der.as_ref()).map_err(|e| {
+            PkiError::Invalid(format!(
+                "{}: not a certificate of this CA ({e})",
+                path.display()
+            ))
+        })?;
+        ders.push(der.to_vec());
+    }
+    let number = args.number.unwrap_or_else(|| {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_secs())
+    });
+    let refs: Vec<&[u8]> = ders.iter().map(Vec::as_slice).collect();
+    let pem = ca.revocation_list(&refs, number, args.validity)?;
+    let tmp = args.out.with_extension("crl.tmp");
+    std::fs::write(&tmp, pem.as_bytes())
+        .and_then(|()| std::fs::rename(&tmp, &args.out))
+        .map_err(|source| CaError::Io {
+            path: args.out.clone(),
+            source,
+        })?;
+    Ok(PkiOutput::Crl(CrlWritten {
+        path: args.out.clone(),
+        revoked: args.revoke.len(),
+        number,
+    }))
+}
+
+#[derive(Debug, Clone, Serialize)]
+pub struct CrlWritten {
+    pub path: PathBuf,
+    pub revoked: usize,
+    pub number: u64,
+}
+
 #[derive(Debug, Clone, Serialize)]
 pub struct IssuedFiles {
     pub identity: String,
@@ -690,6 +763,7 @@ pub enum PkiOutput {
     Plan(Plan),
     Installed(InstallReport),
     Issued(IssuedFiles),
+    Crl(CrlWritten),
 }
 
 impl PkiOutput {
@@ -717,6 +791,12 @@ impl PkiOutput {
                 i.files.cert.display(),
                 i.files.key.display(),
                 i.files.ca.display()
+            ),
+            PkiOutput::Crl(c) => format!(
+                "wrote {} (number {}, {} revoked): serve it with --tls-crl\n",
+                c.path.display(),
+                c.number,
+                c.revoked
             ),
         }
     }

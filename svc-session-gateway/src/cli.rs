@@ -23,6 +23,11 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_SOCKET_DIR", default_value = "/run/bigfleet")]
     pub socket_dir: PathBuf,
 
+    /// Also accept Unix-socket peers whose primary gid is this (containers of one pod that
+    /// run as different uids but share a group); by default only this process's uid.
+    #[arg(long, env = "BIGFLEET_SOCKET_PEER_GID", value_name = "GID")]
+    pub socket_peer_gid: Option<u32>,
+
     /// Concurrent sessions cap; new clusters beyond it get RESOURCE_EXHAUSTED.
     #[arg(long, env = "BIGFLEET_MAX_SESSIONS", default_value_t = 10_000)]
     pub max_sessions: usize,

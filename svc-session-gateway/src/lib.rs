@@ -81,6 +81,8 @@ pub struct GatewayConfig {
     pub tls: Option<TlsContext>,
     /// Plaintext on a non-loopback public address (`--insecure-plaintext`).
     pub insecure_plaintext: bool,
+    /// Who may connect to `gateway.sock` (this uid, plus `--socket-peer-gid`).
+    pub local_peers: bigfleet_mesh::LocalPeers,
     /// Global concurrency limit before requests are shed (RESOURCE_EXHAUSTED).
     pub max_concurrent_requests: usize,
     /// How long shutdown waits for connections to drain.
@@ -100,6 +102,7 @@ impl GatewayConfig {
             decide_addr: None,
             tls: None,
             insecure_plaintext: false,
+            local_peers: bigfleet_mesh::LocalPeers::same_user(),
             max_concurrent_requests: 4096,
             drain_timeout: Duration::from_secs(10),
             registry: MetricsRegistry::new(),
@@ -207,6 +210,7 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
         stack(AuthzPolicy::allow_any_identity()),
     )
     .unix(&socket_path)
+    .local_peers(config.local_peers)
     .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
     .drain_deadline(config.drain_timeout)
     .add_service(bigfleet_mesh::with_message_limits!(OutboxServer::new(
@@ -340,6 +344,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         decide_addr: None,
         tls,
         insecure_plaintext: args.tls.insecure_plaintext,
+        local_peers: bigfleet_mesh::LocalPeers::same_user().with_group(args.socket_peer_gid),
         max_concurrent_requests: args.max_concurrent_requests,
         drain_timeout: args.drain_timeout,
         registry,

@@ -17,7 +17,7 @@ pub struct GatewayMetrics {
     pub session_lifecycle: IntCounterVec,
     pub identity_rejected: IntCounter,
     /// Sessions refused before install, by reason (`invalid_hello`, `identity`,
-    /// `max_sessions`, `decide_unavailable`, `hello_timeout`).
+    /// `max_sessions`, `decide_unavailable`, `hello_timeout`, `hello_too_large`).
     pub sessions_refused: IntCounterVec,
     pub rollups_received: IntCounter,
     pub rollups_accepted: IntCounter,

@@ -81,7 +81,13 @@ impl Shard for ShardService {
                     SessionError::HelloTimeout(core.settings.hello_timeout),
                 ));
             }
-            Ok(Err(status)) => return Err(status),
+            Ok(Err(status)) => {
+                // The first-frame bound fails the body at the length prefix (session_server).
+                if status.code() == tonic::Code::ResourceExhausted {
+                    self.core.metrics.refused("hello_too_large");
+                }
+                return Err(status);
+            }
             Ok(Ok(None)) => return Err(self.refuse("invalid_hello", SessionError::NoHello)),
             Ok(Ok(Some(msg))) => msg,
         };

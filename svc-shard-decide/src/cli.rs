@@ -18,6 +18,11 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_SOCKET_DIR", default_value = "/run/bigfleet")]
     pub socket_dir: PathBuf,
 
+    /// Also accept Unix-socket peers whose primary gid is this (containers of one pod that
+    /// run as different uids but share a group); by default only this process's uid.
+    #[arg(long, env = "BIGFLEET_SOCKET_PEER_GID", value_name = "GID")]
+    pub socket_peer_gid: Option<u32>,
+
     /// Optional TCP address for remote execute workers (e.g. `:7782`); under mTLS only
     /// `bigfleet://shard/<id>/execute` may pull work.
     #[arg(long, env = "BIGFLEET_WORK_LISTEN")]

@@ -127,6 +127,8 @@ pub struct StartConfig {
     pub tls: Option<TlsContext>,
     /// Serve the work port in plaintext on a non-loopback address (`--insecure-plaintext`).
     pub insecure_plaintext: bool,
+    /// Who may connect to `decide.sock` (this uid, plus `--socket-peer-gid`).
+    pub local_peers: bigfleet_mesh::LocalPeers,
     pub coordinator: Option<CoordinatorConfig>,
     /// etcd mode; `None`: `decide.epoch` as given (the epoch file), always actuating.
     pub etcd: Option<EtcdMode>,
@@ -147,6 +149,7 @@ impl StartConfig {
             work_listen: None,
             tls: None,
             insecure_plaintext: false,
+            local_peers: bigfleet_mesh::LocalPeers::same_user(),
             coordinator: None,
             etcd: None,
             registry: MetricsRegistry::new(),
@@ -331,6 +334,7 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
     let socket_path = config.socket_dir.join(DECIDE_SOCKET);
     let internal = MeshServer::new("shard-decide", stack(AuthzPolicy::allow_any_identity()))
         .unix(&socket_path)
+        .local_peers(config.local_peers)
         .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
         .drain_deadline(config.drain_timeout)
         .add_service(svc.ingest_server())
@@ -630,6 +634,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         work_listen: args.work_listen.as_deref().map(parse_listen).transpose()?,
         tls,
         insecure_plaintext: args.tls.insecure_plaintext,
+        local_peers: bigfleet_mesh::LocalPeers::same_user().with_group(args.socket_peer_gid),
         coordinator,
         etcd,
         registry,

@@ -17,7 +17,15 @@ Ports are fixed by the binaries' contract (docs/flags.md), so they are constants
 {{- define "bigfleet.port.provider" -}}7800{{- end -}}
 {{- define "bigfleet.port.providerMetrics" -}}8800{{- end -}}
 
-{{- define "bigfleet.socketDir" -}}/run/bigfleet{{- end -}}
+{{/*
+The shard pod's emptyDir is mounted at socketMount, but gateway and decide use socketDir, a
+directory below it: an emptyDir is root-owned and world-writable, and the binaries refuse such
+a socket directory (ADR-0102). They create socketDir themselves (0750, owned by the pod's uid).
+*/}}
+{{- define "bigfleet.socketMount" -}}/run/bigfleet{{- end -}}
+{{- define "bigfleet.socketDir" -}}/run/bigfleet/sockets{{- end -}}
+{{- define "bigfleet.crlDir" -}}/etc/bigfleet/crl{{- end -}}
+{{- define "bigfleet.inspectHttpDir" -}}/etc/bigfleet/inspect-http{{- end -}}
 {{- define "bigfleet.tlsDir" -}}/etc/bigfleet/tls{{- end -}}
 {{- define "bigfleet.shardDataDir" -}}/var/lib/bigfleet-shard{{- end -}}
 {{- define "bigfleet.coordinatorDataDir" -}}/var/lib/bigfleet{{- end -}}
@@ -115,6 +123,31 @@ app.kubernetes.io/part-of: bigfleet
 {{- define "bigfleet.tlsSecret.shardPrefix" -}}{{ default (printf "%s-shard-tls" (include "bigfleet.fullname" .)) .Values.tls.shard.secretName }}{{- end -}}
 {{- define "bigfleet.tlsSecret.executePrefix" -}}{{ default (printf "%s-execute-tls" (include "bigfleet.fullname" .)) .Values.tls.execute.secretName }}{{- end -}}
 {{- define "bigfleet.tlsSecret.inspect" -}}{{ default (printf "%s-inspect-tls" (include "bigfleet.fullname" .)) .Values.tls.inspect.secretName }}{{- end -}}
+{{/*
+The Secret holding inspect's HTTP bearer token (key `token`): inspect.http.tokenSecret, else the
+chart-generated <fullname>-inspect-http, else (only with insecurePlaintext) none: empty string.
+*/}}
+{{- define "bigfleet.inspectHttpTokenSecret" -}}
+{{- if .Values.inspect.http.tokenSecret -}}
+{{- .Values.inspect.http.tokenSecret -}}
+{{- else if include "bigfleet.inspectHttpTokenGenerated" . -}}
+{{- include "bigfleet.inspectName" . }}-http
+{{- end -}}
+{{- end -}}
+
+{{/* "true" when the chart generates inspect's HTTP token Secret. */}}
+{{- define "bigfleet.inspectHttpTokenGenerated" -}}
+{{- if and .Values.inspect.enabled (not .Values.inspect.http.tokenSecret) (not .Values.insecurePlaintext) -}}true{{- end -}}
+{{- end -}}
+
+{{/*
+A number as a flag value: whole numbers as integers (Helm reads numbers in values as float64
+and would print 1000000 as 1e+06), others as they are (0.5).
+*/}}
+{{- define "bigfleet.number" -}}
+{{- if eq (float64 .) (float64 (int64 .)) -}}{{ int64 . }}{{- else -}}{{ . }}{{- end -}}
+{{- end -}}
+
 {{- define "bigfleet.caSecret" -}}{{ include "bigfleet.fullname" . }}-ca{{- end -}}
 {{- define "bigfleet.pkiName" -}}{{ include "bigfleet.fullname" . }}-pki{{- end -}}
 
@@ -178,6 +211,39 @@ Call with (dict "ctx" $ "metrics" "8780" "tlsDir" "/etc/bigfleet/tls").
 - --tls-cert={{ .tlsDir }}/tls.crt
 - --tls-key={{ .tlsDir }}/tls.key
 - --tls-ca={{ .tlsDir }}/ca.crt
+{{- if .ctx.Values.tls.crl.secretName }}
+- --tls-crl={{ include "bigfleet.crlDir" .ctx }}/ca.crl
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/*
+volumeMounts of every TLS container: the role's Secret and, with tls.crl.secretName, the CRL
+Secret. Directory mounts, never subPath, so the kubelet's refreshes reach the processes
+(leaves and CRLs are re-read when they change).
+*/}}
+{{- define "bigfleet.tlsMounts" -}}
+{{- if .Values.tls.enabled }}
+- name: tls
+  mountPath: {{ include "bigfleet.tlsDir" . }}
+  readOnly: true
+{{- if .Values.tls.crl.secretName }}
+- name: tls-crl
+  mountPath: {{ include "bigfleet.crlDir" . }}
+  readOnly: true
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{/* The CRL volume (tls.crl.secretName, key ca.crl) of every pod with TLS containers. */}}
+{{- define "bigfleet.crlVolume" -}}
+{{- if and .Values.tls.enabled .Values.tls.crl.secretName }}
+# Revocation lists (--tls-crl), re-read by every process when the kubelet refreshes them.
+- name: tls-crl
+  secret:
+    secretName: {{ .Values.tls.crl.secretName }}
+    items:
+      - {key: ca.crl, path: ca.crl}
 {{- end }}
 {{- end -}}
 
@@ -274,6 +340,9 @@ affinity:
 {{- end -}}
 {{- if and .Values.tls.enabled .Values.insecurePlaintext -}}
 {{- fail "insecurePlaintext=true is only allowed with tls.enabled=false" -}}
+{{- end -}}
+{{- if and .Values.tls.crl.secretName (not .Values.tls.enabled) -}}
+{{- fail "tls.crl.secretName needs tls.enabled: revocation lists are checked on TLS handshakes only" -}}
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.enabled) -}}
 {{- fail "tls.certManager.enabled needs tls.enabled" -}}

@@ -22,7 +22,7 @@ const MAX_UNIX_PATH: usize = 107;
 /// suites fail with "address already in use" when ports came from `bind(:0)`.
 ///
 /// A port is also *claimed* for the life of the process that reserved it (see
-/// [`claim_port`]): no other reservation in this process or in any other process on the
+/// `claim_port`): no other reservation in this process or in any other process on the
 /// machine gets the same port again, even after it is released. Without the claim, two
 /// test processes (nextest runs one per test) picking at random from the same quiet range,
 /// or one test asking twice in a row, could be handed a port that a sibling child was about
