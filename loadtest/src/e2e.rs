@@ -232,7 +232,7 @@ impl InProcessShard {
         let mut decide_cfg = svc_shard_decide::StartConfig::new(dir.path(), &provider_target);
         decide_cfg.decide = svc_shard_decide::decide_config(&args, 1);
         decide_cfg.decide.cycle_interval = cfg.cycle_interval;
-        decide_cfg.decide.rails.reclaim_cap_fraction = cfg.reclaim_cap_fraction;
+        decide_cfg.decide.rails.reclaim_budget_fraction = cfg.reclaim_cap_fraction;
         decide_cfg.drain_timeout = Duration::from_secs(2);
         let decide_registry = decide_cfg.registry.clone();
         let decide = svc_shard_decide::start(decide_cfg)

@@ -9,7 +9,7 @@
 //! `<run>/tls/`                    CA and role certificates (--tls)
 //! `<run>/coordinator/`            the single-node coordinator's data
 //! `<run>/provider-<i>/`           a fake provider's catalog (and socket under --tls)
-//! `<run>/shard-<i>/`              decide.sock, gateway.sock; decide-data/epoch
+//! `<run>/shard-<i>/`              decide.sock, gateway.sock; decide-data/{epoch,decide.lock}
 //! ```
 //!
 //! Each shard gets its own fake provider (one provider per region, as deployed): shards
@@ -250,6 +250,26 @@ fn mkdir(p: &Path) -> Result<(), UpError> {
         what: format!("creating {}", p.display()),
         source,
     })
+}
+
+/// Copies the regular files of `from` into `to` (created). A copied lock file is a new,
+/// unlocked file, so the copy is free for another process.
+fn copy_files(from: &Path, to: &Path) -> Result<(), UpError> {
+    mkdir(to)?;
+    let io = |what: String| move |source| UpError::Io { what, source };
+    let entries = std::fs::read_dir(from).map_err(io(format!("reading {}", from.display())))?;
+    for entry in entries {
+        let entry = entry.map_err(io(format!("reading {}", from.display())))?;
+        if entry.file_type().is_ok_and(|t| t.is_file()) {
+            let dest = to.join(entry.file_name());
+            std::fs::copy(entry.path(), &dest).map_err(io(format!(
+                "copying {} to {}",
+                entry.path().display(),
+                dest.display()
+            )))?;
+        }
+    }
+    Ok(())
 }
 
 fn s(v: impl ToString) -> String {
@@ -841,9 +861,9 @@ impl Mesh {
         self.start_tier(2, vec![(spec, ready)]).await
     }
 
-    /// Starts a second incarnation of shard `index` — same shard id and data directory
-    /// (so a strictly higher epoch), new sockets and ports — alongside the first, as a
-    /// zombie-shard test needs. Children are named `<shard>-<tag>-{decide,gateway,execute}`.
+    /// Starts a second incarnation of shard `index` — same shard id, a copy of its data
+    /// directory (so a strictly higher epoch), new sockets and ports — alongside the first,
+    /// as a zombie-shard test needs. Children are named `<shard>-<tag>-{decide,gateway,execute}`.
     pub async fn start_shard_incarnation(
         &mut self,
         index: usize,
@@ -857,12 +877,18 @@ impl Mesh {
             .ok_or_else(|| UpError::Config(format!("no shard {index}")))?;
         let mut pool = PortPool::default();
         let socket_dir = self.spec.run_dir.join(format!("{}-{tag}", base.id));
+        // A copy, as a cloned volume would be: the running decide holds its own data dir's
+        // lock (ADR-0103), and the copied epoch file puts the new epoch above the old one.
+        let mut copy_name = base.data_dir.file_name().unwrap_or_default().to_owned();
+        copy_name.push(format!("-{tag}"));
+        let data_dir = base.data_dir.with_file_name(copy_name);
+        copy_files(&base.data_dir, &data_dir)?;
         let plan = self.plan_shard(
             &mut pool,
             &base.id,
             &format!("{}-{tag}", base.id),
             &socket_dir,
-            &base.data_dir,
+            &data_dir,
             &base.provider,
         )?;
         pool.release(1);

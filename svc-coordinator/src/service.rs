@@ -100,6 +100,30 @@ fn require_reader<T>(req: &Request<T>) -> Result<(), CoordError> {
     }
 }
 
+/// The first SnapshotSave frame: openraft's snapshot metadata (what our restore reads),
+/// plus the top-level keys of the original's snapshot meta — `Version`, `ID`, `Index`,
+/// `Term`, `Size` — so the original's CLI, which decodes this JSON as its own snapshot
+/// meta, reports the real index and term instead of zeros (issue 18). The key sets do not
+/// collide, even case-insensitively, and each decoder ignores the other's keys.
+pub fn snapshot_meta_json(
+    meta: &crate::raft_types::SnapshotMeta,
+    size: usize,
+) -> Result<Vec<u8>, CoordError> {
+    let mut value = serde_json::to_value(meta).map_err(|e| CoordError::Internal(e.to_string()))?;
+    let obj = value
+        .as_object_mut()
+        .ok_or_else(|| CoordError::Internal("snapshot meta is not a json object".into()))?;
+    let (index, term) = meta
+        .last_log_id
+        .map_or((0, 0), |l| (l.index, l.leader_id.term));
+    obj.insert("Version".into(), 1.into());
+    obj.insert("ID".into(), meta.snapshot_id.clone().into());
+    obj.insert("Index".into(), index.into());
+    obj.insert("Term".into(), term.into());
+    obj.insert("Size".into(), size.into());
+    serde_json::to_vec(&value).map_err(|e| CoordError::Internal(e.to_string()))
+}
+
 fn required(field: &str, v: &str) -> Result<(), CoordError> {
     if v.is_empty() {
         Err(CoordError::InvalidArgument(format!("{field} is required")))
@@ -351,8 +375,7 @@ impl Coordinator for CoordinatorService {
         self.core.leader_term()?;
         require_admin(&request)?;
         let (meta, data) = self.core.fresh_snapshot().await?;
-        let meta_json =
-            serde_json::to_vec(&meta).map_err(|e| CoordError::Internal(e.to_string()))?;
+        let meta_json = snapshot_meta_json(&meta, data.len())?;
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "streaming snapshot");
         let mut frames = vec![Ok(pb::SnapshotSaveChunk {
             payload: Some(snapshot_save_chunk::Payload::MetaJson(meta_json)),
@@ -381,5 +404,46 @@ impl Coordinator for CoordinatorService {
         Err(Status::unimplemented(
             "coordinator: ListProviders was removed (the provider registry is gone)",
         ))
+    }
+}
+
+#[cfg(test)]
+mod snapshot_meta_tests {
+    use super::*;
+    use crate::raft_types::{SnapshotMeta, StoredMembership};
+
+    /// The original's CLI decodes the first frame into hashicorp/raft's `SnapshotMeta`
+    /// (Go field names, matched case-insensitively) and prints its Index and Term.
+    #[derive(serde::Deserialize)]
+    struct OriginalMeta {
+        #[serde(rename = "ID")]
+        id: String,
+        #[serde(rename = "Index")]
+        index: u64,
+        #[serde(rename = "Term")]
+        term: u64,
+        #[serde(rename = "Size")]
+        size: i64,
+    }
+
+    #[test]
+    fn the_first_frame_reads_right_in_both_tools() {
+        let meta = SnapshotMeta {
+            last_log_id: Some(openraft::LogId::new(
+                openraft::CommittedLeaderId::new(7, 1),
+                42,
+            )),
+            last_membership: StoredMembership::default(),
+            snapshot_id: "7-42-abc".into(),
+        };
+        let json = snapshot_meta_json(&meta, 1234).unwrap();
+        let theirs: OriginalMeta = serde_json::from_slice(&json).unwrap();
+        assert_eq!(
+            (theirs.id.as_str(), theirs.index, theirs.term, theirs.size),
+            ("7-42-abc", 42, 7, 1234)
+        );
+        // Ours still decodes it (restore reads the archive's meta with openraft's type).
+        let ours: SnapshotMeta = serde_json::from_slice(&json).unwrap();
+        assert_eq!(ours, meta);
     }
 }

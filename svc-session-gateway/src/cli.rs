@@ -63,6 +63,10 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_SESSION_OPEN_RATE", default_value_t = 1.0)]
     pub session_open_rate: f64,
 
+    /// Roll-up shape bounds and the priority ceiling (ADR-0104); decide takes the same.
+    #[command(flatten)]
+    pub rollup_limits: bigfleet_conv::RollupLimitArgs,
+
     /// HTTP address of /metrics, /healthz and /readyz; 0 disables.
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8781")]
     pub metrics_addr: String,
@@ -97,6 +101,47 @@ mod tests {
         assert_eq!(a.metrics_addr, ":8781");
         assert_eq!(a.drain_timeout, Duration::from_secs(10));
         assert!(a.tls.resolve().unwrap().is_none());
+        assert_eq!(
+            a.rollup_limits.limits(),
+            bigfleet_conv::RollupLimits::default()
+        );
+    }
+
+    #[test]
+    fn rollup_limit_flags_parse() {
+        let a = Args::try_parse_from([
+            "gw",
+            "--max-needs-per-rollup",
+            "10",
+            "--max-requirements-per-need",
+            "2",
+            "--max-values-per-requirement",
+            "3",
+            "--max-spreads-per-need",
+            "4",
+            "--max-resource-entries",
+            "5",
+            "--max-string-bytes",
+            "6",
+            "--max-rollup-resource-dimensions",
+            "7",
+            "--max-priority",
+            "-8",
+        ])
+        .unwrap();
+        assert_eq!(
+            a.rollup_limits.limits(),
+            bigfleet_conv::RollupLimits {
+                max_needs: 10,
+                max_requirements: 2,
+                max_values: 3,
+                max_spreads: 4,
+                max_resource_entries: 5,
+                max_string_bytes: 6,
+                max_dimensions: 7,
+                max_priority: -8,
+            }
+        );
     }
 
     #[test]

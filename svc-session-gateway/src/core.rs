@@ -47,6 +47,8 @@ pub struct GatewaySettings {
     /// Session opens per second per cluster identity (mTLS) or per source address
     /// (callers without an identity yet); `None`: unlimited.
     pub session_open_rate: Option<bigfleet_mesh::RateLimit>,
+    /// Shape bounds and priority ceiling every roll-up is validated against (ADR-0104).
+    pub rollup_limits: bigfleet_conv::RollupLimits,
 }
 
 impl Default for GatewaySettings {
@@ -64,6 +66,7 @@ impl Default for GatewaySettings {
             max_hello_bytes: DEFAULT_MAX_HELLO_BYTES,
             max_rollup_bytes: DEFAULT_MAX_ROLLUP_BYTES,
             session_open_rate: Some(DEFAULT_SESSION_OPEN_RATE),
+            rollup_limits: bigfleet_conv::RollupLimits::default(),
         }
     }
 }

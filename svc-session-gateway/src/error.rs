@@ -9,6 +9,12 @@ pub enum SessionError {
     NotHello { got: &'static str },
     #[error("hello has an empty cluster_id")]
     EmptyClusterId,
+    /// The Hello's cluster id is too long or has characters an id may not carry; it would
+    /// end up in metric labels and logs.
+    #[error(
+        "cluster_id must be 1-253 printable ascii characters without '/', '?', '#', '%' or spaces"
+    )]
+    BadClusterId,
     #[error("the stream ended before a Hello arrived")]
     NoHello,
     #[error("no Hello within {0:?} of opening the session")]
@@ -39,6 +45,7 @@ impl ClassifyError for SessionError {
         match self {
             SessionError::NotHello { .. }
             | SessionError::EmptyClusterId
+            | SessionError::BadClusterId
             | SessionError::NoHello
             | SessionError::HelloTimeout(_)
             | SessionError::ClusterChanged { .. } => ErrorClass::InvalidArgument,

@@ -337,6 +337,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
                 per_second: args.session_open_rate,
                 burst: (args.session_open_rate * 10.0).ceil().max(1.0) as u32,
             }),
+            rollup_limits: args.rollup_limits.limits(),
             ..GatewaySettings::default()
         },
         listen: Some(parse_listen(&args.listen)?),

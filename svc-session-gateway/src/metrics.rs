@@ -70,8 +70,8 @@ impl GatewayMetrics {
             )?,
             rollups_rejected: registry.int_counter_vec(
                 "bigfleet_shard_rollups_rejected_total",
-                "Roll-ups rejected whole at the trust boundary; the cluster keeps its previous demand.",
-                &["cluster"],
+                "Roll-ups rejected whole at the trust boundary, by cluster and fixed reason (a ConvError label, cluster_mismatch or decide); the cluster keeps its previous demand.",
+                &["cluster", "reason"],
             )?,
             rollups_replaced: registry.int_counter(
                 "bigfleet_shard_rollups_replaced_total",

@@ -101,6 +101,16 @@ impl Shard for ShardService {
         if hello.cluster_id.is_empty() {
             return Err(self.refuse("invalid_hello", SessionError::EmptyClusterId));
         }
+        // The same alphabet an identity SAN may carry (so an mTLS cluster always passes),
+        // bounded: the id becomes a metric label and a log field for the session's life.
+        let plain = hello.cluster_id.len() <= 253
+            && hello
+                .cluster_id
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && !matches!(b, b'/' | b'?' | b'#' | b'%'));
+        if !plain {
+            return Err(self.refuse("invalid_hello", SessionError::BadClusterId));
+        }
         let cluster = hello.cluster_id;
 
         // 2. The certificate must name that cluster.
@@ -355,26 +365,37 @@ async fn lane(core: Arc<Core>, session: Arc<Session>) {
     }
 }
 
+/// Rejection label of a roll-up naming another cluster than its session's.
+pub const REJECT_CLUSTER_MISMATCH: &str = "cluster_mismatch";
+/// Rejection label of a roll-up decide refused without naming a known reason.
+pub const REJECT_BY_DECIDE: &str = "decide";
+
 async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) {
     let cluster = &*session.cluster;
     let rollup = pending.rollup;
-    let reject = |reason: String| {
+    // `label` is a fixed reason (ADR-0104), never text from the roll-up.
+    let reject = |label: &'static str, reason: String| {
         core.metrics
             .rollups_rejected
-            .with_label_values(&[cluster])
+            .with_label_values(&[cluster, label])
             .inc();
+        // The reason can quote the operator's own strings: bounded in logs and frames.
+        let reason = bigfleet_telemetry::clip(&reason);
         tracing::warn!(cluster = %cluster, error = %reason, "roll-up rejected; the cluster keeps its previous demand");
         let (epoch, term) = core.decide.epoch_term();
         session.ack(format!("{ECHO_ROLLUP_REJECTED}{reason}"), term, epoch);
     };
     if !rollup.cluster_id.is_empty() && rollup.cluster_id != cluster {
-        return reject(format!(
-            "cluster_id {:?} does not match the session's cluster {cluster:?}",
-            rollup.cluster_id
-        ));
+        return reject(
+            REJECT_CLUSTER_MISMATCH,
+            format!(
+                "cluster_id {:?} does not match the session's cluster {cluster:?}",
+                bigfleet_telemetry::clip(&rollup.cluster_id)
+            ),
+        );
     }
-    if let Err(e) = bigfleet_conv::rollup_from_proto(&rollup) {
-        return reject(e.to_string());
+    if let Err(e) = bigfleet_conv::rollup_from_proto_with(&rollup, &core.settings.rollup_limits) {
+        return reject(e.reason(), e.to_string());
     }
     let result = core
         .decide
@@ -386,6 +407,12 @@ async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) 
         .await;
     match result {
         Ok(resp) => {
+            if resp.outcome == RollupOutcome::Superseded as i32 {
+                // This session was replaced while the roll-up was on its way; the newer
+                // session's demand stands and this stream is ending anyway.
+                tracing::debug!(cluster = %cluster, detail = %resp.detail, "roll-up of a replaced session not applied");
+                return;
+            }
             if resp.outcome == RollupOutcome::Quarantined as i32 {
                 core.metrics.rollups_quarantined.inc();
                 tracing::info!(cluster = %cluster, detail = %resp.detail, "roll-up quarantined by decide");
@@ -395,7 +422,15 @@ async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) 
             session.ack(ECHO_ROLLUP, resp.coordinator_term, resp.shard_epoch);
         }
         Err(status) if status.code() == Code::InvalidArgument => {
-            reject(format!("decide: {}", status.message()));
+            // Decide names its reason in the status metadata; only a label of the fixed set
+            // is used as one.
+            let label = status
+                .metadata()
+                .get(bigfleet_conv::REJECT_REASON_METADATA)
+                .and_then(|v| v.to_str().ok())
+                .and_then(bigfleet_conv::ConvError::rollup_reason_label)
+                .unwrap_or(REJECT_BY_DECIDE);
+            reject(label, format!("decide: {}", status.message()));
         }
         Err(status) => {
             core.metrics.rollup_apply_errors.inc();

@@ -204,6 +204,37 @@ async fn rollups_are_replaced_in_the_lane_while_decide_is_slow() {
 }
 
 #[tokio::test]
+async fn attacker_sized_strings_never_reach_labels_logs_or_frames_whole() {
+    let h = Harness::start(Options::default()).await;
+    // A Hello whose cluster id would become a metric label and a log field.
+    for bad in [
+        "x".repeat(300),
+        "a b".into(),
+        "a/b".into(),
+        "\u{1b}[31m".into(),
+    ] {
+        let err = open_with(channel(&h.target(), None).await, hello(&bad))
+            .await
+            .err()
+            .expect("a bad cluster id must be refused");
+        assert_eq!(err.code(), Code::InvalidArgument, "{bad:?}");
+        assert!(err.message().len() < 200, "{}", err.message());
+    }
+    assert_eq!(h.gw().active_sessions(), 0);
+    // A roll-up naming a huge foreign cluster: rejected, and the echo is bounded.
+    let mut s = open(&h.target(), "a").await;
+    s.send(rollup(&"z".repeat(100_000), 1)).await;
+    let ack = s.next_ack().await;
+    assert!(
+        ack.echo.starts_with("rollup rejected: "),
+        "{}",
+        &ack.echo[..80]
+    );
+    assert!(ack.echo.len() < 1_000, "echo of {} bytes", ack.echo.len());
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn a_bad_rollup_is_rejected_whole_and_the_previous_demand_is_kept() {
     let h = Harness::start(Options::default()).await;
     let mut s = open(&h.target(), "a").await;
@@ -241,7 +272,14 @@ async fn a_bad_rollup_is_rejected_whole_and_the_previous_demand_is_kept() {
     assert!(h.stub.rollup("b").is_none());
 
     let m = h.gw().metrics();
-    assert_eq!(m.rollups_rejected.with_label_values(&["a"]).get(), 3);
+    // Counted by fixed reason, never by the roll-up's text.
+    for reason in ["enum_out_of_range", "quantity", "cluster_mismatch"] {
+        assert_eq!(
+            m.rollups_rejected.with_label_values(&["a", reason]).get(),
+            1,
+            "{reason}"
+        );
+    }
     // The stream stayed up: the next good roll-up is applied.
     s.send(rollup("a", 5)).await;
     assert_eq!(s.next_ack().await.echo, "rollup");

@@ -52,7 +52,10 @@ async fn operator_gateway_and_real_decide() {
 
     let target = format!("http://{}", gateway.public_addr().unwrap());
     let mut cfg = OperatorConfig::new("cluster-0", &target);
-    cfg.rollup_interval = Duration::from_secs(3600);
+    // Re-sent like a real operator: the catalog binds far more capacity to cluster-0 than
+    // this demand asks for, so right after decide starts the first roll-ups are a
+    // quarantined "drop" until consecutive ones confirm it (ADR-0105).
+    cfg.rollup_interval = Duration::from_millis(200);
     cfg.backoff = Backoff {
         initial: Duration::from_millis(20),
         max: Duration::from_millis(200),

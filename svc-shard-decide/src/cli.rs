@@ -60,17 +60,60 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_DRY_RUN", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub dry_run: bool,
 
-    /// Reclaims per cluster per cycle ≤ max(1, ⌊fraction × Configured⌋); 0 disables.
-    #[arg(long, env = "BIGFLEET_RECLAIM_CAP_FRACTION", default_value_t = 0.05)]
-    pub reclaim_cap_fraction: f64,
+    /// Reclaims started per cluster within any --reclaim-budget-window ≤
+    /// max(1, ⌊fraction × (Configured + Draining)⌋), Draining machines counted as
+    /// started; 0 disables (ADR-0105).
+    #[arg(long, env = "BIGFLEET_RECLAIM_BUDGET_FRACTION", default_value_t = svc_shard_decide_core::rails::DEFAULT_RECLAIM_BUDGET_FRACTION)]
+    pub reclaim_budget_fraction: f64,
+
+    /// The wall-clock window of --reclaim-budget-fraction.
+    #[arg(long, env = "BIGFLEET_RECLAIM_BUDGET_WINDOW", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub reclaim_budget_window: std::time::Duration,
+
+    /// Deprecated: the fraction of --reclaim-budget-fraction (now per window, not per cycle).
+    #[arg(
+        long,
+        env = "BIGFLEET_RECLAIM_CAP_FRACTION",
+        conflicts_with = "reclaim_budget_fraction"
+    )]
+    pub reclaim_cap_fraction: Option<f64>,
 
     /// Quarantine roll-ups that drop most of a cluster's demand until confirmed.
     #[arg(long, env = "BIGFLEET_EMPTY_ROLLUP_GUARD", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub empty_rollup_guard: bool,
 
+    /// A full provider List may remove at most this many machines at once (or
+    /// --removal-hold-fraction of the inventory, whichever is larger); larger removals wait
+    /// for --removal-confirmations agreeing Lists over --removal-min-hold.
+    #[arg(long, env = "BIGFLEET_REMOVAL_HOLD_COUNT", default_value_t = 10)]
+    pub removal_hold_count: usize,
+
+    /// See --removal-hold-count.
+    #[arg(long, env = "BIGFLEET_REMOVAL_HOLD_FRACTION", default_value_t = 0.05)]
+    pub removal_hold_fraction: f64,
+
+    /// Consecutive full Lists that must leave out exactly the same machines before a held
+    /// removal applies.
+    #[arg(long, env = "BIGFLEET_REMOVAL_CONFIRMATIONS", default_value_t = 5)]
+    pub removal_confirmations: u32,
+
+    /// Shortest time a held removal waits, however fast Lists come.
+    #[arg(long, env = "BIGFLEET_REMOVAL_MIN_HOLD", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub removal_min_hold: std::time::Duration,
+
     /// JSONL decision audit log (one line per executed / suppressed / dry-run action).
     #[arg(long, env = "BIGFLEET_AUDIT_LOG")]
     pub audit_log: Option<PathBuf>,
+
+    /// Roll-up shape bounds and the priority ceiling (ADR-0104), the gateway's flags with
+    /// the same defaults: decide validates every roll-up again.
+    #[command(flatten)]
+    pub rollup_limits: bigfleet_conv::RollupLimitArgs,
+
+    /// Distinct resource names over every cluster's demand in this shard; a roll-up that
+    /// would bring the shard above it is rejected whole (ADR-0104).
+    #[arg(long, env = "BIGFLEET_MAX_SHARD_RESOURCE_DIMENSIONS", default_value_t = bigfleet_conv::RollupLimits::DEFAULT_MAX_SHARD_DIMENSIONS)]
+    pub max_shard_resource_dimensions: usize,
 
     /// Coordinator URI; unset ⇒ no coordinator reporting at all.
     #[arg(long, env = "BIGFLEET_COORDINATOR_ADDR")]
@@ -141,7 +184,9 @@ mod tests {
         assert_eq!(a.max_actions_per_cycle, 0);
         assert_eq!(a.available_capacity_interval, Duration::from_secs(5));
         assert!(!a.actuation_paused && !a.dry_run);
-        assert_eq!(a.reclaim_cap_fraction, 0.05);
+        assert_eq!(a.reclaim_budget_fraction, 0.05);
+        assert_eq!(a.reclaim_budget_window, Duration::from_secs(600));
+        assert_eq!(a.reclaim_cap_fraction, None);
         assert!(a.empty_rollup_guard);
         assert_eq!(a.audit_log, None);
         assert_eq!(a.coordinator_addr, None);
@@ -152,6 +197,59 @@ mod tests {
         assert_eq!(a.work_advertise, None);
         assert_eq!(a.metrics_addr, ":8780");
         assert_eq!(a.drain_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn rollup_limit_flags() {
+        let a = Args::try_parse_from(["d", "--provider-addr=x"]).unwrap();
+        assert_eq!(
+            a.rollup_limits.limits(),
+            bigfleet_conv::RollupLimits::default()
+        );
+        assert_eq!(a.max_shard_resource_dimensions, 128);
+        let a = Args::try_parse_from([
+            "d",
+            "--provider-addr=x",
+            "--max-priority=1000000000",
+            "--max-needs-per-rollup=5",
+            "--max-shard-resource-dimensions=9",
+        ])
+        .unwrap();
+        let c = crate::decide_config(&a, 1);
+        assert_eq!(c.rollup_limits.max_priority, 1_000_000_000);
+        assert_eq!(c.rollup_limits.max_needs, 5);
+        assert_eq!(c.max_shard_dimensions, 9);
+    }
+
+    #[test]
+    fn reclaim_budget_flags_and_the_deprecated_cap() {
+        let a = Args::try_parse_from([
+            "d",
+            "--provider-addr=x",
+            "--reclaim-budget-fraction=0.1",
+            "--reclaim-budget-window=30m",
+        ])
+        .unwrap();
+        let c = crate::decide_config(&a, 1);
+        assert_eq!(c.rails.reclaim_budget_fraction, 0.1);
+        assert_eq!(c.rails.reclaim_budget_window, Duration::from_secs(1800));
+        // The old flag still sets the fraction (now per window).
+        let a =
+            Args::try_parse_from(["d", "--provider-addr=x", "--reclaim-cap-fraction=0"]).unwrap();
+        assert_eq!(
+            crate::decide_config(&a, 1).rails.reclaim_budget_fraction,
+            0.0
+        );
+        // Both at once are a startup error, not a silent choice.
+        assert!(
+            Args::try_parse_from([
+                "d",
+                "--provider-addr=x",
+                "--reclaim-cap-fraction=0.1",
+                "--reclaim-budget-fraction=0.2",
+            ])
+            .is_err()
+        );
     }
 
     #[test]

@@ -8,8 +8,8 @@
 //! ARCHITECTURE.md §5.1).
 //!
 //! [`start`] runs decide in-process and returns a [`Running`] handle (tests,
-//! `bigfleet up`'s tests); [`run`] is the binary: flags → epoch file → start →
-//! wait for SIGTERM/SIGINT → drain.
+//! `bigfleet up`'s tests); [`run`] is the binary: flags → data dir lock and epoch
+//! file ([`filemode`]) → start → wait for SIGTERM/SIGINT → drain.
 //!
 //! With `--etcd-endpoints` ([`EtcdMode`], ADR-0074) the epoch comes from etcd
 //! instead of the epoch file, decide campaigns for the shard's leader lease
@@ -19,6 +19,7 @@
 
 pub mod cli;
 pub mod coordinator;
+pub mod filemode;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -570,12 +571,23 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
         rails: RailsConfig {
             actuation_paused: args.actuation_paused,
             dry_run: args.dry_run,
-            reclaim_cap_fraction: args.reclaim_cap_fraction,
+            reclaim_budget_fraction: args
+                .reclaim_cap_fraction
+                .unwrap_or(args.reclaim_budget_fraction),
+            reclaim_budget_window: args.reclaim_budget_window,
             empty_rollup_guard: args.empty_rollup_guard,
             max_actions_per_cycle: args.max_actions_per_cycle,
             audit_log: args.audit_log.clone(),
         },
         provider_address: args.provider_addr.clone(),
+        removals: svc_shard_decide_core::reconcile::RemovalPolicy {
+            max_unconfirmed: args.removal_hold_count,
+            max_unconfirmed_fraction: args.removal_hold_fraction.clamp(0.0, 1.0),
+            confirmations: args.removal_confirmations.max(1),
+            min_hold: args.removal_min_hold,
+        },
+        rollup_limits: args.rollup_limits.limits(),
+        max_shard_dimensions: args.max_shard_resource_dimensions,
         ..DecideConfig::default()
     }
 }
@@ -583,24 +595,36 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
 /// The binary: serves until SIGTERM/SIGINT, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let etcd = etcd_mode(&args)?;
-    if !(args.reclaim_cap_fraction >= 0.0 && args.reclaim_cap_fraction <= 1.0) {
-        anyhow::bail!("--reclaim-cap-fraction must be within [0, 1]");
+    if let Some(f) = args.reclaim_cap_fraction {
+        if !(0.0..=1.0).contains(&f) {
+            anyhow::bail!("--reclaim-cap-fraction must be within [0, 1]");
+        }
+        tracing::warn!(
+            fraction = f,
+            "--reclaim-cap-fraction is deprecated: it now sets --reclaim-budget-fraction, a budget per --reclaim-budget-window (default 10m) rather than per cycle (ADR-0105)"
+        );
+    }
+    if !(0.0..=1.0).contains(&args.reclaim_budget_fraction) {
+        anyhow::bail!("--reclaim-budget-fraction must be within [0, 1]");
+    }
+    if args.reclaim_budget_window.is_zero() {
+        anyhow::bail!(
+            "--reclaim-budget-window must be positive (use --reclaim-budget-fraction=0 to disable the budget)"
+        );
     }
     let tls = match args.tls.resolve()? {
         None => None,
         Some(files) => Some(TlsContext::load(&files)?),
     };
-    let epoch = if etcd.is_some() {
+    // Epoch-file mode: every start fences strictly above every previous incarnation, even
+    // one whose epoch file was lost, and the data dir's lock (held until run() returns)
+    // keeps a second decide off it (ADR-0103).
+    let (epoch, data_dir_lock) = if etcd.is_some() {
         // Minted in etcd by start(); no volume needed.
-        0
+        (0, None)
     } else {
-        std::fs::create_dir_all(&args.data_dir)
-            .with_context(|| format!("creating data dir {}", args.data_dir.display()))?;
-        let epoch_path = args.data_dir.join(bigfleet_fencing::EPOCH_FILE_NAME);
-        // Every start fences strictly above every previous incarnation.
-        let epoch = bigfleet_fencing::advance_epoch_file(&epoch_path)?;
-        tracing::info!(epoch, path = %epoch_path.display(), "fencing epoch advanced");
-        epoch
+        let claimed = filemode::claim_data_dir(&args.data_dir).await?;
+        (claimed.epoch, Some(claimed.lock))
     };
 
     let registry = MetricsRegistry::new();
@@ -652,6 +676,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
     if let Some(task) = ops {
         let _ = task.await;
     }
+    // Only now may another decide take the data dir.
+    drop(data_dir_lock);
     Ok(())
 }
 
@@ -690,7 +716,7 @@ mod tests {
         let c = decide_config(&a, 9);
         assert_eq!((c.shard_id.as_str(), c.epoch), ("shard-3", 9));
         assert!(c.rails.dry_run && !c.rails.actuation_paused);
-        assert_eq!(c.rails.reclaim_cap_fraction, 0.1);
+        assert_eq!(c.rails.reclaim_budget_fraction, 0.1);
         assert_eq!(c.rails.max_actions_per_cycle, 7);
         assert_eq!(c.cycle_interval, Duration::from_millis(250));
         assert_eq!(c.provider_address, "unix:///p.sock");

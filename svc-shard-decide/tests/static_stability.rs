@@ -145,6 +145,7 @@ async fn the_binary_with_a_dead_coordinator_is_ready_and_cycles() {
     .await
     .unwrap();
     let port = bigfleet_testkit::free_tcp_port().unwrap();
+    let clock = unix_seconds();
     let child = spawn_decide(dir.path(), &server.target(), port);
     let ready = wait_until(Duration::from_secs(20), || {
         matches!(http_get(port, "/readyz"), Some((200, _)))
@@ -156,8 +157,9 @@ async fn the_binary_with_a_dead_coordinator_is_ready_and_cycles() {
     })
     .await;
     assert!(cycling, "no cycles reported on /metrics");
-    let epoch = std::fs::read_to_string(dir.path().join("data/epoch")).unwrap();
-    assert_eq!(epoch.trim(), "1");
+    // A first start takes the wall-clock floor (ADR-0103).
+    let first = read_epoch(dir.path());
+    assert!(first >= clock, "epoch {first} below the clock {clock}");
     drop(child);
 
     // A restart fences strictly above the previous incarnation.
@@ -170,7 +172,19 @@ async fn the_binary_with_a_dead_coordinator_is_ready_and_cycles() {
         ))
         .await
     );
-    let epoch = std::fs::read_to_string(dir.path().join("data/epoch")).unwrap();
-    assert_eq!(epoch.trim(), "2");
+    let second = read_epoch(dir.path());
+    assert!(second > first, "epoch {second} after {first}");
     server.shutdown().await;
+}
+
+fn read_epoch(dir: &std::path::Path) -> u64 {
+    let text = std::fs::read_to_string(dir.join("data/epoch")).unwrap();
+    text.trim().parse().unwrap()
+}
+
+fn unix_seconds() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()
 }

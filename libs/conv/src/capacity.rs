@@ -1,11 +1,13 @@
 //! `capacity.proto` ↔ model: requirements, spread, penalty buckets, needs and roll-ups.
 
 use crate::error::ConvError;
+use crate::limits::{Limit, RollupLimits, key_path, qualified_name_problem};
 use bigfleet_model::{
     ClusterId, Need, Operator, PenaltyBucket, Profile, Requirement, ResourceVector, TopologySpread,
     WhenUnsatisfiable, parse_quantity,
 };
 use bigfleet_proto::v1alpha1 as pb;
+use std::collections::HashSet;
 
 /// Characters that separate fields inside a profile fingerprint. Kubernetes
 /// label keys and values never contain them; rejecting them keeps "equal
@@ -22,6 +24,66 @@ fn check_token(path: impl FnOnce() -> String, value: &str) -> Result<(), ConvErr
     Ok(())
 }
 
+/// The limits of one conversion plus what it has counted so far across needs.
+struct Gate<'a> {
+    limits: RollupLimits,
+    /// Distinct resource names seen so far. SipHash (std's randomly keyed default), not a
+    /// fast unkeyed hash: the names are chosen by the sender.
+    dims: HashSet<&'a str>,
+}
+
+impl<'a> Gate<'a> {
+    fn new(limits: &RollupLimits) -> Self {
+        Gate {
+            limits: *limits,
+            dims: HashSet::new(),
+        }
+    }
+
+    /// `count` items at `path` against `max`.
+    fn count(
+        &self,
+        limit: Limit,
+        max: usize,
+        path: impl FnOnce() -> String,
+        count: usize,
+    ) -> Result<(), ConvError> {
+        if count > max {
+            return Err(ConvError::LimitExceeded {
+                limit,
+                path: path(),
+                value: count,
+                max,
+            });
+        }
+        Ok(())
+    }
+
+    /// The byte length of one string. Checked before anything else reads the string, so
+    /// every later error that echoes a value echoes at most `max_string_bytes`.
+    fn string(&self, path: impl FnOnce() -> String, value: &str) -> Result<(), ConvError> {
+        self.count(
+            Limit::StringBytes,
+            self.limits.max_string_bytes,
+            path,
+            value.len(),
+        )
+    }
+
+    /// Counts a resource name towards the roll-up's distinct dimensions.
+    fn dimension(&mut self, path: impl FnOnce() -> String, name: &'a str) -> Result<(), ConvError> {
+        if self.dims.insert(name) {
+            self.count(
+                Limit::Dimensions,
+                self.limits.max_dimensions,
+                path,
+                self.dims.len(),
+            )?;
+        }
+        Ok(())
+    }
+}
+
 /// One full-replacement demand roll-up, validated.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Rollup {
@@ -33,19 +95,39 @@ pub struct Rollup {
     pub needs: Vec<Need>,
 }
 
-/// Validates and converts a roll-up. Any bad field rejects the WHOLE roll-up
-/// (the shard keeps the previous demand); the error names the need, the field
-/// and the value.
+/// [`rollup_from_proto_with`] under the default [`RollupLimits`].
 pub fn rollup_from_proto(msg: &pb::ClusterCapacityNeeds) -> Result<Rollup, ConvError> {
+    rollup_from_proto_with(msg, &RollupLimits::default())
+}
+
+/// Validates and converts a roll-up. Any bad field or broken limit rejects the WHOLE
+/// roll-up (the shard keeps the previous demand); the error names the need, the field and
+/// the value (or the limit, the count and the bound). Needs are checked in wire order and
+/// the first problem wins; counts are checked before the items they count are read.
+pub fn rollup_from_proto_with(
+    msg: &pb::ClusterCapacityNeeds,
+    limits: &RollupLimits,
+) -> Result<Rollup, ConvError> {
     if msg.cluster_id.is_empty() {
         return Err(ConvError::EmptyClusterId);
     }
-    let needs = msg
-        .needs
-        .iter()
-        .enumerate()
-        .map(|(i, n)| need_at(&format!("needs[{i}]"), &msg.cluster_id, n))
-        .collect::<Result<Vec<_>, _>>()?;
+    let mut gate = Gate::new(limits);
+    gate.string(|| "cluster_id".to_owned(), &msg.cluster_id)?;
+    gate.count(
+        Limit::Needs,
+        limits.max_needs,
+        || "needs".to_owned(),
+        msg.needs.len(),
+    )?;
+    let mut needs = Vec::with_capacity(msg.needs.len());
+    for (i, n) in msg.needs.iter().enumerate() {
+        needs.push(need_at(
+            &format!("needs[{i}]"),
+            &msg.cluster_id,
+            n,
+            &mut gate,
+        )?);
+    }
     Ok(Rollup {
         cluster: msg.cluster_id.clone(),
         timestamp_unix_nanos: msg.timestamp_unix_nanos,
@@ -62,18 +144,63 @@ pub fn rollup_to_proto(rollup: &Rollup) -> pb::ClusterCapacityNeeds {
     }
 }
 
-/// Validates one `CapacityNeed` of `cluster` (paths start with `need`).
+/// Validates one `CapacityNeed` of `cluster` (paths start with `need`) under the default
+/// [`RollupLimits`].
 pub fn need_from_proto(cluster: &str, need: &pb::CapacityNeed) -> Result<Need, ConvError> {
-    need_at("need", cluster, need)
+    need_at(
+        "need",
+        cluster,
+        need,
+        &mut Gate::new(&RollupLimits::default()),
+    )
 }
 
-fn need_at(path: &str, cluster: &str, n: &pb::CapacityNeed) -> Result<Need, ConvError> {
-    let requirements = requirements_at(&format!("{path}.requirements"), &n.requirements)?;
+fn need_at<'a>(
+    path: &str,
+    cluster: &str,
+    n: &'a pb::CapacityNeed,
+    gate: &mut Gate<'a>,
+) -> Result<Need, ConvError> {
+    // Every count of the need first: nothing below walks a list longer than its bound.
+    let l = gate.limits;
+    gate.count(
+        Limit::Requirements,
+        l.max_requirements,
+        || format!("{path}.requirements"),
+        n.requirements.len(),
+    )?;
+    gate.count(
+        Limit::Spreads,
+        l.max_spreads,
+        || format!("{path}.spread"),
+        n.spread.len(),
+    )?;
+    gate.count(
+        Limit::ResourceEntries,
+        l.max_resource_entries,
+        || format!("{path}.aggregate_resources"),
+        n.aggregate_resources.len(),
+    )?;
+    gate.count(
+        Limit::ResourceEntries,
+        l.max_resource_entries,
+        || format!("{path}.min_unit"),
+        n.min_unit.len(),
+    )?;
+    if n.priority > l.max_priority {
+        return Err(ConvError::PriorityAboveCeiling {
+            path: format!("{path}.priority"),
+            value: n.priority,
+            max: l.max_priority,
+        });
+    }
+    gate.string(|| format!("{path}.group"), &n.group)?;
+    let requirements = requirements_in(&format!("{path}.requirements"), &n.requirements, gate)?;
     let spread = n
         .spread
         .iter()
         .enumerate()
-        .map(|(i, s)| spread_at(&format!("{path}.spread[{i}]"), s))
+        .map(|(i, s)| spread_at(&format!("{path}.spread[{i}]"), s, gate))
         .collect::<Result<Vec<_>, _>>()?;
     let ipb = bucket_at(
         || format!("{path}.interruption_penalty_bucket"),
@@ -83,11 +210,12 @@ fn need_at(path: &str, cluster: &str, n: &pb::CapacityNeed) -> Result<Need, Conv
         || format!("{path}.reclamation_penalty_bucket"),
         n.reclamation_penalty_bucket,
     )?;
-    let aggregate_resources = resources_at(
+    let aggregate_resources = demand_resources_at(
         &format!("{path}.aggregate_resources"),
         &n.aggregate_resources,
+        gate,
     )?;
-    let min_unit = resources_at(&format!("{path}.min_unit"), &n.min_unit)?;
+    let min_unit = demand_resources_at(&format!("{path}.min_unit"), &n.min_unit, gate)?;
     Ok(Need {
         aggregate_resources,
         min_unit,
@@ -115,35 +243,56 @@ pub fn need_to_proto(need: &Need) -> pb::CapacityNeed {
 }
 
 /// Validates a requirement list (paths start with `requirements`), e.g. the
-/// one in a `BootstrapRequest`.
+/// one in a `BootstrapRequest`. Not bounded: these lists come from the shard itself,
+/// built from demand that already passed [`rollup_from_proto_with`].
 pub fn requirements_from_proto(
     reqs: &[pb::NodeSelectorRequirement],
 ) -> Result<Vec<Requirement>, ConvError> {
     requirements_at("requirements", reqs)
 }
 
+/// Unbounded requirement validation (actions and bootstrap requests the shard built).
 pub(crate) fn requirements_at(
     path: &str,
     reqs: &[pb::NodeSelectorRequirement],
 ) -> Result<Vec<Requirement>, ConvError> {
+    requirements_in(path, reqs, &mut Gate::new(&RollupLimits::UNBOUNDED))
+}
+
+fn requirements_in(
+    path: &str,
+    reqs: &[pb::NodeSelectorRequirement],
+    gate: &mut Gate<'_>,
+) -> Result<Vec<Requirement>, ConvError> {
     reqs.iter()
         .enumerate()
-        .map(|(i, r)| requirement_at(&format!("{path}[{i}]"), r))
+        .map(|(i, r)| requirement_at(&format!("{path}[{i}]"), r, gate))
         .collect()
 }
 
-fn requirement_at(path: &str, r: &pb::NodeSelectorRequirement) -> Result<Requirement, ConvError> {
+fn requirement_at(
+    path: &str,
+    r: &pb::NodeSelectorRequirement,
+    gate: &Gate<'_>,
+) -> Result<Requirement, ConvError> {
     if r.key.is_empty() {
         return Err(ConvError::EmptyField {
             path: format!("{path}.key"),
         });
     }
+    gate.string(|| format!("{path}.key"), &r.key)?;
     check_token(|| format!("{path}.key"), &r.key)?;
     let operator = Operator::from_ordinal(r.operator).ok_or_else(|| ConvError::EnumOutOfRange {
         path: format!("{path}.operator"),
         enum_name: "NodeSelectorRequirement.Operator",
         value: r.operator,
     })?;
+    gate.count(
+        Limit::Values,
+        gate.limits.max_values,
+        || format!("{path}.values"),
+        r.values.len(),
+    )?;
     // Kubernetes node-selector rules: In/NotIn need values (an empty In can
     // never match, so the need could never be served), Exists/DoesNotExist take none.
     let rule = match operator {
@@ -168,6 +317,7 @@ fn requirement_at(path: &str, r: &pb::NodeSelectorRequirement) -> Result<Require
         });
     }
     for (i, v) in r.values.iter().enumerate() {
+        gate.string(|| format!("{path}.values[{i}]"), v)?;
         check_token(|| format!("{path}.values[{i}]"), v)?;
     }
     Ok(Requirement::new(
@@ -188,12 +338,17 @@ pub fn requirements_to_proto(reqs: &[Requirement]) -> Vec<pb::NodeSelectorRequir
         .collect()
 }
 
-fn spread_at(path: &str, s: &pb::TopologySpread) -> Result<TopologySpread, ConvError> {
+fn spread_at(
+    path: &str,
+    s: &pb::TopologySpread,
+    gate: &Gate<'_>,
+) -> Result<TopologySpread, ConvError> {
     if s.topology_key.is_empty() {
         return Err(ConvError::EmptyField {
             path: format!("{path}.topology_key"),
         });
     }
+    gate.string(|| format!("{path}.topology_key"), &s.topology_key)?;
     check_token(|| format!("{path}.topology_key"), &s.topology_key)?;
     let when = WhenUnsatisfiable::from_ordinal(s.when_unsatisfiable).ok_or_else(|| {
         ConvError::EnumOutOfRange {
@@ -236,6 +391,31 @@ fn bucket_at(path: impl FnOnce() -> String, value: i32) -> Result<PenaltyBucket,
     })
 }
 
+/// A wire quantity map's entries in name order, so the first error reported does not
+/// depend on hash-map order.
+fn sorted_entries<'a>(
+    map: impl IntoIterator<Item = (&'a String, &'a String)>,
+) -> Vec<(&'a String, &'a String)> {
+    let mut entries: Vec<(&String, &String)> = map.into_iter().collect();
+    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    entries
+}
+
+/// One quantity, non-negative.
+fn quantity_at(path: impl Fn() -> String, value: &str) -> Result<i64, ConvError> {
+    let milli = parse_quantity(value).map_err(|source| ConvError::Quantity {
+        path: path(),
+        source,
+    })?;
+    if milli < 0 {
+        return Err(ConvError::NegativeQuantity {
+            path: path(),
+            value: value.to_owned(),
+        });
+    }
+    Ok(milli)
+}
+
 /// Parses a wire quantity map at `path` (`{"cpu": "500m"}`). Unparseable or negative
 /// quantities are errors; the reported dimension is the first bad one by name,
 /// so the error does not depend on hash-map order.
@@ -243,25 +423,43 @@ pub(crate) fn resources_at<'a>(
     path: &str,
     map: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> Result<ResourceVector, ConvError> {
-    let mut entries: Vec<(&String, &String)> = map.into_iter().collect();
-    entries.sort_unstable_by(|a, b| a.0.cmp(b.0));
+    let entries = sorted_entries(map);
     let mut dims = Vec::with_capacity(entries.len());
     for (name, value) in entries {
-        let dim_path = || format!("{path}[{name:?}]");
+        let dim_path = || key_path(path, name);
         if name.is_empty() {
             return Err(ConvError::EmptyField { path: dim_path() });
         }
-        let milli = parse_quantity(value).map_err(|source| ConvError::Quantity {
-            path: dim_path(),
-            source,
-        })?;
-        if milli < 0 {
-            return Err(ConvError::NegativeQuantity {
+        dims.push((name.clone(), quantity_at(dim_path, value)?));
+    }
+    Ok(ResourceVector::from_milli(dims))
+}
+
+/// [`resources_at`] for a need's map: names must be Kubernetes qualified names, strings
+/// are bounded and every name counts towards the roll-up's distinct dimensions (the
+/// caller has already bounded the number of entries).
+fn demand_resources_at<'a>(
+    path: &str,
+    map: &'a std::collections::HashMap<String, String>,
+    gate: &mut Gate<'a>,
+) -> Result<ResourceVector, ConvError> {
+    let entries = sorted_entries(map);
+    let mut dims = Vec::with_capacity(entries.len());
+    for (name, value) in entries {
+        let dim_path = || key_path(path, name);
+        if name.is_empty() {
+            return Err(ConvError::EmptyField { path: dim_path() });
+        }
+        gate.string(dim_path, name)?;
+        if let Some(rule) = qualified_name_problem(name) {
+            return Err(ConvError::InvalidResourceName {
                 path: dim_path(),
-                value: value.clone(),
+                rule,
             });
         }
-        dims.push((name.clone(), milli));
+        gate.string(dim_path, value)?;
+        gate.dimension(dim_path, name)?;
+        dims.push((name.clone(), quantity_at(dim_path, value)?));
     }
     Ok(ResourceVector::from_milli(dims))
 }

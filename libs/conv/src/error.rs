@@ -1,6 +1,11 @@
 //! The one error type of every conversion, with a metric label.
 
+use crate::limits::Limit;
 use bigfleet_model::{InvariantError, Operator, QuantityError};
+
+/// gRPC status metadata key under which decide's `ApplyRollup` names why it rejected a
+/// roll-up (one of [`ConvError::ROLLUP_REASONS`]), so the gateway counts by a fixed label.
+pub const REJECT_REASON_METADATA: &str = "bigfleet-reject-reason";
 
 /// Why a message was rejected. Every variant names the offending field with a
 /// path such as `needs[3].requirements[1].operator`.
@@ -42,6 +47,20 @@ pub enum ConvError {
     InvalidDollars { path: String, value: f64 },
     #[error("{path}: missing")]
     MissingField { path: String },
+    /// A roll-up bigger in some dimension than the shard accepts (ADR-0104). The limit
+    /// leads: echoes and log lines are cut to a bounded length, and the limit is what an
+    /// operator acts on.
+    #[error("{limit} = {max} exceeded at {path}: {value} {unit}", unit = .limit.unit())]
+    LimitExceeded {
+        limit: Limit,
+        path: String,
+        value: usize,
+        max: usize,
+    },
+    #[error("{path}: not a kubernetes qualified name: {rule}")]
+    InvalidResourceName { path: String, rule: &'static str },
+    #[error("{path}: priority {value} is above max-priority = {max}")]
+    PriorityAboveCeiling { path: String, value: i32, max: i32 },
     /// A provider record that parsed but breaks the machine invariants.
     #[error(transparent)]
     Invariant(#[from] InvariantError),
@@ -71,6 +90,9 @@ impl ConvError {
             ConvError::NegativeDuration { .. } => "duration",
             ConvError::InvalidDollars { .. } => "dollars",
             ConvError::MissingField { .. } => "missing_field",
+            ConvError::LimitExceeded { limit, .. } => limit.reason(),
+            ConvError::InvalidResourceName { .. } => "resource_name",
+            ConvError::PriorityAboveCeiling { .. } => "priority_ceiling",
             ConvError::Invariant(e) => e.reason(),
             ConvError::InvalidMachine { .. } => "structural",
         }
@@ -89,11 +111,46 @@ impl ConvError {
             | ConvError::InvalidMaxSkew { path, .. }
             | ConvError::NegativeDuration { path, .. }
             | ConvError::InvalidDollars { path, .. }
-            | ConvError::MissingField { path } => Some(path),
+            | ConvError::MissingField { path }
+            | ConvError::LimitExceeded { path, .. }
+            | ConvError::InvalidResourceName { path, .. }
+            | ConvError::PriorityAboveCeiling { path, .. } => Some(path),
             ConvError::InvalidMachine { source, .. } => source.path(),
             ConvError::EmptyClusterId => Some("cluster_id"),
             ConvError::Invariant(_) => None,
         }
+    }
+
+    /// Every label [`Self::reason`] can return for a roll-up: what a metric may be labelled
+    /// with when a rejection's reason arrives as text (decide's status to the gateway).
+    pub const ROLLUP_REASONS: [&'static str; 21] = [
+        "empty_cluster_id",
+        "empty_field",
+        "enum_out_of_range",
+        "unspecified_operator",
+        "operator_values",
+        "quantity",
+        "reserved_character",
+        "spread",
+        "duration",
+        "dollars",
+        "missing_field",
+        "resource_name",
+        "priority_ceiling",
+        "limit_needs",
+        "limit_requirements",
+        "limit_values",
+        "limit_spreads",
+        "limit_resource_entries",
+        "limit_string_bytes",
+        "limit_rollup_dimensions",
+        "limit_shard_dimensions",
+    ];
+
+    /// The fixed label equal to `text`, if it is one of [`Self::ROLLUP_REASONS`]; anything
+    /// else is `None`, so a label is never a string that came over the wire.
+    pub fn rollup_reason_label(text: &str) -> Option<&'static str> {
+        Self::ROLLUP_REASONS.iter().copied().find(|r| *r == text)
     }
 
     /// Index of the offending need in a roll-up, if the path names one.

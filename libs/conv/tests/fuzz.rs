@@ -190,7 +190,8 @@ fn check_rollup(msg: &pb::ClusterCapacityNeeds) -> Result<(), TestCaseError> {
         }
         Err(e) => {
             prop_assert!(!e.to_string().is_empty());
-            prop_assert!(!e.reason().is_empty());
+            // Every roll-up rejection is counted under one of the fixed labels.
+            prop_assert_eq!(ConvError::rollup_reason_label(e.reason()), Some(e.reason()));
             if let Some(i) = e.need_index() {
                 prop_assert!(i < msg.needs.len());
             }
@@ -319,8 +320,16 @@ fn hostile_corpus() {
             ..pb::CapacityNeed::default()
         }],
     };
+    // The 5,000-byte quantity is over the string bound; without bounds the quantity
+    // parser itself must still refuse it without panicking.
     assert_eq!(
         rollup_from_proto(&huge_exponent).unwrap_err().reason(),
+        "limit_string_bytes"
+    );
+    assert_eq!(
+        rollup_from_proto_with(&huge_exponent, &RollupLimits::UNBOUNDED)
+            .unwrap_err()
+            .reason(),
         "quantity"
     );
     let deep = pb::Machine {

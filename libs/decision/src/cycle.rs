@@ -5,7 +5,7 @@
 use crate::EngineError;
 use crate::demand::{self, Cp, Dn, Profiles, Src};
 use crate::fleet::Fleet;
-use crate::parking::{ParkingLedger, ParkingObservation, is_parked_at, parking_key};
+use crate::parking::{ParkingLedger, ParkingObservation, parking_key};
 use crate::phase1::{P1, Phase1};
 use crate::qty::{self, Qty};
 use crate::scoring::{Phase2Options, ReleasePolicy};
@@ -392,9 +392,10 @@ fn stamp_parked(ctx: &mut Ctx<'_>, ledger: Option<&ParkingLedger>) -> Vec<u32> {
         let need = ctx.need(i as u32);
         let mut parked = has_same && need.acquisition_parked;
         if has_same && let Some(l) = ledger.filter(|l| !l.is_empty()) {
-            let age = l.age(&parking_key(&need.cluster, &need.group, need.fingerprint()));
-            *age_out = age;
-            parked |= is_parked_at(age);
+            let key = parking_key(&need.cluster, &need.group, need.fingerprint());
+            *age_out = l.age(&key);
+            // The ledger's own rule: cycles, or time for a timed ledger (ADR-0105).
+            parked |= l.is_parked(&key);
         }
         ctx.needs[i].parked = parked;
     }

@@ -34,8 +34,8 @@ pub use cycle::{
 };
 pub use fleet::Fleet;
 pub use parking::{
-    PARK_AFTER_CYCLES, ParkingLedger, ParkingObservation, REPROBE_EVERY_CYCLES, is_parked_at,
-    parking_key,
+    PARK_AFTER, PARK_AFTER_CYCLES, ParkingLedger, ParkingObservation, ParkingTiming, REPROBE_EVERY,
+    REPROBE_EVERY_CYCLES, is_parked_at, parking_key,
 };
 pub use scoring::{
     DEFAULT_DRAIN_ESTIMATE, Phase2Options, RECLAIM_GRACE, ReleasePolicy, VictimWeights,

@@ -8,6 +8,7 @@
 
 use bigfleet_model::ResourceVector;
 use smallvec::SmallVec;
+use std::collections::HashSet;
 
 /// An owned dense vector (length = number of dimensions in the cycle).
 pub(crate) type Qty = SmallVec<[i64; 6]>;
@@ -19,15 +20,27 @@ pub(crate) struct Dims<'a> {
 }
 
 impl<'a> Dims<'a> {
-    /// Builds the table from every vector the cycle will convert.
+    /// Builds the table from every vector the cycle will convert, in time linear in the
+    /// number of names read (ADR-0104).
     pub(crate) fn collect(vectors: impl IntoIterator<Item = &'a ResourceVector>) -> Dims<'a> {
         // Vectors repeat a handful of names: a linear probe of the few seen so
-        // far beats collecting and sorting every occurrence.
+        // far beats hashing every occurrence. Past LINEAR_NAMES distinct names the probe
+        // would make the walk quadratic (demand can name many), so a hash set takes over.
+        // It is keyed (std's SipHash): the names come from operators' roll-ups.
+        const LINEAR_NAMES: usize = 16;
         let mut names: Vec<&'a str> = Vec::new();
+        let mut index: Option<HashSet<&'a str>> = None;
         for v in vectors {
             for (n, _) in v.iter() {
-                if !names.contains(&n) {
+                let new = match &mut index {
+                    Some(set) => set.insert(n),
+                    None => !names.contains(&n),
+                };
+                if new {
                     names.push(n);
+                    if index.is_none() && names.len() > LINEAR_NAMES {
+                        index = Some(names.iter().copied().collect());
+                    }
                 }
             }
         }
@@ -212,6 +225,38 @@ mod tests {
             }
             proptest::prop_assert_eq!(k, steps);
             proptest::prop_assert_eq!(run, stepped);
+        }
+    }
+
+    /// Many distinct names (far past the linear probe) are each collected once, sorted,
+    /// and repeats across vectors do not add columns.
+    #[test]
+    fn collects_many_distinct_names_once() {
+        let vs: Vec<ResourceVector> = (0..100_000)
+            .map(|i| rv(&[("cpu", 1), (&format!("example.com/r{i:06}"), 1)]))
+            .collect();
+        let dims = Dims::collect(vs.iter().chain(vs.iter()));
+        assert_eq!(dims.len(), 100_001);
+        assert!(dims.names.windows(2).all(|w| w[0] < w[1]));
+        assert_eq!(dims.names[0], "cpu");
+        assert_eq!(dims.dense(&vs[7]).iter().sum::<i64>(), 2);
+    }
+
+    proptest::proptest! {
+        /// The table is the sorted distinct names, whatever the mix of few and many.
+        #[test]
+        fn collect_is_sorted_distinct_names(
+            names in proptest::collection::vec(proptest::collection::vec(0u32..60, 0..6), 0..40),
+        ) {
+            let vs: Vec<ResourceVector> = names
+                .iter()
+                .map(|ns| ResourceVector::from_milli(ns.iter().map(|n| (format!("d{n}"), 1))))
+                .collect();
+            let mut want: Vec<String> = names.iter().flatten().map(|n| format!("d{n}")).collect();
+            want.sort();
+            want.dedup();
+            let dims = Dims::collect(&vs);
+            proptest::prop_assert_eq!(dims.names, want);
         }
     }
 

@@ -77,9 +77,11 @@ pub fn cases() -> Vec<Case> {
         case!("DrainIdempotent", drain_idempotent),
         case!("DeleteIdempotent", delete_idempotent),
         case!("GetUnknownMachine", get_unknown_machine),
+        case!("EmptyMachineIdRejected", empty_machine_id_rejected),
         case!("DeleteUnknownMachine", delete_unknown_machine),
         case!("ListFiltersByState", list_filters_by_state),
         case!("ListMaxResults", list_max_results),
+        case!("ListTruncatedPageCursor", list_truncated_page_cursor),
         case!("LabelShape", label_shape),
         case!("HostShape", host_shape),
         case!("CostFieldBounds", cost_field_bounds),
@@ -588,6 +590,46 @@ pub async fn get_unknown_machine(mut client: Client) -> Outcome {
     Ok(None)
 }
 
+/// An empty `machine_id` is INVALID_ARGUMENT on every machine RPC (never NOT_FOUND, and
+/// checked before the fence, so never FAILED_PRECONDITION) — the rule of the original's
+/// provider kit and its extension suite.
+pub async fn empty_machine_id_rejected(mut client: Client) -> Outcome {
+    let ctx = Ctx::new("empty-id");
+    expect_code(
+        "Get(\"\")",
+        client.get(MachineRef { id: String::new() }).await,
+        Code::InvalidArgument,
+    )?;
+    expect_code(
+        "Create(\"\")",
+        client.create(create_req("", ctx.next())).await,
+        Code::InvalidArgument,
+    )?;
+    expect_code(
+        "Configure(\"\")",
+        client
+            .configure(configure_req(
+                "",
+                &cluster_name(),
+                BTreeMap::new(),
+                ctx.next(),
+            ))
+            .await,
+        Code::InvalidArgument,
+    )?;
+    expect_code(
+        "Drain(\"\")",
+        client.drain(drain_req("", 0, ctx.next())).await,
+        Code::InvalidArgument,
+    )?;
+    match client.delete(delete_req("", ctx.next())).await {
+        Err(s) if s.code() == Code::InvalidArgument => {}
+        Err(s) if s.code() == Code::Unimplemented => {}
+        other => fail!("Delete(\"\"): expected InvalidArgument, got {other:?}"),
+    }
+    Ok(None)
+}
+
 pub async fn delete_unknown_machine(mut client: Client) -> Outcome {
     let ctx = Ctx::new("delete-unknown");
     match client.delete(delete_req(&unknown_id(), ctx.next())).await {
@@ -648,6 +690,42 @@ pub async fn list_max_results(mut client: Client) -> Outcome {
         machines.len()
     );
     Ok(None)
+}
+
+/// ADR-0108: a List cut short by `max_results` should return no revision cursor, because
+/// a reader resuming from the head revision would never see the machines the page left
+/// out. A provider that echoes the head revision anyway (the original's providers do)
+/// passes with a remark: the wire contract allows any opaque cursor, and bigfleet's decide
+/// never combines `max_results` with `since_revision`.
+pub async fn list_truncated_page_cursor(mut client: Client) -> Outcome {
+    let (all, _) = list(&mut client, ListFilter::default()).await?;
+    if all.len() < 2 {
+        return Ok(Some(
+            "fewer than two machines listed; nothing to truncate".into(),
+        ));
+    }
+    let (page, revision) = list(
+        &mut client,
+        ListFilter {
+            max_results: 1,
+            ..ListFilter::default()
+        },
+    )
+    .await?;
+    ensure!(
+        page.len() <= 1,
+        "List(max_results=1) returned {} machines",
+        page.len()
+    );
+    if revision.is_empty() {
+        Ok(None)
+    } else {
+        Ok(Some(
+            "a truncated page carries a revision cursor: an incremental reader resuming from it \
+             would skip the machines the page left out (ADR-0108)"
+                .into(),
+        ))
+    }
 }
 
 pub async fn label_shape(mut client: Client) -> Outcome {

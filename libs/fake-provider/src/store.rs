@@ -619,8 +619,11 @@ impl FakeProvider {
         self.mutate(OpKind::Delete, &req.machine_id, token, |_| {}, || Ok(()))
     }
 
-    /// One machine; NOT_FOUND when unknown.
+    /// One machine; INVALID_ARGUMENT for an empty id, NOT_FOUND when unknown.
     pub fn get(&self, id: &str) -> Result<Machine, ProviderError> {
+        if id.is_empty() {
+            return Err(ProviderError::InvalidArgument("machine id is empty".into()));
+        }
         self.tick();
         let g = self.inner.read();
         let slot = g.slot_of(id)?;
@@ -1167,6 +1170,11 @@ impl Inner {
         apply: impl FnOnce(&mut Record),
         validate: impl FnOnce() -> Result<(), ProviderError>,
     ) -> Result<TransitionAck, ProviderError> {
+        // A request without a machine id is malformed whatever its token says: the
+        // original's provider kit answers INVALID_ARGUMENT before the fence (issue 18).
+        if machine_id.is_empty() {
+            return Err(ProviderError::InvalidArgument("machine_id is empty".into()));
+        }
         if kind == OpKind::Delete && !self.config.delete_supported {
             return Err(ProviderError::Unsupported { op: kind });
         }

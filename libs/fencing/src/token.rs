@@ -261,6 +261,25 @@ mod tests {
     }
 
     #[test]
+    fn clock_sized_epochs_fit_the_wire_and_supersede_counted_ones() {
+        // ADR-0103: file-mode epochs are wall-clock seconds (~1.8e9). The sequence space is
+        // per process and independent of the epoch, so nothing is scaled by it.
+        let epoch = 1_800_000_000u64;
+        let minter = SequenceMinter::default();
+        let first = minter.next_base().unwrap();
+        let last_attempt = first.token("s1", epoch, first.spacing - 1).unwrap();
+        // What decide and execute put into the int64 wire fields.
+        assert_eq!(i64::try_from(last_attempt.epoch).unwrap(), 1_800_000_000);
+        assert!(i64::try_from(first.base + first.spacing).is_ok());
+        // The first call of a start from the floor beats every mark of the counted epochs
+        // (the original's 1, 2, 3, ...) and of the previous second, whatever their sequence.
+        let t = first.token("s1", epoch, 0).unwrap();
+        assert!(t.is_newer_than(&mark(41, u64::MAX)));
+        assert!(t.is_newer_than(&mark(epoch - 1, i64::MAX as u64)));
+        assert!(!FencingToken::new("s1", epoch - 1, u64::MAX).is_newer_than(&t.mark()));
+    }
+
+    #[test]
     fn bases_are_spaced_and_attempts_stay_inside_their_window() {
         let minter = SequenceMinter::new(16);
         let a = minter.next_base().unwrap();

@@ -15,9 +15,10 @@ mod ops;
 pub mod propagation;
 
 pub use logging::{
-    LogArgs, LogFormat, OTEL_ENDPOINT_ENV, OTEL_FILTER_ENV, TelemetryConfig, TelemetryGuard, init,
+    LogArgs, LogFormat, MAX_ECHOED_CHARS, OTEL_ENDPOINT_ENV, OTEL_FILTER_ENV, TelemetryConfig,
+    TelemetryGuard, clip, init,
 };
-pub use metrics::{LATENCY_BUCKETS, MetricsRegistry};
+pub use metrics::{LATENCY_BUCKETS, MetricsRegistry, id_label};
 pub use ops::{Readiness, ops_router, serve_ops, spawn_ops_server, spawn_ops_server_if};
 
 /// Errors setting up telemetry or registering metrics.

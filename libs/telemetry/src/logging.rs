@@ -250,3 +250,50 @@ mod tests {
         assert!(matches!(init(&c), Err(TelemetryError::Otlp(_))));
     }
 }
+
+/// Longest caller-supplied string written verbatim into a log line or an error message.
+pub const MAX_ECHOED_CHARS: usize = 128;
+
+/// A caller-supplied string as it may appear in logs and error frames: at most
+/// [`MAX_ECHOED_CHARS`] characters, control characters replaced, and the original length
+/// noted when cut. An attacker-sized id must not become an attacker-sized log line (or a
+/// terminal escape sequence in somebody's log viewer).
+pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
+    let clean = |c: char| if c.is_control() { '\u{fffd}' } else { c };
+    let short = s.chars().count() <= MAX_ECHOED_CHARS;
+    if short && !s.chars().any(char::is_control) {
+        return std::borrow::Cow::Borrowed(s);
+    }
+    let mut out: String = s.chars().take(MAX_ECHOED_CHARS).map(clean).collect();
+    if !short {
+        out.push_str(&format!("…({} bytes)", s.len()));
+    }
+    std::borrow::Cow::Owned(out)
+}
+
+#[cfg(test)]
+mod clip_tests {
+    use super::*;
+
+    #[test]
+    fn short_clean_strings_pass_untouched() {
+        assert!(matches!(
+            clip("cluster-a"),
+            std::borrow::Cow::Borrowed("cluster-a")
+        ));
+    }
+
+    #[test]
+    fn long_strings_are_cut_and_say_how_long_they_were() {
+        let long = "x".repeat(10_000);
+        let c = clip(&long);
+        assert!(c.chars().count() < MAX_ECHOED_CHARS + 30, "{}", c.len());
+        assert!(c.ends_with("…(10000 bytes)"));
+    }
+
+    #[test]
+    fn control_characters_never_reach_the_log() {
+        let c = clip("a\u{1b}[31mred\n");
+        assert!(!c.chars().any(char::is_control), "{c:?}");
+    }
+}

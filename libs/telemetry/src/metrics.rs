@@ -172,3 +172,28 @@ mod tests {
         assert!(reg.encode_text().unwrap().contains("temperature 1.5"));
     }
 }
+
+/// The label value for a caller-supplied id that has not passed validation: the id itself
+/// when it is short, printable ASCII without quoting characters, otherwise `"invalid"`.
+/// Keeps attacker-chosen strings (and the series they would create) out of metric labels.
+pub fn id_label(id: &str) -> &str {
+    let ok = !id.is_empty()
+        && id.len() <= 63
+        && id
+            .bytes()
+            .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'-' | b'_' | b'.'));
+    if ok { id } else { "invalid" }
+}
+
+#[cfg(test)]
+mod id_label_tests {
+    use super::id_label;
+
+    #[test]
+    fn only_plain_short_ids_become_labels() {
+        assert_eq!(id_label("cluster-a_1.x"), "cluster-a_1.x");
+        for bad in ["", "a\"b", "a b", "x\n", &"y".repeat(64), "a/b"] {
+            assert_eq!(id_label(bad), "invalid", "{bad:?}");
+        }
+    }
+}

@@ -210,6 +210,14 @@ impl Rec {
 /// Counter cell: (state, interruption bucket, profile id).
 type Cell = (MachineState, PenaltyBucket, u32);
 
+/// Where a machine's effective allocatable lives: the allocatable table, or its
+/// profile's resources.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Shape {
+    Allocatable(u32),
+    Resources(u32),
+}
+
 /// The inventory. Not synchronised: the owner wraps it in a lock.
 #[derive(Debug, Default)]
 pub struct Inventory {
@@ -227,6 +235,10 @@ pub struct Inventory {
     /// non-negative (ingest validates), so bit order is numeric order.
     idle_prices: FxHashMap<u32, BTreeMap<u64, u64>>,
     configured_by_cluster: FxHashMap<u32, u64>,
+    /// Per cluster, its Configured and Draining machines by state and effective
+    /// allocatable (see [`Inventory::shape`]): the rails read Draining counts
+    /// (reclaims in flight) and what the Configured machines provide (ADR-0105).
+    bound_shapes: FxHashMap<u32, FxHashMap<(MachineState, Shape), u64>>,
     fleet: Fleet,
 }
 
@@ -523,6 +535,17 @@ impl Inventory {
         removed
     }
 
+    /// Ids of machines not seen in listing `generation` for which `keep` is false (the
+    /// candidates a full List would remove).
+    pub fn unseen_ids(&self, generation: u32, keep: impl Fn(&str) -> bool) -> Vec<String> {
+        (0..self.recs.len())
+            .filter(|&p| self.seen[p] != generation)
+            .filter_map(|p| self.id_at(p))
+            .filter(|id| !keep(id))
+            .map(str::to_owned)
+            .collect()
+    }
+
     /// Removes machines by id (unknown ids are ignored).
     pub fn remove(&mut self, ids: &[&str]) -> Vec<Machine> {
         ids.iter()
@@ -540,6 +563,17 @@ impl Inventory {
         m
     }
 
+    /// A record's effective allocatable, as a table id: its allocatable, or its
+    /// profile's resources when the provider reported none (as
+    /// `Machine::effective_allocatable`).
+    fn shape(&self, r: &Rec) -> Shape {
+        if self.allocs.items[r.alloc as usize].is_empty() {
+            Shape::Resources(r.profile)
+        } else {
+            Shape::Allocatable(r.alloc)
+        }
+    }
+
     /// Adds (`sign = 1`) or removes (`-1`) machine `p`'s contribution to the counters.
     fn account(&mut self, p: usize, sign: i64) {
         let r = &self.recs[p];
@@ -554,6 +588,14 @@ impl Inventory {
         }
         if r.state == MachineState::Configured {
             bump(&mut self.configured_by_cluster, r.cluster, sign);
+        }
+        if matches!(r.state, MachineState::Configured | MachineState::Draining) {
+            let shape = self.shape(r);
+            let shapes = self.bound_shapes.entry(r.cluster).or_default();
+            bump(shapes, (r.state, shape), sign);
+            if shapes.is_empty() {
+                self.bound_shapes.remove(&r.cluster);
+            }
         }
     }
 
@@ -581,6 +623,37 @@ impl Inventory {
             .and_then(|c| self.configured_by_cluster.get(&c))
             .copied()
             .unwrap_or(0)
+    }
+
+    /// Draining machines bound to `cluster` (reclaims in flight, for the reclaim budget).
+    pub fn draining_in(&self, cluster: &str) -> u64 {
+        self.syms
+            .get(cluster)
+            .and_then(|c| self.bound_shapes.get(&c))
+            .map_or(0, |shapes| {
+                shapes
+                    .iter()
+                    .filter(|((state, _), _)| *state == MachineState::Draining)
+                    .map(|(_, n)| *n)
+                    .sum()
+            })
+    }
+
+    /// (cluster, allocatable, count) over every cluster's Configured machines,
+    /// grouped by allocatable shape (what the quarantine's baseline reads).
+    pub fn configured_shapes(&self) -> impl Iterator<Item = (&str, &ResourceVector, u64)> + '_ {
+        self.bound_shapes.iter().flat_map(move |(&c, shapes)| {
+            shapes
+                .iter()
+                .filter(|((state, _), _)| *state == MachineState::Configured)
+                .map(move |(&(_, shape), &n)| {
+                    let alloc = match shape {
+                        Shape::Allocatable(a) => &self.allocs.items[a as usize],
+                        Shape::Resources(p) => &self.profiles.items[p as usize].resources,
+                    };
+                    (self.syms.resolve(c), alloc, n)
+                })
+        })
     }
 
     /// Machines in `state`.
@@ -746,7 +819,17 @@ pub(crate) mod tests {
                 inv.configured_in(&m.cluster),
                 fresh.configured_in(&m.cluster)
             );
+            assert_eq!(inv.draining_in(&m.cluster), fresh.draining_in(&m.cluster));
         }
+        let shapes = |i: &Inventory| {
+            let mut v: Vec<(String, ResourceVector, u64)> = i
+                .configured_shapes()
+                .map(|(c, a, n)| (c.to_owned(), a.clone(), n))
+                .collect();
+            v.sort_by(|a, b| format!("{a:?}").cmp(&format!("{b:?}")));
+            v
+        };
+        assert_eq!(shapes(inv), shapes(&fresh));
         // Free slots hold vacant records, counted nowhere.
         for p in (0..inv.recs.len()).filter(|&p| inv.id_at(p).is_none()) {
             assert_eq!(inv.recs[p].state, MachineState::Unspecified);

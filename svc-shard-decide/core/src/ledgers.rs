@@ -15,9 +15,23 @@ pub const SHORTFALL_REPORT_LIMIT: usize = 100;
 pub struct ShortfallEntry {
     pub profile: Arc<Profile>,
     pub deficit: ResourceVector,
-    /// Consecutive cycles unresolved (1 on first sight).
+    /// Consecutive cycles unresolved (1 on first sight): the wire's
+    /// `Shortfall.age_cycles`, which stays a cycle count.
     pub age_cycles: u32,
+    /// When the cycle that first saw it ran (UNIX nanos). Every threshold and
+    /// "older" comparison uses this, not `age_cycles`: cycles also run on
+    /// every accepted roll-up, so a cycle count is no measure of time.
+    pub since_unix_nanos: i64,
     pub interruption_bucket: PenaltyBucket,
+}
+
+impl ShortfallEntry {
+    /// How long it has been unresolved at `now`.
+    pub fn age(&self, now_unix_nanos: i64) -> Duration {
+        Duration::from_nanos(
+            u64::try_from(now_unix_nanos.saturating_sub(self.since_unix_nanos)).unwrap_or(0),
+        )
+    }
 }
 
 /// The shortfall ledger: entries age while present and vanish when resolved.
@@ -26,25 +40,32 @@ pub struct ShortfallLedger {
     entries: FxHashMap<String, ShortfallEntry>,
 }
 
-/// Labels of the `shortfalls_aged{bucket}` gauge.
+/// Labels of the `shortfalls_aged{bucket}` gauge: seconds unresolved (the
+/// original's cycles; the same at its 1 s cycle with no roll-up wake-ups).
 pub const AGE_BUCKETS: [&str; 4] = ["1-9", "10-59", "60-299", "300+"];
 
+/// Upper bounds (exclusive) of the first three [`AGE_BUCKETS`].
+const AGE_BUCKET_BOUNDS: [Duration; 3] = [
+    Duration::from_secs(10),
+    Duration::from_secs(60),
+    Duration::from_secs(300),
+];
+
 impl ShortfallLedger {
-    /// Records one cycle's seeds (already summed per fingerprint by the engine).
-    pub fn record(&mut self, seeds: &[ShortfallSeed]) {
+    /// Records the seeds of the cycle that ran at `now` (already summed per
+    /// fingerprint by the engine).
+    pub fn record(&mut self, seeds: &[ShortfallSeed], now_unix_nanos: i64) {
         let mut next = FxHashMap::with_capacity_and_hasher(seeds.len(), Default::default());
         for s in seeds {
             let fp = s.profile.fingerprint();
-            let age = self
-                .entries
-                .get(fp)
-                .map_or(1, |e| e.age_cycles.saturating_add(1));
+            let prev = self.entries.get(fp);
             next.insert(
                 fp.to_owned(),
                 ShortfallEntry {
                     profile: s.profile.clone(),
                     deficit: s.deficit.clone(),
-                    age_cycles: age,
+                    age_cycles: prev.map_or(1, |e| e.age_cycles.saturating_add(1)),
+                    since_unix_nanos: prev.map_or(now_unix_nanos, |e| e.since_unix_nanos),
                     interruption_bucket: s.profile.interruption_bucket(),
                 },
             );
@@ -60,7 +81,9 @@ impl ShortfallLedger {
         self.entries.is_empty()
     }
 
-    /// The report: priority desc, then older first, then fingerprint; at most `limit`.
+    /// The report: priority desc, then older first, then fingerprint; at
+    /// most `limit`. (Every live entry is recorded every cycle, so more
+    /// cycles and an earlier first sighting order the same.)
     pub fn top(&self, limit: usize) -> Vec<ShortfallEntry> {
         let mut all: Vec<&ShortfallEntry> = self.entries.values().collect();
         all.sort_by(|a, b| {
@@ -73,16 +96,15 @@ impl ShortfallLedger {
         all.into_iter().take(limit).cloned().collect()
     }
 
-    /// Entry counts per [`AGE_BUCKETS`] label.
-    pub fn aged(&self) -> [u64; 4] {
+    /// Entry counts per [`AGE_BUCKETS`] label, by time unresolved at `now`.
+    pub fn aged(&self, now_unix_nanos: i64) -> [u64; 4] {
         let mut out = [0u64; 4];
         for e in self.entries.values() {
-            let i = match e.age_cycles {
-                0..=9 => 0,
-                10..=59 => 1,
-                60..=299 => 2,
-                _ => 3,
-            };
+            let age = e.age(now_unix_nanos);
+            let i = AGE_BUCKET_BOUNDS
+                .iter()
+                .position(|b| age < *b)
+                .unwrap_or(AGE_BUCKET_BOUNDS.len());
             out[i] += 1;
         }
         out
@@ -335,22 +357,25 @@ mod tests {
         }
     }
 
+    const SEC: i64 = 1_000_000_000;
+
     #[test]
     fn shortfalls_age_and_vanish() {
         let mut l = ShortfallLedger::default();
-        l.record(&[seed(1, "a"), seed(5, "b")]);
-        l.record(&[seed(1, "a")]);
-        l.record(&[seed(1, "a"), seed(9, "c")]);
+        l.record(&[seed(1, "a"), seed(5, "b")], 0);
+        l.record(&[seed(1, "a")], SEC);
+        l.record(&[seed(1, "a"), seed(9, "c")], 2 * SEC);
         let top = l.top(10);
         let got: Vec<_> = top
             .iter()
-            .map(|e| (e.profile.priority(), e.age_cycles))
+            .map(|e| (e.profile.priority(), e.age_cycles, e.since_unix_nanos))
             .collect();
-        assert_eq!(got, [(9, 1), (1, 3)]);
+        assert_eq!(got, [(9, 1, 2 * SEC), (1, 3, 0)]);
+        assert_eq!(top[1].age(2 * SEC), Duration::from_secs(2));
         assert_eq!(top[0].interruption_bucket, PenaltyBucket::B8);
-        assert_eq!(l.aged(), [2, 0, 0, 0]);
+        assert_eq!(l.aged(2 * SEC), [2, 0, 0, 0]);
         assert_eq!(l.top(1).len(), 1);
-        l.record(&[]);
+        l.record(&[], 3 * SEC);
         assert!(l.is_empty());
     }
 
@@ -358,7 +383,7 @@ mod tests {
     fn shortfall_report_is_bounded_and_ordered() {
         let mut l = ShortfallLedger::default();
         let seeds: Vec<_> = (0..150).map(|i| seed(i, &format!("t{i}"))).collect();
-        l.record(&seeds);
+        l.record(&seeds, 0);
         let top = l.top(SHORTFALL_REPORT_LIMIT);
         assert_eq!(top.len(), 100);
         assert_eq!(top[0].profile.priority(), 149);
@@ -366,12 +391,20 @@ mod tests {
     }
 
     #[test]
-    fn aged_buckets_boundaries() {
+    fn aged_buckets_are_seconds_whatever_the_cycle_count() {
         let mut l = ShortfallLedger::default();
-        for _ in 0..10 {
-            l.record(&[seed(1, "a")]);
+        // A thousand cycles within 9 s (roll-ups waking cycles): still "1-9".
+        for i in 0..1000 {
+            l.record(&[seed(1, "a")], i * 9_000_000);
         }
-        assert_eq!(l.aged(), [0, 1, 0, 0]);
+        assert_eq!(l.top(1)[0].age_cycles, 1000);
+        assert_eq!(l.aged(9 * SEC), [1, 0, 0, 0]);
+        // Two cycles ten seconds apart: "10-59".
+        assert_eq!(l.aged(10 * SEC), [0, 1, 0, 0]);
+        assert_eq!(l.aged(59 * SEC), [0, 1, 0, 0]);
+        assert_eq!(l.aged(60 * SEC), [0, 0, 1, 0]);
+        assert_eq!(l.aged(299 * SEC), [0, 0, 1, 0]);
+        assert_eq!(l.aged(300 * SEC), [0, 0, 0, 1]);
     }
 
     fn verdict(k: usize, satisfied: bool) -> NeedVerdict {

@@ -34,7 +34,7 @@ pub mod trace;
 
 pub use actuation::EpochSource;
 pub use metrics::ShardMetrics;
-pub use publish::{Publisher, SessionSink, forward_to_gateway};
+pub use publish::{Events, Publisher, SessionSink, forward_to_gateway};
 pub use rails::RailsConfig;
 pub use reconcile::{MachineSource, ProviderClient};
 pub use service::DecideService;

@@ -40,6 +40,8 @@ pub struct ShardMetrics {
     pub idle_releases: IntCounter,
     pub machines_rejected: IntCounterVec,
     pub rollups_rejected: IntCounterVec,
+    pub rollups_superseded: IntCounter,
+    pub removals_held: IntGauge,
     pub active_sessions: IntGauge,
     pub session_lifecycle: IntCounterVec,
     // Decide-specific (not in the reference catalog).
@@ -91,7 +93,7 @@ impl ShardMetrics {
             shortfalls: r.int_gauge("bigfleet_shard_shortfalls", "Unresolved shortfalls.")?,
             shortfalls_aged: r.int_gauge_vec(
                 "bigfleet_shard_shortfalls_aged",
-                "Unresolved shortfalls by age in cycles.",
+                "Unresolved shortfalls by seconds unresolved.",
                 &["bucket"],
             )?,
             actions_total: r.int_counter_vec(
@@ -126,7 +128,7 @@ impl ShardMetrics {
             )?,
             reclaims_capped: r.int_counter(
                 "bigfleet_shard_reclaims_capped_total",
-                "Reclaims deferred by the per-cluster reclaim cap.",
+                "Reclaims deferred by the per-cluster reclaim budget over wall-clock time.",
             )?,
             rollup_quarantined: r.int_gauge_vec(
                 "bigfleet_shard_rollup_quarantined",
@@ -158,8 +160,16 @@ impl ShardMetrics {
             )?,
             rollups_rejected: r.int_counter_vec(
                 "bigfleet_shard_rollups_rejected_total",
-                "Roll-ups rejected at decide's ingest.",
-                &["cluster"],
+                "Roll-ups rejected at decide's ingest, by cluster and fixed reason (a ConvError label).",
+                &["cluster", "reason"],
+            )?,
+            removals_held: r.int_gauge(
+                "bigfleet_shard_removals_held",
+                "Machines the last full provider List left out whose removal is held (a possible provider restart, truncated answer or unattributable record).",
+            )?,
+            rollups_superseded: r.int_counter(
+                "bigfleet_shard_rollups_superseded_total",
+                "Roll-ups dropped because a newer session of the same cluster replaced the one that sent them.",
             )?,
             active_sessions: r.int_gauge(
                 "bigfleet_shard_active_sessions",
@@ -225,6 +235,8 @@ mod tests {
         "bigfleet_shard_idle_releases_total",
         "bigfleet_shard_machines_rejected_total",
         "bigfleet_shard_rollups_rejected_total",
+        "bigfleet_shard_rollups_superseded_total",
+        "bigfleet_shard_removals_held",
         "bigfleet_shard_active_sessions",
         "bigfleet_shard_session_lifecycle_total",
     ];
@@ -250,7 +262,9 @@ mod tests {
         m.actions_suppressed.with_label_values(&["Reclaim"]).inc();
         m.actions_dryrun.with_label_values(&["Reclaim"]).inc();
         m.machines_rejected.with_label_values(&["price"]).inc();
-        m.rollups_rejected.with_label_values(&["c"]).inc();
+        m.rollups_rejected
+            .with_label_values(&["c", "limit_needs"])
+            .inc();
         m.session_lifecycle.with_label_values(&["installed"]).inc();
         let names: BTreeSet<String> = registry
             .prometheus()

@@ -1,8 +1,9 @@
 //! The NeedsTable: each cluster's latest full-replacement demand.
 
+use bigfleet_conv::{ConvError, Limit};
 use bigfleet_model::{ClusterId, Need, snapshot_order};
 use rustc_hash::FxHashMap;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
 
 /// Demand rows per cluster plus first-seen arrival stamps.
@@ -17,6 +18,36 @@ pub struct NeedsTable {
     first_seen: FxHashMap<ClusterId, FxHashMap<String, i64>>,
     snapshot: Option<Arc<Vec<Need>>>,
     rows: usize,
+    /// Distinct resource names over every cluster's demand, with how many clusters name
+    /// each: the per-shard dimension bound (ADR-0104) is checked against it. Small (that
+    /// bound caps it), so an ordered map.
+    dims: BTreeMap<String, u32>,
+    /// Each cluster's distinct resource names, sorted.
+    cluster_dims: FxHashMap<ClusterId, Vec<String>>,
+}
+
+/// The distinct resource names of `needs` (aggregates and min units), sorted. A linear
+/// probe while there are few (the usual handful), a keyed hash set past that.
+fn distinct_names(needs: &[Need]) -> Vec<&str> {
+    const LINEAR_NAMES: usize = 16;
+    let mut names: Vec<&str> = Vec::new();
+    let mut index: Option<HashSet<&str>> = None;
+    for n in needs {
+        for (name, _) in n.aggregate_resources.iter().chain(n.min_unit.iter()) {
+            let new = match &mut index {
+                Some(set) => set.insert(name),
+                None => !names.contains(&name),
+            };
+            if new {
+                names.push(name);
+                if index.is_none() && names.len() > LINEAR_NAMES {
+                    index = Some(names.iter().copied().collect());
+                }
+            }
+        }
+    }
+    names.sort_unstable();
+    names
 }
 
 impl NeedsTable {
@@ -30,6 +61,7 @@ impl NeedsTable {
     /// cluster. Returns the rows now in force for the cluster.
     pub fn replace(&mut self, cluster: &str, mut needs: Vec<Need>, received_at: i64) -> usize {
         self.snapshot = None;
+        self.account_dimensions(cluster, &needs);
         let seen = self.first_seen.entry(cluster.to_owned()).or_default();
         let mut next: FxHashMap<String, i64> = FxHashMap::default();
         for n in &mut needs {
@@ -56,6 +88,77 @@ impl NeedsTable {
         };
         self.rows = self.rows - old.map_or(0, |v| v.len()) + self.rows_of(cluster);
         self.rows_of(cluster)
+    }
+
+    /// Distinct resource names over every cluster's demand.
+    pub fn dimensions(&self) -> usize {
+        self.dims.len()
+    }
+
+    /// Whether replacing `cluster`'s demand with `needs` keeps the shard within `max`
+    /// distinct resource names. Names only this cluster uses leave with its old demand;
+    /// the error names the first entry (wire order, names sorted within a map) that would
+    /// cross the bound.
+    pub fn check_dimensions(
+        &self,
+        cluster: &str,
+        needs: &[Need],
+        max: usize,
+    ) -> Result<(), ConvError> {
+        let own: &[String] = self.cluster_dims.get(cluster).map_or(&[], Vec::as_slice);
+        let is_own = |name: &str| own.binary_search_by(|o| o.as_str().cmp(name)).is_ok();
+        let elsewhere = |name: &str| {
+            let clusters = self.dims.get(name).copied().unwrap_or(0);
+            clusters > u32::from(is_own(name))
+        };
+        // Names other clusters use: they stay whatever this cluster sends.
+        let kept = self.dims.len() - own.iter().filter(|o| !elsewhere(o)).count();
+        // Bounded by the return below: at most max + 1 names are ever inserted.
+        let mut added: HashSet<&str> = HashSet::new();
+        for (i, n) in needs.iter().enumerate() {
+            let maps = [
+                ("aggregate_resources", &n.aggregate_resources),
+                ("min_unit", &n.min_unit),
+            ];
+            for (field, v) in maps {
+                for (name, _) in v.iter() {
+                    if !elsewhere(name) && added.insert(name) && kept + added.len() > max {
+                        return Err(ConvError::LimitExceeded {
+                            limit: Limit::ShardDimensions,
+                            path: format!("needs[{i}].{field}[{name:?}]"),
+                            value: kept + added.len(),
+                            max,
+                        });
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Moves the dimension counts from `cluster`'s old demand to `needs`.
+    fn account_dimensions(&mut self, cluster: &str, needs: &[Need]) {
+        if let Some(old) = self.cluster_dims.remove(cluster) {
+            for name in old {
+                if let Some(c) = self.dims.get_mut(&name) {
+                    *c -= 1;
+                    if *c == 0 {
+                        self.dims.remove(&name);
+                    }
+                }
+            }
+        }
+        let names: Vec<String> = distinct_names(needs)
+            .into_iter()
+            .map(str::to_owned)
+            .collect();
+        if names.is_empty() {
+            return;
+        }
+        for name in &names {
+            *self.dims.entry(name.clone()).or_insert(0) += 1;
+        }
+        self.cluster_dims.insert(cluster.to_owned(), names);
     }
 
     pub fn rows_of(&self, cluster: &str) -> usize {
@@ -191,6 +294,57 @@ mod tests {
         assert_eq!(t.clusters().count(), 0);
     }
 
+    fn with_dims(tag: &str, names: &[&str]) -> Need {
+        let mut n = need(1, tag);
+        n.aggregate_resources =
+            bigfleet_model::ResourceVector::from_milli(names.iter().map(|d| (*d, 1)));
+        n
+    }
+
+    #[test]
+    fn dimensions_are_counted_across_clusters_and_leave_with_their_demand() {
+        let mut t = NeedsTable::new();
+        t.replace("a", vec![with_dims("x", &["cpu", "memory"])], 1);
+        t.replace("b", vec![with_dims("x", &["cpu", "nvidia.com/gpu"])], 1);
+        assert_eq!(t.dimensions(), 3);
+        // b alone names the gpu: replacing b without it frees it.
+        t.replace("b", vec![with_dims("x", &["cpu"])], 2);
+        assert_eq!(t.dimensions(), 2);
+        t.replace("a", vec![], 3);
+        assert_eq!(t.dimensions(), 1);
+        t.replace("b", vec![], 3);
+        assert_eq!(t.dimensions(), 0);
+    }
+
+    #[test]
+    fn the_shard_dimension_bound_names_the_entry_that_crosses_it() {
+        let mut t = NeedsTable::new();
+        t.replace("a", vec![with_dims("x", &["cpu", "memory"])], 1);
+        let b = vec![
+            with_dims("x", &["cpu"]),
+            with_dims("y", &["example.com/a", "example.com/b"]),
+        ];
+        // cpu is shared, so b adds two names: 4 in all.
+        assert!(t.check_dimensions("b", &b, 4).is_ok());
+        let err = t.check_dimensions("b", &b, 3).unwrap_err();
+        assert_eq!(
+            err,
+            ConvError::LimitExceeded {
+                limit: Limit::ShardDimensions,
+                path: "needs[1].aggregate_resources[\"example.com/b\"]".into(),
+                value: 4,
+                max: 3,
+            }
+        );
+        assert_eq!(err.reason(), "limit_shard_dimensions");
+        // A cluster's own names do not count twice when it re-sends them, and names only
+        // it used are freed by its replacement.
+        t.replace("b", b.clone(), 2);
+        assert!(t.check_dimensions("b", &b, 4).is_ok());
+        let swap = vec![with_dims("x", &["example.com/c", "example.com/d"])];
+        assert!(t.check_dimensions("b", &swap, 4).is_ok());
+        assert!(t.check_dimensions("a", &[], 0).is_ok());
+    }
     #[test]
     fn snapshot_cache_invalidated_by_replace() {
         let mut t = NeedsTable::new();

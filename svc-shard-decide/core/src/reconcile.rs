@@ -5,6 +5,9 @@
 //! incremental mode pumps the opaque `since_revision` cursor and skips the
 //! removal walk (a delta cannot express removal).
 
+use std::collections::BTreeSet;
+use std::time::{Duration, Instant};
+
 use crate::inventory::Inventory;
 use bigfleet_conv::{machine_from_proto_owned, node_state_update};
 use bigfleet_mesh::MeshChannel;
@@ -196,6 +199,8 @@ pub struct MergeReport {
     pub configured: Vec<(String, String)>,
     /// Machines that reached Idle from Draining (drain completed).
     pub drained: Vec<String>,
+    /// Removals the [`RemovalGuard`] held back: why, and how many machines.
+    pub held: Option<(HoldReason, usize)>,
 }
 
 /// A machine record's fields that describe the machine itself rather than its hardware:
@@ -302,6 +307,137 @@ fn decode(raw: &[u8]) -> Result<Machine, bigfleet_conv::ConvError> {
     machine_from_proto_owned(pm)
 }
 
+/// When a full List may remove machines (issue 16): a provider that restarted empty, a
+/// truncated answer or a record nobody can attribute must not make machines vanish —
+/// operators would be told their nodes are gone, replacements would be provisioned, and a
+/// reclaim wave would follow when the machines reappear.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RemovalPolicy {
+    /// Removals of at most this many machines apply at once...
+    pub max_unconfirmed: usize,
+    /// ...or of at most this fraction of the inventory, whichever is larger.
+    pub max_unconfirmed_fraction: f64,
+    /// A larger removal applies only when this many consecutive full Lists leave out
+    /// exactly the same machines...
+    pub confirmations: u32,
+    /// ...over at least this long (so a fast reconcile loop cannot confirm a provider's
+    /// restart within seconds).
+    pub min_hold: Duration,
+}
+
+impl Default for RemovalPolicy {
+    fn default() -> Self {
+        Self {
+            max_unconfirmed: 10,
+            max_unconfirmed_fraction: 0.05,
+            confirmations: 5,
+            min_hold: Duration::from_secs(120),
+        }
+    }
+}
+
+impl RemovalPolicy {
+    /// Every removal applies at once (the behaviour before the guard; tests of the merge
+    /// itself).
+    pub fn immediate() -> Self {
+        Self {
+            max_unconfirmed: usize::MAX,
+            max_unconfirmed_fraction: 1.0,
+            confirmations: 1,
+            min_hold: Duration::ZERO,
+        }
+    }
+}
+
+/// Why removals were held back in one merge.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum HoldReason {
+    /// The List carried a record whose id could not be read: any unlisted machine might be
+    /// that record, so none is removed on this List.
+    Unattributable,
+    /// A removal wave waiting for `seen` of `needed` agreeing Lists.
+    AwaitingConfirmation { seen: u32, needed: u32 },
+}
+
+impl HoldReason {
+    pub fn label(self) -> &'static str {
+        match self {
+            HoldReason::Unattributable => "unattributable_record",
+            HoldReason::AwaitingConfirmation { .. } => "awaiting_confirmation",
+        }
+    }
+}
+
+#[derive(Debug)]
+struct PendingRemoval {
+    ids: BTreeSet<String>,
+    streak: u32,
+    since: Instant,
+}
+
+/// The state of [`RemovalPolicy`] across Lists.
+#[derive(Debug)]
+pub struct RemovalGuard {
+    policy: RemovalPolicy,
+    pending: Option<PendingRemoval>,
+}
+
+impl RemovalGuard {
+    pub fn new(policy: RemovalPolicy) -> Self {
+        Self {
+            policy,
+            pending: None,
+        }
+    }
+
+    /// Decides what to do with the machines a full List left out (`unseen`, out of `total`
+    /// known): the ids to remove now, and the reason anything was held.
+    fn judge(
+        &mut self,
+        unseen: Vec<String>,
+        total: usize,
+        unattributable: bool,
+        now: Instant,
+    ) -> (Vec<String>, Option<HoldReason>) {
+        if unseen.is_empty() {
+            self.pending = None;
+            return (unseen, None);
+        }
+        if unattributable {
+            // Not a confirmation either: the answer itself is suspect.
+            return (Vec::new(), Some(HoldReason::Unattributable));
+        }
+        let small = (total as f64 * self.policy.max_unconfirmed_fraction).floor() as usize;
+        if unseen.len() <= self.policy.max_unconfirmed.max(small) {
+            self.pending = None;
+            return (unseen, None);
+        }
+        let ids: BTreeSet<String> = unseen.into_iter().collect();
+        let pending = match self.pending.take() {
+            Some(mut p) if p.ids == ids => {
+                p.streak += 1;
+                p
+            }
+            _ => PendingRemoval {
+                ids,
+                streak: 1,
+                since: now,
+            },
+        };
+        if pending.streak >= self.policy.confirmations
+            && now.duration_since(pending.since) >= self.policy.min_hold
+        {
+            return (pending.ids.into_iter().collect(), None);
+        }
+        let reason = HoldReason::AwaitingConfirmation {
+            seen: pending.streak,
+            needed: self.policy.confirmations,
+        };
+        self.pending = Some(pending);
+        (Vec::new(), Some(reason))
+    }
+}
+
 /// Merges a List answer into `inv`.
 ///
 /// * machines with an action in flight are skipped: the provider's view lags
@@ -316,11 +452,15 @@ fn decode(raw: &[u8]) -> Result<Machine, bigfleet_conv::ConvError> {
 /// * a record failing validation is counted and ignored: the inventory keeps
 ///   its last-known-good copy, and the machine is NOT removed;
 /// * with `full` set, machines the provider did not list are removed (except
-///   those in flight).
+///   those in flight), as far as the [`RemovalGuard`] allows.
 ///
 /// `order` carries the positions of the previous listing, in listing order:
 /// providers list in a stable order, so checking the hinted position first
 /// (one string compare) replaces most index lookups. It is rewritten here.
+// Each argument is a separate piece of the shard's state borrowed for one merge (the
+// inventory, its listing hint, the removal guard) or a per-call fact; bundling them would
+// only move the list into a struct built at the one call site.
+#[allow(clippy::too_many_arguments)]
 pub fn merge(
     inv: &mut Inventory,
     list: &[Bytes],
@@ -329,6 +469,7 @@ pub fn merge(
     now_unix_nanos: i64,
     in_flight: impl Fn(&str) -> bool,
     order: &mut Vec<u32>,
+    removals: &mut RemovalGuard,
 ) -> MergeReport {
     let mut r = MergeReport {
         listed: list.len(),
@@ -402,7 +543,15 @@ pub fn merge(
         r.inserted += 1;
     }
     if full {
-        let removed = inv.remove_unseen(generation, &in_flight);
+        let unseen = inv.unseen_ids(generation, &in_flight);
+        let unattributable = r.rejected.contains(&"structural");
+        let (remove, held) =
+            removals.judge(unseen.clone(), inv.len(), unattributable, Instant::now());
+        if let Some(reason) = held {
+            r.held = Some((reason, unseen.len()));
+        }
+        let ids: Vec<&str> = remove.iter().map(String::as_str).collect();
+        let removed = inv.remove(&ids);
         for m in &removed {
             tracing::info!(machine = %m.id, state = %m.state, "machine no longer listed by the provider; removed");
             if !m.cluster.is_empty() {
@@ -513,7 +662,16 @@ mod tests {
             .iter()
             .map(|m| Bytes::from(m.encode_to_vec()))
             .collect();
-        super::merge(inv, &raw, full, generation, now, in_flight, &mut Vec::new())
+        super::merge(
+            inv,
+            &raw,
+            full,
+            generation,
+            now,
+            in_flight,
+            &mut Vec::new(),
+            &mut RemovalGuard::new(RemovalPolicy::immediate()),
+        )
     }
 
     /// Hardware variants: one ordinary, one with labels and allocatable, one whose price
@@ -642,19 +800,56 @@ mod tests {
             .collect();
         let raw: Vec<Bytes> = all.iter().map(|m| Bytes::from(m.encode_to_vec())).collect();
         let mut order = Vec::new();
-        super::merge(&mut inv, &raw, true, 1, 0, |_| false, &mut order);
+        let mut guard = RemovalGuard::new(RemovalPolicy::immediate());
+        super::merge(
+            &mut inv,
+            &raw,
+            true,
+            1,
+            0,
+            |_| false,
+            &mut order,
+            &mut guard,
+        );
         assert_eq!(order.len(), 6);
-        let r = super::merge(&mut inv, &raw, true, 2, 0, |_| false, &mut order);
+        let r = super::merge(
+            &mut inv,
+            &raw,
+            true,
+            2,
+            0,
+            |_| false,
+            &mut order,
+            &mut guard,
+        );
         assert_eq!(r.fast_path, 6);
         assert!(order.iter().all(|&p| p != u32::MAX));
         // A stale hint (reversed listing, one machine gone) still finds everyone.
         let mut rev: Vec<Bytes> = raw[1..].to_vec();
         rev.reverse();
-        let r = super::merge(&mut inv, &rev, true, 3, 0, |_| false, &mut order);
+        let r = super::merge(
+            &mut inv,
+            &rev,
+            true,
+            3,
+            0,
+            |_| false,
+            &mut order,
+            &mut guard,
+        );
         assert_eq!((r.fast_path, r.removed, r.inserted), (5, 1, 0));
         // The removal moved a record, so a recorded position may be stale:
         // it is only a hint and the next round corrects it.
-        let r = super::merge(&mut inv, &rev, true, 4, 0, |_| false, &mut order);
+        let r = super::merge(
+            &mut inv,
+            &rev,
+            true,
+            4,
+            0,
+            |_| false,
+            &mut order,
+            &mut guard,
+        );
         assert_eq!((r.fast_path, r.removed), (5, 0));
         for (i, b) in rev.iter().enumerate() {
             let id = machine_head(b).unwrap().0;
@@ -676,10 +871,73 @@ mod tests {
             0,
             |_| false,
             &mut Vec::new(),
+            &mut RemovalGuard::new(RemovalPolicy::immediate()),
         );
         assert_eq!(r.rejected, ["structural"]);
-        // Unparseable means unknown id: the removal walk still runs for "a".
-        assert_eq!(r.removed, 1);
+        // Unparseable means unknown id: it might be "a", so nothing is removed, however
+        // permissive the policy.
+        assert_eq!(r.removed, 0);
+        assert_eq!(r.held, Some((HoldReason::Unattributable, 1)));
+        assert!(inv.contains("a"));
+    }
+
+    fn names(n: usize) -> Vec<String> {
+        (0..n).map(|i| format!("m{i}")).collect()
+    }
+
+    #[test]
+    fn small_removals_apply_at_once_and_waves_wait_for_agreeing_lists() {
+        let policy = RemovalPolicy {
+            max_unconfirmed: 2,
+            max_unconfirmed_fraction: 0.1,
+            confirmations: 3,
+            min_hold: Duration::from_secs(60),
+        };
+        let mut g = RemovalGuard::new(policy);
+        let t0 = Instant::now();
+        // 3 of 40 is within max(2, 10% of 40 = 4): removed now.
+        assert_eq!(g.judge(names(3), 40, false, t0), (names(3), None));
+        // 40 of 40 (a provider that restarted empty) is held...
+        let (now, held) = g.judge(names(40), 40, false, t0);
+        assert!(now.is_empty());
+        assert_eq!(
+            held,
+            Some(HoldReason::AwaitingConfirmation { seen: 1, needed: 3 })
+        );
+        // ...a different answer restarts the count...
+        let (now, _) = g.judge(names(39), 40, false, t0 + Duration::from_secs(10));
+        assert!(now.is_empty());
+        let (now, held) = g.judge(names(39), 40, false, t0 + Duration::from_secs(20));
+        assert!(now.is_empty());
+        assert_eq!(
+            held,
+            Some(HoldReason::AwaitingConfirmation { seen: 2, needed: 3 })
+        );
+        // ...enough agreeing Lists but too soon still holds...
+        let (now, held) = g.judge(names(39), 40, false, t0 + Duration::from_secs(30));
+        assert!(now.is_empty() && held.is_some());
+        // ...and after the hold time the confirmed wave applies.
+        let (now, held) = g.judge(names(39), 40, false, t0 + Duration::from_secs(75));
+        assert_eq!((now.len(), held), (39, None));
+    }
+
+    #[test]
+    fn a_list_with_an_unattributable_record_removes_nothing_and_confirms_nothing() {
+        let policy = RemovalPolicy {
+            confirmations: 2,
+            min_hold: Duration::ZERO,
+            ..RemovalPolicy::default()
+        };
+        let mut g = RemovalGuard::new(policy);
+        let t = Instant::now();
+        let (now, _) = g.judge(names(100), 100, false, t);
+        assert!(now.is_empty());
+        let (now, held) = g.judge(names(100), 100, true, t);
+        assert!(now.is_empty());
+        assert_eq!(held, Some(HoldReason::Unattributable));
+        // The suspect List did not count: the next agreeing List is the second, and applies.
+        let (now, held) = g.judge(names(100), 100, false, t);
+        assert_eq!((now.len(), held), (100, None));
     }
 
     #[test]

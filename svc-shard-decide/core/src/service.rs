@@ -25,10 +25,19 @@ impl From<DecideError> for Status {
         match &e {
             DecideError::UnknownMachine(_) => Status::not_found(e.to_string()),
             DecideError::Stale(_) => Status::aborted(e.to_string()),
-            DecideError::Invalid(_) | DecideError::Rollup(_) => {
-                Status::invalid_argument(e.to_string())
+            DecideError::Invalid(_) => Status::invalid_argument(e.to_string()),
+            DecideError::Rollup(conv) => {
+                // The fixed reason travels beside the message so the gateway can count the
+                // rejection by it without parsing text (ADR-0104).
+                let mut status = Status::invalid_argument(e.to_string());
+                status.metadata_mut().insert(
+                    bigfleet_conv::REJECT_REASON_METADATA,
+                    tonic::metadata::MetadataValue::from_static(conv.reason()),
+                );
+                status
             }
             DecideError::AuditLog { .. } => Status::internal(e.to_string()),
+            DecideError::NotReady(_) => Status::unavailable(e.to_string()),
         }
     }
 }

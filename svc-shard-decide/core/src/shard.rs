@@ -10,16 +10,21 @@ use crate::ledgers::{
 };
 use crate::metrics::ShardMetrics;
 use crate::publish::{Publisher, SessionSink};
-use crate::rails::{Admission, AuditLog, AuditRecord, QuarantineGuard, RailsConfig, kind_label};
+use crate::rails::{
+    Admission, AuditLog, AuditRecord, QuarantineGuard, RailsConfig, ReclaimBudget, kind_label,
+};
 use crate::reconcile::{MachineSource, MergeReport, merge};
 use crate::trace::{RollupTraces, current_trace_context};
+use bigfleet_conv::RollupLimits;
 use bigfleet_conv::{
     ConvError, action_to_proto, machine_from_proto, machine_state_from_proto, machine_to_proto,
-    node_state_update, requirements_to_proto, rollup_from_proto,
+    node_state_update, requirements_to_proto, rollup_from_proto_with,
 };
-use bigfleet_decision::{CycleInput, CycleOptions, ParkingLedger, ReleasePolicy, run_cycle};
+use bigfleet_decision::{
+    CycleInput, CycleOptions, ParkingLedger, ParkingTiming, ReleasePolicy, run_cycle,
+};
 use bigfleet_fencing::SequenceMinter;
-use bigfleet_model::{Action, Host, Machine, MachineState, check_transition};
+use bigfleet_model::{Action, ActionKind, Host, Machine, MachineState, check_transition};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::Readiness;
@@ -45,6 +50,8 @@ pub struct DecideConfig {
     pub incremental_reconcile: bool,
     pub available_capacity_interval: Duration,
     pub rails: RailsConfig,
+    /// Acquisition-parking thresholds, in time (ADR-0105).
+    pub parking: ParkingTiming,
     /// Bound of the action queue.
     pub queue_capacity: usize,
     /// Engine threads (1 = sequential, 0 = the global rayon pool).
@@ -52,6 +59,12 @@ pub struct DecideConfig {
     pub release: ReleasePolicy,
     /// The provider address, reported to the coordinator.
     pub provider_address: String,
+    /// When a full List may remove machines (ADR-0106).
+    pub removals: crate::reconcile::RemovalPolicy,
+    /// Shape bounds and priority ceiling every roll-up is validated against (ADR-0104).
+    pub rollup_limits: RollupLimits,
+    /// Distinct resource names over every cluster's demand (ADR-0104).
+    pub max_shard_dimensions: usize,
 }
 
 impl Default for DecideConfig {
@@ -64,10 +77,14 @@ impl Default for DecideConfig {
             incremental_reconcile: false,
             available_capacity_interval: Duration::from_secs(5),
             rails: RailsConfig::default(),
+            parking: ParkingTiming::default(),
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
             engine_threads: 0,
             release: ReleasePolicy::default(),
             provider_address: String::new(),
+            removals: crate::reconcile::RemovalPolicy::default(),
+            rollup_limits: RollupLimits::default(),
+            max_shard_dimensions: RollupLimits::DEFAULT_MAX_SHARD_DIMENSIONS,
         }
     }
 }
@@ -84,6 +101,9 @@ pub enum DecideError {
     Invalid(String),
     #[error("roll-up rejected: {0}")]
     Rollup(#[source] ConvError),
+    /// Decide cannot judge the request yet (retry later).
+    #[error("not ready: {0}")]
+    NotReady(String),
     #[error("opening audit log {path}: {source}")]
     AuditLog {
         path: String,
@@ -167,6 +187,8 @@ pub(crate) struct Inner {
     /// Per cluster, the trace of the roll-up that last changed its demand (ADR-0080).
     rollup_traces: Mutex<RollupTraces>,
     parking: Mutex<ParkingLedger>,
+    /// Per-cluster reclaim tokens over wall-clock time (ADR-0105).
+    reclaim_budget: Mutex<ReclaimBudget>,
     shortfalls: Mutex<ShortfallLedger>,
     verdicts: RwLock<Arc<VerdictTable>>,
     hints: Mutex<HintCache>,
@@ -190,6 +212,7 @@ pub(crate) struct Inner {
     cursor: Mutex<Vec<u8>>,
     /// Inventory positions of the last full listing, in listing order.
     list_order: Mutex<Vec<u32>>,
+    removal_guard: Mutex<crate::reconcile::RemovalGuard>,
     generation: AtomicU64,
     /// Worker transitions a provider listing may not reflect yet.
     local_changes: Mutex<LocalChanges>,
@@ -338,7 +361,8 @@ impl Decide {
             guard: Mutex::new(QuarantineGuard::new(cfg.rails.empty_rollup_guard)),
             first_rollup: RwLock::new(FxHashSet::default()),
             rollup_traces: Mutex::new(RollupTraces::default()),
-            parking: Mutex::new(ParkingLedger::new()),
+            parking: Mutex::new(ParkingLedger::with_timing(cfg.parking)),
+            reclaim_budget: Mutex::new(ReclaimBudget::new()),
             shortfalls: Mutex::new(ShortfallLedger::default()),
             verdicts: RwLock::new(Arc::new(VerdictTable::default())),
             hints: Mutex::new(HintCache::new(cfg.available_capacity_interval)),
@@ -363,6 +387,7 @@ impl Decide {
             domains: Mutex::new(BTreeSet::new()),
             cursor: Mutex::new(Vec::new()),
             list_order: Mutex::new(Vec::new()),
+            removal_guard: Mutex::new(crate::reconcile::RemovalGuard::new(cfg.removals.clone())),
             generation: AtomicU64::new(0),
             local_changes: Mutex::new(LocalChanges::default()),
             cycle_lock: tokio::sync::Mutex::new(()),
@@ -474,6 +499,16 @@ impl Decide {
         self.inner.needs.lock().len()
     }
 
+    /// One cluster's demand in force, in roll-up order (empty when it has none).
+    pub fn cluster_needs(&self, cluster: &str) -> Vec<bigfleet_model::Need> {
+        self.inner.needs.lock().needs_of(cluster).to_vec()
+    }
+
+    /// Distinct resource names over every cluster's demand in force.
+    pub fn demand_dimensions(&self) -> usize {
+        self.inner.needs.lock().dimensions()
+    }
+
     /// Clusters with a live session.
     pub fn connected_clusters(&self) -> Vec<String> {
         let mut v: Vec<String> = self.inner.sessions.lock().keys().cloned().collect();
@@ -507,27 +542,85 @@ impl Decide {
         req: &mesh::ApplyRollupRequest,
     ) -> Result<mesh::ApplyRollupResponse, DecideError> {
         let inner = &self.inner;
+        // A roll-up from a replaced session may still be in flight when the newer session's
+        // first roll-up has landed; applying it would overwrite newer demand with older
+        // (issue 16). Session ids grow across gateway restarts (clock-seeded), and the
+        // gateway reports SessionOpened before it forwards any roll-up of that session.
+        if let Some(cluster) = req.rollup.as_ref().map(|r| r.cluster_id.as_str())
+            && req.session_id != 0
+            && let Some(&current) = inner.sessions.lock().get(cluster)
+            && current > req.session_id
+        {
+            inner.metrics.rollups_superseded.inc();
+            tracing::info!(
+                cluster = %bigfleet_telemetry::clip(cluster),
+                session = req.session_id,
+                current,
+                "roll-up from a replaced session dropped"
+            );
+            return Ok(mesh::ApplyRollupResponse {
+                outcome: mesh::RollupOutcome::Superseded as i32,
+                detail: format!(
+                    "session {} was replaced by session {current}",
+                    req.session_id
+                ),
+                shard_epoch: self.epoch_i64(),
+                coordinator_term: self.coordinator_term(),
+                ..Default::default()
+            });
+        }
         let wire = req.rollup.clone().unwrap_or_default();
-        let rollup = rollup_from_proto(&wire).map_err(|e| {
+        let rejected = |e: ConvError| {
             if !wire.cluster_id.is_empty() {
                 inner
                     .metrics
                     .rollups_rejected
-                    .with_label_values(&[&wire.cluster_id])
+                    .with_label_values(&[
+                        bigfleet_telemetry::id_label(&wire.cluster_id),
+                        e.reason(),
+                    ])
                     .inc();
             }
-            tracing::warn!(cluster = %wire.cluster_id, error = %e, "roll-up rejected");
+            tracing::warn!(
+                cluster = %bigfleet_telemetry::clip(&wire.cluster_id),
+                error = %bigfleet_telemetry::clip(&e.to_string()),
+                "roll-up rejected"
+            );
             DecideError::Rollup(e)
-        })?;
-        let cluster = rollup.cluster.clone();
-        // Any roll-up, even a held or empty one, proves the operator reported.
-        inner.first_rollup.write().insert(cluster.clone());
-        let rows = rollup.needs.len();
-        let (admission, held) = {
-            let mut g = inner.guard.lock();
-            let a = g.admit(&cluster, rows);
-            (a, g.held(&cluster))
         };
+        let config = self.config();
+        let rollup = rollup_from_proto_with(&wire, &config.rollup_limits).map_err(rejected)?;
+        // The shard-wide dimension bound (ADR-0104), before the roll-up has any effect
+        // (first-roll-up gate, quarantine); checked again under the lock that replaces the
+        // demand, so two clusters' roll-ups cannot pass it together.
+        inner
+            .needs
+            .lock()
+            .check_dimensions(&rollup.cluster, &rollup.needs, config.max_shard_dimensions)
+            .map_err(rejected)?;
+        let cluster = rollup.cluster.clone();
+        let rows = rollup.needs.len();
+        let totals = crate::rails::requested_totals(&rollup.needs);
+        let (admission, held, opens_gate) = {
+            let mut g = inner.guard.lock();
+            let accepted_before = g.accepted(&cluster);
+            let a = g.admit(&cluster, rows, &totals);
+            (a, g.held(&cluster), a.opens_gate(accepted_before))
+        };
+        if admission == Admission::Unjudged {
+            // Before the first reconcile decide has no baseline for a cluster it has not
+            // heard from since it started (ADR-0105); the operator re-sends on its interval.
+            tracing::info!(cluster = %bigfleet_telemetry::clip(&cluster), rows, "roll-up before the first provider reconcile; not judged");
+            return Err(DecideError::NotReady(
+                "the quarantine baseline is rebuilt from the first provider reconcile; re-send"
+                    .to_owned(),
+            ));
+        }
+        // Any roll-up proves the operator reported (ADR-0036); a held one opens the gate
+        // only while earlier demand of this process stays in force (ADR-0105).
+        if opens_gate {
+            inner.first_rollup.write().insert(cluster.clone());
+        }
         inner
             .metrics
             .rollup_quarantined
@@ -553,7 +646,8 @@ impl Decide {
             Admission::AcceptConfirmed => {
                 tracing::warn!(cluster = %cluster, rows, "demand drop confirmed by consecutive roll-ups; applying");
             }
-            Admission::Accept => {}
+            // Unjudged returned above.
+            Admission::Accept | Admission::Unjudged => {}
         }
         let now = self.now();
         let received = if req.received_at_unix_nanos > 0 {
@@ -571,6 +665,9 @@ impl Decide {
         let trace = current_trace_context();
         let (in_force, changed) = {
             let mut needs = inner.needs.lock();
+            needs
+                .check_dimensions(&cluster, &rollup.needs, config.max_shard_dimensions)
+                .map_err(rejected)?;
             let before = (!trace.is_empty()).then(|| needs.needs_of(&cluster).to_vec());
             let in_force = needs.replace(&cluster, rollup.needs, received);
             let changed = before.is_some_and(|b| b.as_slice() != needs.needs_of(&cluster));
@@ -706,6 +803,7 @@ impl Decide {
             // Incremental deltas are small and unordered: no hint for them.
             let order: &mut Vec<u32> = if full { &mut order } else { &mut scratch };
             let mut changes = inner.local_changes.lock();
+            let mut removals = inner.removal_guard.lock();
             let mut r = merge(
                 &mut inv,
                 &list.machines,
@@ -714,7 +812,9 @@ impl Decide {
                 now,
                 |id| ledger.is_in_flight(id) || changes.newer_than(id, fence),
                 order,
+                &mut removals,
             );
+            drop(removals);
             changes.settle(fence);
             drop(changes);
             drop(ledger);
@@ -753,6 +853,7 @@ impl Decide {
             "reconciled"
         );
         self.after_merge(r);
+        self.refresh_quarantine_holdings().await;
         if !inner.ready.swap(true, Ordering::AcqRel) {
             inner.readiness.set_ready();
             tracing::info!(
@@ -763,8 +864,31 @@ impl Decide {
         Ok(stats)
     }
 
+    /// Gives the quarantine what each cluster's Configured machines provide: its
+    /// baseline for clusters not heard from since the start, and its "big enough to
+    /// matter" test (ADR-0105).
+    async fn refresh_quarantine_holdings(&self) {
+        if !self.inner.guard.lock().enabled() {
+            return;
+        }
+        let holdings = crate::rails::holdings(&*self.inner.inventory.read().await);
+        self.inner.guard.lock().refresh_holdings(holdings);
+    }
+
     fn after_merge(&self, r: MergeReport) {
         let inner = &self.inner;
+        match r.held {
+            Some((reason, n)) => {
+                inner.metrics.removals_held.set(n as i64);
+                tracing::warn!(
+                    machines = n,
+                    reason = reason.label(),
+                    detail = ?reason,
+                    "provider List left machines out; removal held (they keep their last known state)"
+                );
+            }
+            None => inner.metrics.removals_held.set(0),
+        }
         for reason in &r.rejected {
             inner
                 .metrics
@@ -839,7 +963,11 @@ impl Decide {
         let t = Instant::now();
         let inv = inner.inventory.blocking_read();
         let demand = inner.needs.lock().snapshot();
-        let parking = inner.parking.lock().clone();
+        let parking = {
+            let mut p = inner.parking.lock();
+            p.prepare(now);
+            p.clone()
+        };
         let gate = inner.first_rollup.read().clone();
         let ready = move |c: &str| gate.contains(c);
         let destinations = inner.ledger.lock().creating_destinations();
@@ -868,11 +996,11 @@ impl Decide {
             .observe(t.elapsed().as_secs_f64());
         let cycle = inner.cycle.fetch_add(1, Ordering::AcqRel) + 1;
 
-        inner.parking.lock().observe(&out.parking);
+        inner.parking.lock().observe_at(&out.parking, now);
         let shortfall_count = {
             let mut s = inner.shortfalls.lock();
-            s.record(&out.shortfalls);
-            let aged = s.aged();
+            s.record(&out.shortfalls, now);
+            let aged = s.aged(now);
             for (label, n) in AGE_BUCKETS.iter().zip(aged) {
                 m.shortfalls_aged.with_label_values(&[label]).set(n as i64);
             }
@@ -891,7 +1019,26 @@ impl Decide {
 
         let t = Instant::now();
         let decided = out.actions.len();
-        let rails = crate::rails::apply(&inner.cfg.rails, out.actions, |c| inv.configured_in(c));
+        let rails = {
+            let mut budget = inner.reclaim_budget.lock();
+            budget.expire(now, inner.cfg.rails.reclaim_budget_window);
+            let rails = crate::rails::apply(&inner.cfg.rails, out.actions, &budget, &*inv);
+            for d in &rails.deferrals {
+                if budget.should_log(&d.cluster, now) {
+                    tracing::info!(
+                        cycle,
+                        cluster = %bigfleet_telemetry::clip(&d.cluster),
+                        deferred = d.deferred,
+                        budget = d.budget,
+                        in_use = d.in_use,
+                        window_seconds = inner.cfg.rails.reclaim_budget_window.as_secs_f64(),
+                        "reclaims over the cluster's budget deferred (at most one such line a minute per cluster)"
+                    );
+                }
+            }
+            budget.retain_logged(|c| rails.deferrals.iter().any(|d| d.cluster == c));
+            rails
+        };
         for a in &rails.suppressed {
             m.actions_suppressed
                 .with_label_values(&[kind_label(a.kind())])
@@ -1063,11 +1210,40 @@ impl Decide {
         // Read once: the item carries exactly the epoch of the term that allowed it.
         let epoch = inner.actuation.actuating_epoch()?;
         let inv = inner.inventory.read().await;
-        let (f, moot) = inner
-            .ledger
-            .lock()
-            .hand_out(stream, |a| applicable(&inv, a));
-        inner.metrics.actions_deduped.inc_by(moot as u64);
+        // The reclaim budget is checked and spent here, where an action leaves decide
+        // (ADR-0105): whatever the cycles queued, no window ever starts more reclaims
+        // of a cluster than its budget.
+        let now = self.now();
+        let rails = &inner.cfg.rails;
+        let mut budget = inner.reclaim_budget.lock();
+        budget.expire(now, rails.reclaim_budget_window);
+        let over_budget = std::cell::Cell::new(0usize);
+        let (f, moot) = inner.ledger.lock().hand_out(stream, |a| {
+            if !applicable(&inv, a) {
+                return false;
+            }
+            let admitted = budget.admits(rails, a, &*inv);
+            if !admitted {
+                over_budget.set(over_budget.get() + 1);
+            }
+            admitted
+        });
+        if let Some(f) = &f
+            && f.action.kind() == ActionKind::Reclaim
+            && rails.budget_enabled()
+        {
+            budget.spend(f.action.cluster(), f.action.machine_id(), now);
+        }
+        drop(budget);
+        let over_budget = over_budget.get();
+        inner
+            .metrics
+            .actions_deduped
+            .inc_by((moot - over_budget) as u64);
+        if over_budget > 0 {
+            // Re-derived by a later cycle, which defers them (and logs) while the budget is spent.
+            inner.metrics.reclaims_capped.inc_by(over_budget as u64);
+        }
         let f = f?;
         let machine = inv.get(f.action.machine_id()).map(|m| machine_view(&m));
         drop(inv);

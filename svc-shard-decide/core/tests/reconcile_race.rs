@@ -18,7 +18,7 @@ use svc_shard_decide_core::{
     Decide, DecideService, MachineSource, ProviderClient, Publisher, ShardMetrics,
 };
 use tokio::net::UnixListener;
-use tokio::sync::{Notify, mpsc};
+use tokio::sync::Notify;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::Server;
 
@@ -167,7 +167,7 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
 /// The state of the last NodeStateUpdate for `machine` sent to `cluster` since
 /// the previous call.
 fn last_node_state(
-    events: &mut mpsc::Receiver<mesh::ShardEvent>,
+    events: &mut svc_shard_decide_core::Events,
     cluster: &str,
     machine: &str,
 ) -> Option<i32> {

@@ -203,7 +203,9 @@ async fn reconcile_skips_in_flight_machines_configuring_to_idle_race() {
         (m.assigned_priority, m.assigned_need_fingerprint.as_str()),
         (50, a.need_fingerprint.as_str())
     );
-    // Both transitions reached the cluster's operator.
+    // The cluster's operator learns the final state; the Configuring frame may have been
+    // replaced by it while both waited (frames coalesce per node, ADR-0107), but nothing
+    // older ever follows a newer one.
     let states: Vec<i32> = h
         .drain_events()
         .into_iter()
@@ -215,12 +217,11 @@ async fn reconcile_skips_in_flight_machines_configuring_to_idle_race() {
             _ => None,
         })
         .collect();
-    assert_eq!(
-        states,
-        [
-            pb::MachineState::Configuring as i32,
-            pb::MachineState::Configured as i32
-        ]
+    let configuring = pb::MachineState::Configuring as i32;
+    let configured = pb::MachineState::Configured as i32;
+    assert!(
+        states == [configuring, configured] || states == [configured],
+        "{states:?}"
     );
     w.done(&item.action_id, "success").await;
     assert!(wait_until(LONG, || h.decide.action_counts().1 == 0).await);
@@ -584,4 +585,109 @@ async fn the_run_loop_wakes_on_accepted_rollups() {
     assert_eq!(h.decide.action_counts().0, 1);
     stop.send(()).unwrap();
     task.await.unwrap();
+}
+
+#[tokio::test]
+async fn a_roll_up_from_a_replaced_session_never_overwrites_the_newer_demand() {
+    let h = Harness::start_with(cfg_rails_off(), TestProvider::default()).await;
+    let open = |session: u64| mesh::SessionOpenedRequest {
+        cluster_id: "c1".into(),
+        session_id: session,
+        protocol_version: "v1alpha1".into(),
+    };
+    let from = |session: u64, needs: Vec<pb::CapacityNeed>| mesh::ApplyRollupRequest {
+        session_id: session,
+        ..rollup("c1", needs)
+    };
+    h.decide.session_opened(&open(10)).await;
+    let r = h.decide.apply_rollup(&from(10, vec![need(1, 1)])).unwrap();
+    assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
+    // The operator reconnects: session 11 replaces 10 and reports three needs.
+    h.decide.session_opened(&open(11)).await;
+    let r = h
+        .decide
+        .apply_rollup(&from(11, vec![need(1, 1), need(2, 1), need(3, 1)]))
+        .unwrap();
+    assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
+    assert_eq!(h.decide.need_rows(), 3);
+    // Session 10's last roll-up arrives late: dropped, the newer demand stands.
+    let r = h.decide.apply_rollup(&from(10, vec![need(9, 1)])).unwrap();
+    assert_eq!(r.outcome, mesh::RollupOutcome::Superseded as i32);
+    assert_eq!(h.decide.need_rows(), 3);
+    assert_eq!(h.decide.metrics().rollups_superseded.get(), 1);
+    // A restarted gateway's sessions carry larger ids, so they are never mistaken for stale.
+    h.decide.session_opened(&open(5_000)).await;
+    let r = h
+        .decide
+        .apply_rollup(&from(5_000, vec![need(4, 1)]))
+        .unwrap();
+    assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
+    assert_eq!(h.decide.need_rows(), 1);
+}
+
+/// Issue 16: a provider that restarts empty, then answers truncated, then with garbage,
+/// moves nothing — no removal, no replacement, no reclaim — and when it recovers the shard
+/// is exactly where it was.
+#[tokio::test]
+async fn a_lying_provider_causes_no_removal_wave() {
+    let p = TestProvider::default();
+    for i in 0..40 {
+        p.put(pm(&format!("b{i:02}"), pb::MachineState::Configured, "c1"));
+    }
+    for i in 0..10 {
+        p.put(pm(&format!("i{i:02}"), pb::MachineState::Idle, ""));
+    }
+    let mut h = Harness::start_with(cfg_rails_off(), p.clone()).await;
+    h.decide.reconcile().await.unwrap();
+    h.decide
+        .apply_rollup(&rollup("c1", vec![need(160, 5)]))
+        .unwrap();
+    // Settle: whatever the engine wants to do with the truth, it has done.
+    for _ in 0..3 {
+        h.decide.reconcile().await.unwrap();
+        h.decide.run_cycle().await.unwrap();
+    }
+    let before = h.decide.machines_by_state().await;
+    let steady = h.decide.run_cycle().await.unwrap().decided;
+    h.drain_events();
+
+    p.script([
+        Scripted::Empty,
+        Scripted::Empty,
+        Scripted::Empty,
+        Scripted::Truncated(5),
+        Scripted::Invalid,
+    ]);
+    // Every scripted answer is consumed (a cycle may List too); after each, nothing moved.
+    let mut held = 0;
+    let mut round = 0;
+    while !p.state.lock().script.is_empty() {
+        h.decide.reconcile().await.unwrap();
+        held = held.max(h.decide.metrics().removals_held.get());
+        assert_eq!(
+            h.decide.machines_by_state().await,
+            before,
+            "round {round}: machines moved"
+        );
+        let report = h.decide.run_cycle().await.unwrap();
+        held = held.max(h.decide.metrics().removals_held.get());
+        assert_eq!(
+            report.decided, steady,
+            "round {round}: the engine reacted to the lie"
+        );
+        round += 1;
+    }
+    assert_eq!(held, 50, "the held removal was visible in the metric");
+    let gone = h
+        .drain_events()
+        .into_iter()
+        .filter(|e| format!("{e:?}").contains("Speculative"))
+        .count();
+    assert_eq!(gone, 0, "no operator was told its nodes are gone");
+
+    // The provider recovers: nothing moved.
+    h.decide.reconcile().await.unwrap();
+    assert_eq!(h.decide.machines_by_state().await, before);
+    assert_eq!(h.decide.metrics().removals_held.get(), 0);
+    assert_eq!(h.decide.run_cycle().await.unwrap().decided, steady);
 }

@@ -42,8 +42,21 @@ pub struct ProviderState {
     pub rev: u64,
     pub log: Vec<(u64, String)>,
     pub fail_lists: u32,
+    /// Answers for the next Lists, in order, instead of the truth (hostile-provider tests).
+    pub script: std::collections::VecDeque<Scripted>,
     pub list_calls: u32,
     pub last_since: Vec<u8>,
+}
+
+/// A lie a scripted List tells.
+#[derive(Debug, Clone, Copy)]
+pub enum Scripted {
+    /// Nothing at all (a provider that restarted with an empty store).
+    Empty,
+    /// Only the first n machines (a truncated answer).
+    Truncated(usize),
+    /// Every machine, each failing validation (negative price).
+    Invalid,
 }
 
 /// In-memory provider: List with a decimal revision cursor, Get; mutations
@@ -72,6 +85,11 @@ impl TestProvider {
         let mut m = self.state.lock().machines[id].clone();
         f(&mut m);
         self.put(m);
+    }
+
+    /// The next Lists answer `answers` in order, then the truth again.
+    pub fn script(&self, answers: impl IntoIterator<Item = Scripted>) {
+        self.state.lock().script.extend(answers);
     }
 
     pub fn fail_next_lists(&self, n: u32) {
@@ -124,6 +142,24 @@ impl CapacityProvider for TestProvider {
         if s.fail_lists > 0 {
             s.fail_lists -= 1;
             return Err(Status::unavailable("provider down"));
+        }
+        if let Some(answer) = s.script.pop_front() {
+            let all: Vec<pb::Machine> = s.machines.values().cloned().collect();
+            let machines = match answer {
+                Scripted::Empty => Vec::new(),
+                Scripted::Truncated(n) => all.into_iter().take(n).collect(),
+                Scripted::Invalid => all
+                    .into_iter()
+                    .map(|mut m| {
+                        m.price_per_hour = -1.0;
+                        m
+                    })
+                    .collect(),
+            };
+            return Ok(Response::new(pb::MachineList {
+                machines,
+                revision: Vec::new(),
+            }));
         }
         let since = r.get_ref().since_revision.clone();
         s.last_since.clone_from(&since);
@@ -222,7 +258,9 @@ pub fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>) -> mesh::ApplyRollupR
             needs,
         }),
         received_at_unix_nanos: 0,
-        session_id: 1,
+        // 0: not tied to a session (the supersession check is skipped); tests of session
+        // ordering set it explicitly.
+        session_id: 0,
     }
 }
 
@@ -230,7 +268,7 @@ pub struct Harness {
     pub dir: tempfile::TempDir,
     pub provider: TestProvider,
     pub decide: Decide,
-    pub events: mpsc::Receiver<mesh::ShardEvent>,
+    pub events: svc_shard_decide_core::Events,
     pub decide_sock: PathBuf,
     pub readiness: Readiness,
     stops: Vec<oneshot::Sender<()>>,
