@@ -97,6 +97,38 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_REMOVAL_CONFIRMATIONS", default_value_t = 5)]
     pub removal_confirmations: u32,
 
+    /// Phase 2 victim scoring weight of the priority gap (the original's default 1.0).
+    #[arg(long, env = "BIGFLEET_VICTIM_WEIGHT_PRIORITY", default_value_t = 1.0)]
+    pub victim_weight_priority: f64,
+
+    /// Phase 2 victim scoring weight of drain speed (1 / estimated drain seconds).
+    #[arg(
+        long,
+        env = "BIGFLEET_VICTIM_WEIGHT_DRAIN_SPEED",
+        default_value_t = 0.1
+    )]
+    pub victim_weight_drain_speed: f64,
+
+    /// Phase 2 victim scoring weight of the victim's interruption penalty (reciprocal).
+    #[arg(
+        long,
+        env = "BIGFLEET_VICTIM_WEIGHT_INTERRUPTION",
+        default_value_t = 0.1
+    )]
+    pub victim_weight_interruption: f64,
+
+    /// Phase 2 victim scoring weight of the victim's reclamation penalty (reciprocal).
+    #[arg(
+        long,
+        env = "BIGFLEET_VICTIM_WEIGHT_RECLAMATION",
+        default_value_t = 0.1
+    )]
+    pub victim_weight_reclamation: f64,
+
+    /// Drain time Phase 2 assumes for every victim.
+    #[arg(long, env = "BIGFLEET_ESTIMATED_DRAIN", default_value = "30s", value_parser = humantime::parse_duration)]
+    pub estimated_drain: std::time::Duration,
+
     /// Shortest time a held removal waits, however fast Lists come.
     #[arg(long, env = "BIGFLEET_REMOVAL_MIN_HOLD", default_value = "2m", value_parser = humantime::parse_duration)]
     pub removal_min_hold: std::time::Duration,

@@ -580,6 +580,15 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
             audit_log: args.audit_log.clone(),
         },
         provider_address: args.provider_addr.clone(),
+        phase2: bigfleet_decision::Phase2Options {
+            weights: bigfleet_decision::VictimWeights {
+                priority: args.victim_weight_priority,
+                drain_speed: args.victim_weight_drain_speed,
+                interruption: args.victim_weight_interruption,
+                reclamation: args.victim_weight_reclamation,
+            },
+            estimated_drain: args.estimated_drain,
+        },
         removals: svc_shard_decide_core::reconcile::RemovalPolicy {
             max_unconfirmed: args.removal_hold_count,
             max_unconfirmed_fraction: args.removal_hold_fraction.clamp(0.0, 1.0),
@@ -711,9 +720,19 @@ mod tests {
             "--reclaim-cap-fraction=0.1",
             "--max-actions-per-cycle=7",
             "--cycle-interval=250ms",
+            "--victim-weight-priority=2.5",
+            "--victim-weight-reclamation=0",
+            "--estimated-drain=90s",
         ])
         .unwrap();
         let c = decide_config(&a, 9);
+        assert_eq!(c.phase2.weights.priority, 2.5);
+        assert_eq!(c.phase2.weights.reclamation, 0.0);
+        assert_eq!(
+            c.phase2.weights.drain_speed, 0.1,
+            "defaults stay the original's"
+        );
+        assert_eq!(c.phase2.estimated_drain, Duration::from_secs(90));
         assert_eq!((c.shard_id.as_str(), c.epoch), ("shard-3", 9));
         assert!(c.rails.dry_run && !c.rails.actuation_paused);
         assert_eq!(c.rails.reclaim_budget_fraction, 0.1);

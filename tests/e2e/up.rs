@@ -312,6 +312,17 @@ async fn up_with_tls_runs_every_edge_over_mtls() {
         "{summary}"
     );
     assert!(run.join("tls/ca.crt").exists());
+    // Child logs are files: no colour escape sequences in any of them (issue 23).
+    for entry in std::fs::read_dir(run.join("logs")).unwrap() {
+        let path = entry.unwrap().path();
+        let bytes = std::fs::read(&path).unwrap();
+        assert!(!bytes.is_empty(), "{} is empty", path.display());
+        assert!(
+            !bytes.contains(&0x1b),
+            "{} contains an escape byte",
+            path.display()
+        );
+    }
     let gateway_args = std::fs::read_to_string(run.join("logs/shard-0-gateway.log")).unwrap();
     assert!(
         gateway_args.contains("--tls-cert"),

@@ -268,8 +268,17 @@ fn mutate(mut bytes: Vec<u8>, flips: &[(usize, u8)]) -> Vec<u8> {
     bytes
 }
 
+/// Cases per property: 512 in the test suite (a short, fixed run); set
+/// `BIGFLEET_FUZZ_CASES` for a long run (docs/benchmarks.md, "fuzzing").
+fn fuzz_cases() -> u32 {
+    std::env::var("BIGFLEET_FUZZ_CASES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(512)
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 512, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: fuzz_cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn arbitrary_rollups_never_panic(msg in rollup()) {

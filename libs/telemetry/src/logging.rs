@@ -134,6 +134,13 @@ fn filter(spec: &str) -> Result<EnvFilter, TelemetryError> {
     })
 }
 
+/// Colour only for a person at a terminal: a log redirected to a file (`bigfleet up`'s child
+/// logs, a container's log stream) must carry no escape sequences, and `NO_COLOR` (any value)
+/// turns it off everywhere (no-color.org).
+pub fn use_colour(stderr_is_terminal: bool, no_color_set: bool) -> bool {
+    stderr_is_terminal && !no_color_set
+}
+
 /// Installs the global subscriber, the W3C propagator and, if configured, the OTLP tracer.
 /// Call once, early in `main`, inside the tokio runtime (the OTLP exporter's channel is
 /// created on it).
@@ -145,6 +152,10 @@ pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
     let fmt_filter = filter(&cfg.log_filter)?;
     let fmt_layer = match cfg.log_format {
         LogFormat::Text => tracing_subscriber::fmt::layer()
+            .with_ansi(use_colour(
+                std::io::IsTerminal::is_terminal(&std::io::stderr()),
+                std::env::var_os("NO_COLOR").is_some(),
+            ))
             .with_writer(std::io::stderr)
             .with_filter(fmt_filter)
             .boxed(),
@@ -274,6 +285,13 @@ pub fn clip(s: &str) -> std::borrow::Cow<'_, str> {
 #[cfg(test)]
 mod clip_tests {
     use super::*;
+
+    #[test]
+    fn colour_only_on_a_terminal_without_no_color() {
+        assert!(use_colour(true, false));
+        assert!(!use_colour(false, false), "a file or pipe gets no escapes");
+        assert!(!use_colour(true, true), "NO_COLOR wins");
+    }
 
     #[test]
     fn short_clean_strings_pass_untouched() {

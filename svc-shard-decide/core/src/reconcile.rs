@@ -1202,3 +1202,76 @@ mod tests {
         assert_eq!(inv.idle_since_of("a"), Some(50));
     }
 }
+
+/// Provider records are the other trust boundary (ARCHITECTURE §5.3): whatever bytes a
+/// provider sends, merging them never panics, never removes a machine it cannot attribute,
+/// and keeps the inventory consistent. A short fixed run in the suite; set
+/// `BIGFLEET_FUZZ_CASES` for a long one (docs/benchmarks.md, "fuzzing").
+#[cfg(test)]
+mod fuzz {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn cases() -> u32 {
+        std::env::var("BIGFLEET_FUZZ_CASES")
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(256)
+    }
+
+    fn valid(id: &str) -> Bytes {
+        let m = pb::Machine {
+            id: id.to_owned(),
+            state: pb::MachineState::Idle as i32,
+            host: Some(pb::HostRef {
+                provider: "p".into(),
+                r#ref: id.into(),
+            }),
+            instance_type: "t".into(),
+            zone: "z".into(),
+            price_per_hour: 1.0,
+            resources: Some(pb::Resources {
+                resources: [("cpu".to_owned(), "4".to_owned())].into_iter().collect(),
+            }),
+            ..Default::default()
+        };
+        Bytes::from(m.encode_to_vec())
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
+
+        #[test]
+        fn hostile_lists_never_panic_or_remove_unattributably(
+            garbage in proptest::collection::vec(proptest::collection::vec(any::<u8>(), 0..64), 0..8),
+            flips in proptest::collection::vec((any::<usize>(), any::<u8>()), 0..6),
+        ) {
+            let mut inv = Inventory::new();
+            let base: Vec<Bytes> = (0..4).map(|i| valid(&format!("m{i}"))).collect();
+            let mut guard = RemovalGuard::new(RemovalPolicy::immediate());
+            merge(&mut inv, &base, true, 1, 0, |_| false, &mut Vec::new(), &mut guard);
+            prop_assert_eq!(inv.len(), 4);
+            // A second List: the valid records with bytes flipped, plus raw garbage.
+            let mut list: Vec<Bytes> = base
+                .iter()
+                .map(|b| {
+                    let mut v = b.to_vec();
+                    for (pos, x) in &flips {
+                        if !v.is_empty() {
+                            let i = pos % v.len();
+                            v[i] ^= x;
+                        }
+                    }
+                    Bytes::from(v)
+                })
+                .collect();
+            list.extend(garbage.into_iter().map(Bytes::from));
+            let r = merge(&mut inv, &list, true, 2, 0, |_| false, &mut Vec::new(), &mut guard);
+            // Whatever happened, a List with a record nobody can read removed nothing.
+            if r.rejected.contains(&"structural") {
+                prop_assert_eq!(r.removed, 0);
+            }
+            prop_assert_eq!(inv.len() + r.removed, 4 + r.inserted);
+        }
+    }
+}

@@ -65,6 +65,8 @@ pub struct DecideConfig {
     pub rollup_limits: RollupLimits,
     /// Distinct resource names over every cluster's demand (ADR-0104).
     pub max_shard_dimensions: usize,
+    /// Phase 2 victim scoring (weights and the drain estimate); the formula is fixed.
+    pub phase2: bigfleet_decision::Phase2Options,
 }
 
 impl Default for DecideConfig {
@@ -85,6 +87,7 @@ impl Default for DecideConfig {
             removals: crate::reconcile::RemovalPolicy::default(),
             rollup_limits: RollupLimits::default(),
             max_shard_dimensions: RollupLimits::DEFAULT_MAX_SHARD_DIMENSIONS,
+            phase2: bigfleet_decision::Phase2Options::default(),
         }
     }
 }
@@ -988,6 +991,7 @@ impl Decide {
             verdicts: true,
             threads: inner.cfg.engine_threads,
             release: inner.cfg.release,
+            phase2: inner.cfg.phase2,
             ..CycleOptions::default()
         };
         let out = run_cycle(&input, &opts)?;
