@@ -25,15 +25,10 @@ pub struct Cli {
 /// Flags every subcommand accepts (before or after the subcommand name).
 #[derive(Debug, Clone, Args)]
 pub struct GlobalArgs {
-    /// Coordinator address (any replica; calls follow the leader hint).
-    #[arg(
-        long,
-        global = true,
-        env = "BIGFLEET_COORDINATOR",
-        default_value = "http://127.0.0.1:7790",
-        value_name = "URI"
-    )]
-    pub coordinator: String,
+    /// Coordinator address (any replica; calls follow the leader hint). Default: the
+    /// context `bigfleet up` wrote (see BIGFLEET_CONTEXT), else http://127.0.0.1:7790.
+    #[arg(long, global = true, env = "BIGFLEET_COORDINATOR", value_name = "URI")]
+    pub coordinator: Option<String>,
 
     /// svc-inspect gRPC address. When set, `shards`, `needs` and `shortfalls` read through
     /// it; otherwise the CLI asks the coordinator and the shards itself.
@@ -211,7 +206,7 @@ mod tests {
         ])
         .unwrap();
         assert_eq!(cli.global.output, OutputFormat::Json);
-        assert_eq!(cli.global.coordinator, "http://c:1");
+        assert_eq!(cli.global.coordinator.as_deref(), Some("http://c:1"));
         assert_eq!(cli.global.timeout, Duration::from_secs(2));
         match cli.command {
             Command::Needs(n) => assert!(n.unmet && n.cluster == "c1" && n.limit == 0),

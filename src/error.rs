@@ -111,6 +111,8 @@ pub enum CliError {
     },
     #[error(transparent)]
     Tls(#[from] bigfleet_identity::TlsError),
+    #[error(transparent)]
+    Context(#[from] crate::context::ContextError),
     /// Every shard was asked and none answered.
     #[error("no shard answered: {0}")]
     NoShardReachable(String),

@@ -14,6 +14,7 @@
 
 pub mod admin;
 pub mod cli;
+pub mod context;
 mod error;
 pub mod output;
 pub mod pki;
@@ -44,22 +45,54 @@ pub struct Context {
     pub output: OutputFormat,
 }
 
+/// Where the CLI connects when neither flag nor environment says.
+pub const DEFAULT_COORDINATOR: &str = "http://127.0.0.1:7790";
+
 impl Context {
+    /// The connection settings: flags and environment first, then the context file
+    /// `bigfleet up` wrote (only when no address was given at all, so a flag never mixes
+    /// with a file's certificates), then the defaults.
     pub fn from_args(g: &GlobalArgs) -> Result<Self, CliError> {
-        let flags = TlsFlags {
+        let file = if g.coordinator.is_none() && g.inspect.is_none() {
+            match context::default_path(|k| std::env::var(k).ok()) {
+                Some(path) => context::load(&path)?,
+                None => None,
+            }
+        } else {
+            None
+        };
+        let mut flags = TlsFlags {
             cert: g.tls_cert.clone(),
             key: g.tls_key.clone(),
             ca: g.tls_ca.clone(),
             crl: g.tls_crl.clone(),
             insecure_plaintext: false,
         };
+        if flags.cert.is_none()
+            && flags.key.is_none()
+            && flags.ca.is_none()
+            && let Some(t) = file.as_ref().and_then(|f| f.tls.as_ref())
+        {
+            flags.cert = Some(t.cert.clone());
+            flags.key = Some(t.key.clone());
+            flags.ca = Some(t.ca.clone());
+        }
         let tls = match flags.resolve()? {
             None => None,
             Some(files) => Some(TlsContext::load(&files)?.client_config()?),
         };
+        let coordinator = g
+            .coordinator
+            .clone()
+            .or_else(|| file.as_ref().map(|f| f.coordinator.clone()))
+            .unwrap_or_else(|| DEFAULT_COORDINATOR.to_owned());
+        let inspect = g
+            .inspect
+            .clone()
+            .or_else(|| file.as_ref().and_then(|f| f.inspect.clone()));
         Ok(Self {
-            coordinator: g.coordinator.clone(),
-            inspect: g.inspect.clone().filter(|a| !a.trim().is_empty()),
+            coordinator,
+            inspect: inspect.filter(|a| !a.trim().is_empty()),
             tls,
             timeout: g.timeout,
             output: g.output,

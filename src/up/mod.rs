@@ -97,6 +97,13 @@ pub struct UpArgs {
     #[arg(long, value_name = "PATH")]
     pub ports_file: Option<PathBuf>,
 
+    /// Where to write the CLI context (addresses and, with --tls, the admin certificate), so
+    /// `bigfleet shards` and friends find this mesh with no flags. Default:
+    /// $XDG_CONFIG_HOME/bigfleet/context.json or ~/.config/bigfleet/context.json. Removed
+    /// again when `up` stops.
+    #[arg(long, env = "BIGFLEET_CONTEXT", value_name = "PATH")]
+    pub context_file: Option<PathBuf>,
+
     /// Run directory (logs, sockets, data). Default: a fresh temporary directory, removed
     /// after a clean exit and kept when a child crashed.
     #[arg(long, value_name = "DIR")]
@@ -245,6 +252,20 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
             return Err(e);
         }
     };
+    // Before the ports file: whoever waits for that one finds the context in place.
+    let context_path = args
+        .context_file
+        .clone()
+        .or_else(|| crate::context::default_path(|k| std::env::var(k).ok()));
+    if let Some(path) = &context_path {
+        match write_context(&mesh, &run_dir, path) {
+            Ok(()) => eprintln!(
+                "bigfleet up: the CLI now talks to this mesh (context {}); another context: BIGFLEET_CONTEXT=<file> bigfleet ...",
+                path.display()
+            ),
+            Err(e) => eprintln!("bigfleet up: could not write the CLI context: {e}"),
+        }
+    }
     if let Some(path) = &args.ports_file {
         let json = serde_json::to_string_pretty(mesh.ports()).map_err(|e| UpError::Io {
             what: "encoding the ports file".into(),
@@ -272,6 +293,9 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
         o.join().await;
     }
     let statuses = mesh.shutdown().await;
+    if let Some(path) = &context_path {
+        crate::context::remove_if_written_by(path, std::process::id());
+    }
     tracing::debug!(?statuses, "children stopped");
 
     let clean = crashes.is_empty();
@@ -321,6 +345,48 @@ fn write_atomically(path: &std::path::Path, text: &str) -> Result<(), UpError> {
     };
     std::fs::write(&tmp, text).map_err(io)?;
     std::fs::rename(&tmp, path).map_err(io)
+}
+
+/// The CLI context for this mesh: the coordinator and svc-inspect, and with mTLS the admin
+/// certificate (the CLI's role).
+fn write_context(
+    mesh: &Mesh,
+    run_dir: &std::path::Path,
+    path: &std::path::Path,
+) -> Result<(), UpError> {
+    let p = mesh.ports();
+    let scheme = if mesh.pki().is_some() {
+        "https"
+    } else {
+        "http"
+    };
+    let Some(coordinator) = &p.coordinator else {
+        return Err(UpError::Tls("no coordinator in this mesh".into()));
+    };
+    let tls = match mesh.pki() {
+        None => None,
+        Some(pki) => {
+            let f = pki.files("admin")?;
+            Some(crate::context::ContextTls {
+                cert: f.cert,
+                key: f.key,
+                ca: f.ca,
+            })
+        }
+    };
+    let ctx = crate::context::CliContext {
+        coordinator: format!("{scheme}://{}", coordinator.grpc),
+        inspect: p.inspect.as_ref().map(|i| format!("{scheme}://{}", i.grpc)),
+        tls,
+        written_by: Some(crate::context::Writer {
+            pid: std::process::id(),
+            run_dir: run_dir.to_path_buf(),
+        }),
+    };
+    crate::context::save(path, &ctx).map_err(|e| UpError::Io {
+        what: "writing the CLI context".into(),
+        source: std::io::Error::other(e),
+    })
 }
 
 fn print_banner(mesh: &Mesh, took: Duration) {

@@ -43,6 +43,8 @@ impl Up {
             .arg(&ports)
             .arg("--data-dir")
             .arg(dir.path().join("run"))
+            // Its own CLI context, never the user's.
+            .env("BIGFLEET_CONTEXT", dir.path().join("context.json"))
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::inherit())

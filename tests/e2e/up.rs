@@ -52,9 +52,22 @@ fn cmdline(pid: u32) -> String {
 }
 
 fn up(args: &[&str]) -> Child {
+    // A context file of its own per run, never the user's ~/.config/bigfleet/context.json.
+    let ctx = std::env::temp_dir().join(format!(
+        "bigfleet-e2e-context-{}-{}.json",
+        std::process::id(),
+        NEXT_CONTEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+    ));
+    up_with_context(args, &ctx)
+}
+
+static NEXT_CONTEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+fn up_with_context(args: &[&str], context: &Path) -> Child {
     Command::new(exe())
         .arg("up")
         .args(args)
+        .env("BIGFLEET_CONTEXT", context)
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -378,6 +391,60 @@ async fn a_sigkilled_up_takes_its_children_along() {
         assert!(Instant::now() < deadline, "orphans still running: {left:?}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_finds_a_running_up_with_no_flags() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let ports = dir.path().join("ports.json");
+    let context = dir.path().join("context.json");
+    let mut child = up_with_context(
+        &[
+            "--quiet",
+            "--operators",
+            "0",
+            "--ports-file",
+            ports.to_str().unwrap(),
+            "--data-dir",
+            run.to_str().unwrap(),
+        ],
+        &context,
+    );
+    wait_file(&ports, READY_TIMEOUT).await;
+    let ctx: serde_json::Value = serde_json::from_slice(&std::fs::read(&context).unwrap()).unwrap();
+    assert!(
+        ctx["coordinator"]
+            .as_str()
+            .unwrap()
+            .starts_with("http://127.0.0.1:")
+    );
+    // `bigfleet shards`: no --coordinator, no BIGFLEET_COORDINATOR, only the context.
+    let out = Command::new(exe())
+        .arg("shards")
+        .env_remove("BIGFLEET_COORDINATOR")
+        .env_remove("BIGFLEET_INSPECT")
+        .env("BIGFLEET_CONTEXT", &context)
+        .output()
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(
+        out.status.success(),
+        "{stdout}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(stdout.contains("shard-0"), "{stdout}");
+    // A flag still wins over the context: a dead address fails, naming it.
+    let out = Command::new(exe())
+        .args(["shards", "--coordinator", "http://127.0.0.1:9"])
+        .env("BIGFLEET_CONTEXT", &context)
+        .output()
+        .await
+        .unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("127.0.0.1:9"));
+    child.kill().await.unwrap();
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
