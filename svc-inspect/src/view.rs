@@ -372,10 +372,14 @@ pub fn spread_text(s: &pb::TopologySpread) -> String {
     format!("{} skew {} ({mode})", s.topology_key, s.max_skew)
 }
 
-/// `cpu=96, memory=768Gi` (sorted by name); empty map ⇒ empty string.
+/// `cpu=96, memory=768Gi` (sorted by name, quantities the way people write them — the wire
+/// carries canonical integers such as `memory=824633720832`); empty map ⇒ empty string.
 pub fn resources_text(map: &BTreeMap<String, String>) -> String {
     map.iter()
-        .map(|(k, v)| format!("{k}={v}"))
+        .map(|(k, v)| match bigfleet_model::parse_quantity(v) {
+            Ok(milli) => format!("{k}={}", bigfleet_model::format_for_people(milli)),
+            Err(_) => format!("{k}={v}"),
+        })
         .collect::<Vec<_>>()
         .join(", ")
 }
@@ -463,6 +467,16 @@ mod tests {
         assert_eq!(row.priority, 7);
         assert_eq!(row.unmet_reason, "NO_MATCHING_SUPPLY");
         assert_eq!(resources_text(&row.residual_deficit), "nvidia.com/gpu=64");
+        let raw: BTreeMap<String, String> = [
+            ("cpu".to_owned(), "96".to_owned()),
+            ("memory".to_owned(), "274877906944".to_owned()),
+            ("example.com/odd".to_owned(), "lots".to_owned()),
+        ]
+        .into();
+        assert_eq!(
+            resources_text(&raw),
+            "cpu=96, example.com/odd=lots, memory=256Gi"
+        );
         assert_eq!(row.shard_id.as_deref(), Some("s1"));
         let json = serde_json::to_string(&row).unwrap();
         let back: NeedRow = serde_json::from_str(&json).unwrap();

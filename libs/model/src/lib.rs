@@ -26,7 +26,7 @@ pub use machine::{
 };
 pub use need::{Need, aggregate, snapshot_order};
 pub use profile::{Precedence, Profile};
-pub use quantity::{Milli, QuantityError, format_milli, parse_quantity};
+pub use quantity::{Milli, QuantityError, format_for_people, format_milli, parse_quantity};
 pub use requirement::{
     CapacityType, INSTANCE_TYPE_KEY, Operator, Requirement, TopologySpread, WhenUnsatisfiable,
     ZONE_KEY, matches_machine, matches_requirements, pinned_instance_types, same_requirement,

@@ -190,6 +190,35 @@ pub fn format_milli(milli: i64) -> String {
     }
 }
 
+/// A quantity for people, the way Kubernetes users write it: whole values of at least one
+/// MiB that are a multiple of 1024 take the largest binary suffix that divides them
+/// (`274877906944` → `256Gi`), other whole values stay plain (`96`), fractions use milli
+/// (`500m`). Parses back to the same value; counts below a MiB (CPUs, GPUs, pods) are never
+/// given a binary suffix, so `cpu=1024` stays `1024`.
+pub fn format_for_people(milli: i64) -> String {
+    const KI: i64 = 1024;
+    const SUFFIXES: [(&str, i64); 6] = [
+        ("Ei", KI * KI * KI * KI * KI * KI),
+        ("Pi", KI * KI * KI * KI * KI),
+        ("Ti", KI * KI * KI * KI),
+        ("Gi", KI * KI * KI),
+        ("Mi", KI * KI),
+        ("Ki", KI),
+    ];
+    if milli % 1000 != 0 {
+        return format!("{milli}m");
+    }
+    let whole = milli / 1000;
+    if whole.unsigned_abs() >= (KI * KI) as u64 {
+        for (suffix, unit) in SUFFIXES {
+            if whole % unit == 0 {
+                return format!("{}{suffix}", whole / unit);
+            }
+        }
+    }
+    whole.to_string()
+}
+
 /// A quantity already parsed to milli-units; displays in canonical form.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default)]
 pub struct Milli(pub i64);
@@ -324,6 +353,31 @@ mod tests {
         assert_eq!(q(&format!("{}m", i64::MAX)), i64::MAX);
         assert_eq!(q(&format!("{}m", i64::MIN)), i64::MIN);
         assert!(parse_quantity("9223372036854775808m").is_err());
+    }
+
+    #[test]
+    fn people_format() {
+        assert_eq!(format_for_people(274_877_906_944_000), "256Gi");
+        assert_eq!(format_for_people(96_000), "96");
+        assert_eq!(format_for_people(500), "500m");
+        assert_eq!(
+            format_for_people(1_024_000),
+            "1024",
+            "cpu counts keep no suffix"
+        );
+        assert_eq!(format_for_people(3 * 1024 * 1024 * 1000 + 1000), "3145729");
+        assert_eq!(format_for_people(1536 * 1024 * 1024 * 1000), "1536Mi");
+        assert_eq!(format_for_people(0), "0");
+        assert_eq!(format_for_people(-2 * 1024 * 1024 * 1024 * 1000), "-2Gi");
+        for m in [
+            274_877_906_944_000,
+            96_000,
+            500,
+            1_024_000,
+            1536 * 1024 * 1024 * 1000,
+        ] {
+            assert_eq!(q(&format_for_people(m)), m, "round trip of {m}");
+        }
     }
 
     #[test]
