@@ -129,6 +129,13 @@ pub struct UpArgs {
     /// No progress lines on stderr.
     #[arg(long)]
     pub quiet: bool,
+
+    /// Restart a crashed child (with backoff: 1 s, doubling up to 30 s). Off: a crashed
+    /// child stays down and `up` keeps running without it — e.g. to watch the shards keep
+    /// provisioning with the coordinator gone. Either way, `up` stops when a child crashes
+    /// 5 times within a minute.
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    pub restart: bool,
 }
 
 /// The per-shard fake-provider seeds `args` ask for. Built-in and generated catalogs bind
@@ -284,7 +291,7 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     )?;
     print_banner(&mesh, started.elapsed());
 
-    let (crashes, last) = supervise(&mut mesh, &operators, &args, started).await;
+    let (seen, last) = supervise(&mut mesh, &operators, &args, started).await;
     let operator_errors: u64 = operators.iter().map(|o| o.stats().errors()).sum();
     for o in &operators {
         o.stop();
@@ -298,7 +305,9 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     }
     tracing::debug!(?statuses, "children stopped");
 
-    let clean = crashes.is_empty();
+    // A child that crashed and came back is not a failed run; one that crash-looped is.
+    let clean = seen.gave_up.is_empty();
+    let keep_logs = !seen.crashes.is_empty();
     if args.duration.is_some()
         && let Some(snap) = &last
     {
@@ -312,8 +321,9 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
             actions_executed: snap.actions_executed,
             actions_succeeded: snap.actions_succeeded,
             cycles: snap.cycles,
-            errors: crashes.len() as u64 + operator_errors + snap.problems.len() as u64,
-            crashed: crashes.iter().map(|c| c.name.clone()).collect(),
+            errors: seen.gave_up.len() as u64 + operator_errors + snap.problems.len() as u64,
+            crashed: seen.crashes.iter().map(|c| c.name.clone()).collect(),
+            restarts: seen.restarts,
             elapsed_seconds: started.elapsed().as_secs_f64(),
             shards: args.shards,
             clusters,
@@ -326,7 +336,7 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
         let _ = out.flush();
     }
     match temp {
-        Some(t) if !clean => {
+        Some(t) if !clean || keep_logs => {
             let kept = t.keep();
             eprintln!("bigfleet up: logs kept in {}", kept.display());
         }
@@ -413,16 +423,60 @@ fn print_banner(mesh: &Mesh, took: Duration) {
     eprintln!("  Ctrl-C stops everything.");
 }
 
-/// The supervision loop: progress every second, crash detection, stop conditions.
-/// Returns the crashes seen and the last snapshot.
+/// Crashes within [`CRASH_LOOP_WINDOW`] after which `up` gives up on a child and stops.
+const CRASH_LOOP_LIMIT: usize = 5;
+const CRASH_LOOP_WINDOW: Duration = Duration::from_secs(60);
+const RESTART_BACKOFF_MAX: Duration = Duration::from_secs(30);
+
+/// Restart bookkeeping of one child.
+#[derive(Debug, Default)]
+struct ChildHistory {
+    crashes: std::collections::VecDeque<Instant>,
+    /// When the pending restart is due (None: running, or not to be restarted).
+    due: Option<Instant>,
+    backoff: Option<Duration>,
+}
+
+impl ChildHistory {
+    /// Records a crash at `now`; true when the child is crash-looping.
+    fn crashed(&mut self, now: Instant) -> bool {
+        self.crashes.push_back(now);
+        while self
+            .crashes
+            .front()
+            .is_some_and(|t| now.duration_since(*t) > CRASH_LOOP_WINDOW)
+        {
+            self.crashes.pop_front();
+        }
+        let next = self
+            .backoff
+            .map_or(Duration::from_secs(1), |b| (b * 2).min(RESTART_BACKOFF_MAX));
+        self.backoff = Some(next);
+        self.due = Some(now + next);
+        self.crashes.len() >= CRASH_LOOP_LIMIT
+    }
+}
+
+/// What supervision saw.
+#[derive(Debug, Default)]
+struct Supervision {
+    crashes: Vec<Crash>,
+    restarts: u64,
+    /// Children given up on (crash loops).
+    gave_up: Vec<String>,
+}
+
+/// The supervision loop: progress every second, crash detection and restarts with
+/// backoff, stop conditions (Ctrl-C, --duration, a crash loop).
 async fn supervise(
     mesh: &mut Mesh,
     operators: &[OperatorHandle],
     args: &UpArgs,
     started: Instant,
-) -> (Vec<Crash>, Option<Snapshot>) {
+) -> (Supervision, Option<Snapshot>) {
     let deadline = args.duration.map(|d| Instant::now() + d);
-    let mut crashes = Vec::new();
+    let mut seen = Supervision::default();
+    let mut history: std::collections::BTreeMap<String, ChildHistory> = Default::default();
     let mut previous: Option<(Snapshot, Instant)> = None;
     let signal = stop_signal();
     tokio::pin!(signal);
@@ -436,30 +490,86 @@ async fn supervise(
             }
             _ = tick.tick() => false,
         };
-        let new = mesh.crashes();
-        for c in &new {
+        let now = Instant::now();
+        let mut looping = false;
+        for c in mesh.crashes() {
             eprintln!("bigfleet up: {c}");
+            let h = history.entry(c.name.clone()).or_default();
+            if h.crashed(now) {
+                eprintln!(
+                    "bigfleet up: {} crashed {CRASH_LOOP_LIMIT} times within {}s; stopping everything",
+                    c.name,
+                    CRASH_LOOP_WINDOW.as_secs()
+                );
+                seen.gave_up.push(c.name.clone());
+                looping = true;
+            } else if args.restart {
+                eprintln!(
+                    "bigfleet up: restarting {} in {:?}",
+                    c.name,
+                    h.backoff.unwrap_or_default()
+                );
+            } else {
+                h.due = None;
+                eprintln!(
+                    "bigfleet up: {} stays down (--restart=false); the rest keeps running",
+                    c.name
+                );
+            }
+            seen.crashes.push(c);
         }
-        let crashed = !new.is_empty();
-        crashes.extend(new);
+        if args.restart && !looping {
+            for (name, h) in &mut history {
+                if h.due.is_some_and(|d| d <= now) {
+                    h.due = None;
+                    match mesh.restart(name).await {
+                        Ok(()) => {
+                            seen.restarts += 1;
+                            eprintln!("bigfleet up: {name} restarted");
+                        }
+                        // Counted like a crash: it will be retried with a longer backoff.
+                        Err(e) => {
+                            eprintln!("bigfleet up: restarting {name} failed: {e}");
+                            if h.crashed(Instant::now()) {
+                                seen.gave_up.push(name.clone());
+                                looping = true;
+                            }
+                        }
+                    }
+                }
+            }
+        }
         let finished = deadline.is_some_and(|d| Instant::now() >= d);
-        if stop || crashed || finished || !args.quiet {
+        if stop || looping || finished || !args.quiet {
             let snap = progress::sample(mesh).await;
             if !args.quiet {
                 let connected = operators.iter().filter(|o| o.is_connected()).count();
                 let prev = previous.as_ref().map(|(s, at)| (s, at.elapsed()));
-                eprintln!(
-                    "{}",
-                    progress::render(started.elapsed(), &snap, prev, (connected, operators.len()))
-                );
+                let down: Vec<&str> = history
+                    .iter()
+                    .filter(|(_, h)| h.due.is_some() || !args.restart)
+                    .map(|(n, _)| n.as_str())
+                    .collect();
+                let mut line =
+                    progress::render(started.elapsed(), &snap, prev, (connected, operators.len()));
+                if !seen.crashes.is_empty() {
+                    line.push_str(&format!(
+                        " | crashes {} restarts {}{}",
+                        seen.crashes.len(),
+                        seen.restarts,
+                        if down.is_empty() {
+                            String::new()
+                        } else {
+                            format!(" down: {}", down.join(","))
+                        }
+                    ));
+                }
+                eprintln!("{line}");
             }
             let last = snap.clone();
             previous = Some((snap, Instant::now()));
-            if stop || crashed || finished {
-                if crashed {
-                    eprintln!("bigfleet up: a child crashed; stopping everything");
-                }
-                return (crashes, Some(last));
+            if stop || looping || finished {
+                return (seen, Some(last));
             }
         }
     }

@@ -141,10 +141,13 @@ pub struct Summary {
     pub actions_executed: u64,
     pub actions_succeeded: u64,
     pub cycles: u64,
-    /// Crashed children + operator errors (failed connects, lost sessions, rejected or
-    /// unapplied roll-ups) + sources unreadable at the end.
+    /// Children that crash-looped (up gave up on them) + operator errors (failed connects,
+    /// lost sessions, rejected or unapplied roll-ups) + sources unreadable at the end.
     pub errors: u64,
+    /// Every child crash, in order (a restarted child appears once per crash).
     pub crashed: Vec<String>,
+    /// Successful restarts of crashed children.
+    pub restarts: u64,
     pub elapsed_seconds: f64,
     pub shards: usize,
     pub clusters: usize,
