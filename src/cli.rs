@@ -103,6 +103,11 @@ pub enum Command {
     /// Run the whole mesh locally: coordinator, shards, fake provider, inspect and
     /// simulated operators, each a separate child process.
     Up(crate::up::UpArgs),
+    /// Break and mend the running `bigfleet up` by hand: kill or restart one of its
+    /// children by name (e.g. `coordinator`, `shard-0-decide`, `shard-0-execute`,
+    /// `shard-0-gateway`, `provider-0`, `inspect`). Finds `up` through the CLI context.
+    #[command(subcommand)]
+    Lab(LabCommand),
     /// Run one service in this process (`bigfleet svc <service> [flags]`, ADR-0005); used
     /// by `bigfleet up`. Dispatched before the CLI parses its own flags (see `main`).
     #[command(hide = true)]
@@ -242,4 +247,16 @@ mod tests {
             "--cluster is required"
         );
     }
+}
+
+/// `bigfleet lab ...`: requests to the running `bigfleet up`.
+#[derive(Debug, Clone, clap::Subcommand)]
+pub enum LabCommand {
+    /// SIGKILL one child, as a crash would; `up` leaves it down (no automatic restart).
+    Kill {
+        /// The child's name, as in `up`'s logs directory.
+        child: String,
+    },
+    /// Start one child again (stopping it first if it runs) and wait until it is ready.
+    Restart { child: String },
 }

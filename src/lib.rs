@@ -16,6 +16,7 @@ pub mod admin;
 pub mod cli;
 pub mod context;
 mod error;
+pub mod lab;
 pub mod output;
 pub mod pki;
 pub mod read;
@@ -188,6 +189,11 @@ pub async fn run(
             OutputFormat::Table => Ok(out.write_all(output.render().as_bytes())?),
         };
     }
+    // `lab` talks to the running `up` through its run directory, not over the network.
+    if let Command::Lab(cmd) = &cli.command {
+        let answer = lab::run(cmd, cli.global.timeout).await?;
+        return Ok(out.write_all(answer.as_bytes())?);
+    }
     let ctx = Context::from_args(&cli.global)?;
     let json = ctx.output == OutputFormat::Json;
     match &cli.command {
@@ -225,7 +231,7 @@ pub async fn run(
                 out.write_all(read::render_domains(&rows).as_bytes())?;
             }
         }
-        Command::Pki(_) => unreachable!("handled above"),
+        Command::Pki(_) | Command::Lab(_) => unreachable!("handled above"),
         Command::Up(_) | Command::Svc(_) => {
             // Process-level commands: `main` runs them (`up::main`, `svc::main`) before
             // this function is reached.

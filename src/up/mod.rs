@@ -291,7 +291,7 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     )?;
     print_banner(&mesh, started.elapsed());
 
-    let (seen, last) = supervise(&mut mesh, &operators, &args, started).await;
+    let (seen, last) = supervise(&mut mesh, &operators, &args, started, &run_dir).await;
     let operator_errors: u64 = operators.iter().map(|o| o.stats().errors()).sum();
     for o in &operators {
         o.stop();
@@ -473,10 +473,12 @@ async fn supervise(
     operators: &[OperatorHandle],
     args: &UpArgs,
     started: Instant,
+    run_dir: &std::path::Path,
 ) -> (Supervision, Option<Snapshot>) {
     let deadline = args.duration.map(|d| Instant::now() + d);
     let mut seen = Supervision::default();
     let mut history: std::collections::BTreeMap<String, ChildHistory> = Default::default();
+    let mut manual_down: std::collections::BTreeSet<String> = Default::default();
     let mut previous: Option<(Snapshot, Instant)> = None;
     let signal = stop_signal();
     tokio::pin!(signal);
@@ -490,6 +492,31 @@ async fn supervise(
             }
             _ = tick.tick() => false,
         };
+        // Failure on demand (`bigfleet lab kill|restart <child>`): a killed child is left
+        // down on purpose, so it is neither reported as a crash nor restarted.
+        for (path, request) in crate::lab::pending(run_dir) {
+            let result = match request {
+                None => Err("not a request (kill <child> | restart <child>)".to_owned()),
+                Some(crate::lab::Request::Kill(name)) => match mesh.kill(&name).await {
+                    Ok(_) => {
+                        eprintln!("bigfleet up: {name} killed on request; it stays down");
+                        manual_down.insert(name.clone());
+                        Ok(format!("killed {name}\n"))
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+                Some(crate::lab::Request::Restart(name)) => match mesh.restart(&name).await {
+                    Ok(()) => {
+                        eprintln!("bigfleet up: {name} restarted on request");
+                        manual_down.remove(&name);
+                        history.remove(&name);
+                        Ok(format!("restarted {name}\n"))
+                    }
+                    Err(e) => Err(e.to_string()),
+                },
+            };
+            crate::lab::answer(&path, result);
+        }
         let now = Instant::now();
         let mut looping = false;
         for c in mesh.crashes() {
@@ -549,10 +576,11 @@ async fn supervise(
                     .iter()
                     .filter(|(_, h)| h.due.is_some() || !args.restart)
                     .map(|(n, _)| n.as_str())
+                    .chain(manual_down.iter().map(String::as_str))
                     .collect();
                 let mut line =
                     progress::render(started.elapsed(), &snap, prev, (connected, operators.len()));
-                if !seen.crashes.is_empty() {
+                if !seen.crashes.is_empty() || !down.is_empty() {
                     line.push_str(&format!(
                         " | crashes {} restarts {}{}",
                         seen.crashes.len(),

@@ -532,6 +532,60 @@ async fn with_the_coordinator_down_the_shard_keeps_working() {
     assert!(stderr.contains("stays down"), "{stderr}");
 }
 
+/// Failure on demand by hand: `bigfleet lab kill|restart <child>` against a running `up`,
+/// found through the CLI context.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_kills_and_restarts_a_named_child() {
+    let dir = tempfile::tempdir().unwrap();
+    let run = dir.path().join("run");
+    let ports = dir.path().join("ports.json");
+    let context = dir.path().join("context.json");
+    let mut child = up_with_context(
+        &[
+            "--quiet",
+            "--operators",
+            "0",
+            "--ports-file",
+            ports.to_str().unwrap(),
+            "--data-dir",
+            run.to_str().unwrap(),
+        ],
+        &context,
+    );
+    wait_file(&ports, READY_TIMEOUT).await;
+    let up_pid = child.id().unwrap();
+    let lab = |args: &[&str]| {
+        let mut c = Command::new(exe());
+        c.arg("lab").args(args).env("BIGFLEET_CONTEXT", &context);
+        c
+    };
+    let before = child_running(up_pid, "svc coordinator").expect("a coordinator child");
+    let out = lab(&["kill", "coordinator"]).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(
+        String::from_utf8_lossy(&out.stdout).trim(),
+        "killed coordinator"
+    );
+    assert!(!alive(before), "the coordinator is gone");
+    let out = lab(&["restart", "coordinator"]).output().await.unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let after = child_running(up_pid, "svc coordinator").expect("a new coordinator child");
+    assert_ne!(after, before);
+    // An unknown child is an error naming it.
+    let out = lab(&["kill", "nope"]).output().await.unwrap();
+    assert!(!out.status.success());
+    assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
+    child.kill().await.unwrap();
+}
+
 /// A crashed child is restarted (with backoff) and counted; the run ends clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_child_is_restarted_and_reported() {
