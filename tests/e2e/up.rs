@@ -398,13 +398,11 @@ async fn a_sigkilled_up_takes_its_children_along() {
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn the_cli_finds_a_running_up_with_no_flags() {
+/// A ready `up` with no operators and a context file of its own (`<dir>/context.json`).
+async fn quiet_up_with_context() -> (tempfile::TempDir, Child) {
     let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
     let ports = dir.path().join("ports.json");
-    let context = dir.path().join("context.json");
-    let mut child = up_with_context(
+    let child = up_with_context(
         &[
             "--quiet",
             "--operators",
@@ -412,11 +410,18 @@ async fn the_cli_finds_a_running_up_with_no_flags() {
             "--ports-file",
             ports.to_str().unwrap(),
             "--data-dir",
-            run.to_str().unwrap(),
+            dir.path().join("run").to_str().unwrap(),
         ],
-        &context,
+        &dir.path().join("context.json"),
     );
     wait_file(&ports, READY_TIMEOUT).await;
+    (dir, child)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_finds_a_running_up_with_no_flags() {
+    let (dir, mut child) = quiet_up_with_context().await;
+    let context = dir.path().join("context.json");
     let ctx: serde_json::Value = serde_json::from_slice(&std::fs::read(&context).unwrap()).unwrap();
     assert!(
         ctx["coordinator"]
@@ -536,23 +541,8 @@ async fn with_the_coordinator_down_the_shard_keeps_working() {
 /// found through the CLI context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_kills_and_restarts_a_named_child() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
+    let (dir, mut child) = quiet_up_with_context().await;
     let context = dir.path().join("context.json");
-    let mut child = up_with_context(
-        &[
-            "--quiet",
-            "--operators",
-            "0",
-            "--ports-file",
-            ports.to_str().unwrap(),
-            "--data-dir",
-            run.to_str().unwrap(),
-        ],
-        &context,
-    );
-    wait_file(&ports, READY_TIMEOUT).await;
     let up_pid = child.id().unwrap();
     let lab = |args: &[&str]| {
         let mut c = Command::new(exe());

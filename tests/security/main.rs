@@ -317,6 +317,26 @@ async fn the_gateway_public_port_serves_each_caller_only_its_contract() {
     assert!(denied >= 13.0, "refusals are counted: {denied}");
 }
 
+/// Opens a Work stream with a worker Hello for shard-0, as an execute worker would.
+async fn pull_as_worker(
+    ch: tonic::transport::Channel,
+) -> Result<tonic::Response<tonic::Streaming<mesh::WorkItem>>, tonic::Status> {
+    let (tx, rx) = tokio::sync::mpsc::channel(1);
+    tx.send(mesh::WorkerMessage {
+        msg: Some(mesh::worker_message::Msg::Hello(
+            mesh::worker_message::Hello {
+                worker_id: "w".into(),
+                shard_id: "shard-0".into(),
+            },
+        )),
+    })
+    .await
+    .unwrap();
+    let r = WorkClient::new(ch).pull(ReceiverStream::new(rx)).await;
+    drop(tx);
+    r
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn decides_work_port_serves_only_this_shards_workers() {
     let dir = tempfile::tempdir().unwrap();
@@ -343,20 +363,7 @@ async fn decides_work_port_serves_only_this_shards_workers() {
         ("shard/shard-1/execute", "another shard's worker"),
         ("readonly", "a reader"),
     ] {
-        let (tx, rx) = tokio::sync::mpsc::channel(1);
-        tx.send(mesh::WorkerMessage {
-            msg: Some(mesh::worker_message::Msg::Hello(
-                mesh::worker_message::Hello {
-                    worker_id: "w".into(),
-                    shard_id: "shard-0".into(),
-                },
-            )),
-        })
-        .await
-        .unwrap();
-        let r = WorkClient::new(ch(role).await)
-            .pull(ReceiverStream::new(rx))
-            .await;
+        let r = pull_as_worker(ch(role).await).await;
         assert_eq!(code(&r), Code::PermissionDenied, "{what}");
         let r = WorkClient::new(ch(role).await)
             .transition(mesh::TransitionRequest::default())
@@ -368,20 +375,7 @@ async fn decides_work_port_serves_only_this_shards_workers() {
         .await;
     assert_eq!(code(&r), Code::PermissionDenied, "reads stay on the socket");
     // This shard's worker is served.
-    let (tx, rx) = tokio::sync::mpsc::channel(1);
-    tx.send(mesh::WorkerMessage {
-        msg: Some(mesh::worker_message::Msg::Hello(
-            mesh::worker_message::Hello {
-                worker_id: "w".into(),
-                shard_id: "shard-0".into(),
-            },
-        )),
-    })
-    .await
-    .unwrap();
-    let r = WorkClient::new(ch("shard/shard-0/execute").await)
-        .pull(ReceiverStream::new(rx))
-        .await;
+    let r = pull_as_worker(ch("shard/shard-0/execute").await).await;
     assert_eq!(code(&r), Code::Ok, "{r:?}");
     tokio::time::sleep(Duration::from_millis(10)).await;
     // 1 ingest + 3 × (pull + transition) + 1 read, each counted by the serving decide.
