@@ -140,6 +140,10 @@ impl CrlVerifiers {
         }
     }
 
+    fn algorithms(&self) -> &rustls::crypto::WebPkiSupportedAlgorithms {
+        &self.provider.signature_verification_algorithms
+    }
+
     /// A rustls client-certificate verifier (server side) that follows the file.
     pub fn client_verifier(self: &Arc<Self>) -> Arc<dyn ClientCertVerifier> {
         Arc::new(ReloadingClientVerifier(Arc::clone(self)))
@@ -181,17 +185,15 @@ impl ClientCertVerifier for ReloadingClientVerifier {
             .verify_client_cert(end_entity, intermediates, now)
     }
 
+    // Handshake signatures do not depend on the CRLs: checked with the provider's
+    // algorithms, as the webpki verifiers themselves do.
     fn verify_tls12_signature(
         &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0
-            .current
-            .load()
-            .client
-            .verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, self.0.algorithms())
     }
 
     fn verify_tls13_signature(
@@ -200,15 +202,11 @@ impl ClientCertVerifier for ReloadingClientVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0
-            .current
-            .load()
-            .client
-            .verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, self.0.algorithms())
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.current.load().client.supported_verify_schemes()
+        self.0.algorithms().supported_schemes()
     }
 }
 
@@ -234,17 +232,15 @@ impl ServerCertVerifier for ReloadingServerVerifier {
         )
     }
 
+    // Handshake signatures do not depend on the CRLs: checked with the provider's
+    // algorithms, as the webpki verifiers themselves do.
     fn verify_tls12_signature(
         &self,
         message: &[u8],
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0
-            .current
-            .load()
-            .server
-            .verify_tls12_signature(message, cert, dss)
+        rustls::crypto::verify_tls12_signature(message, cert, dss, self.0.algorithms())
     }
 
     fn verify_tls13_signature(
@@ -253,14 +249,10 @@ impl ServerCertVerifier for ReloadingServerVerifier {
         cert: &CertificateDer<'_>,
         dss: &DigitallySignedStruct,
     ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        self.0
-            .current
-            .load()
-            .server
-            .verify_tls13_signature(message, cert, dss)
+        rustls::crypto::verify_tls13_signature(message, cert, dss, self.0.algorithms())
     }
 
     fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.current.load().server.supported_verify_schemes()
+        self.0.algorithms().supported_schemes()
     }
 }
