@@ -36,9 +36,16 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_DATA_DIR", default_value = "./data")]
     pub data_dir: PathBuf,
 
-    /// Cycle ticker; accepted roll-ups also wake a cycle (coalesced).
+    /// Longest time between cycles. Roll-ups that change demand, and workers that go
+    /// away, ask for a cycle sooner (see --wake-interval).
     #[arg(long, env = "BIGFLEET_CYCLE_INTERVAL", default_value = "1s", value_parser = humantime::parse_duration)]
     pub cycle_interval: Duration,
+
+    /// Shortest time from one cycle's start to a cycle a wake-up asks for: changed
+    /// demand arriving meanwhile is decided together in one cycle. Identical re-sends
+    /// never wake a cycle.
+    #[arg(long, env = "BIGFLEET_WAKE_INTERVAL", default_value = "250ms", value_parser = humantime::parse_duration)]
+    pub wake_interval: Duration,
 
     /// `since_revision` List instead of a full List with a removal walk.
     #[arg(long, env = "BIGFLEET_INCREMENTAL_RECONCILE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]

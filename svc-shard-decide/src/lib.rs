@@ -566,6 +566,7 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
         shard_id: args.shard_id.clone(),
         epoch,
         cycle_interval: args.cycle_interval,
+        wake_interval: args.wake_interval,
         incremental_reconcile: args.incremental_reconcile,
         available_capacity_interval: args.available_capacity_interval,
         rails: RailsConfig {

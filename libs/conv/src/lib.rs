@@ -11,6 +11,7 @@
 
 pub mod capacity;
 pub mod error;
+pub mod fingerprint;
 pub mod limits;
 pub mod mesh;
 pub mod provider;
@@ -22,6 +23,7 @@ pub use capacity::{
     rollup_to_proto,
 };
 pub use error::{ConvError, REJECT_REASON_METADATA};
+pub use fingerprint::{RollupFingerprint, rollup_fingerprint};
 #[cfg(feature = "cli")]
 pub use limits::RollupLimitArgs;
 pub use limits::{Limit, RollupLimits, qualified_name_problem};

@@ -7,9 +7,12 @@
 //! [`Decide`]; the binary adapts it.
 //!
 //! * [`Decide`] holds the shard's state and runs the cycle ([`Decide::run`]):
-//!   reconcile against the provider ([`reconcile`]) → NeedsTable snapshot →
+//!   reconcile against the provider ([`reconcile`]) → the demand that changed
+//!   since the last cycle, patched into the cycle's [`demand`] view →
 //!   `bigfleet_decision::run_cycle` → ledgers and AvailableCapacity hints →
-//!   [`rails`] → the bounded action queue ([`actions`]).
+//!   [`rails`] → the bounded action queue ([`actions`]). Its state is split into
+//!   rooms by job (ingest, cycle, work hand-out, provider sync), locked in the
+//!   order [`locks`] writes down and checks in debug builds.
 //! * [`DecideService`] serves `bigfleet.mesh.v1.Ingest` and `bigfleet.mesh.v1.Work` (roll-up ingest,
 //!   session events, the credit-based Work stream, Transition),
 //!   `bigfleet.v1alpha1.ShardRead` and `bigfleet.mesh.v1.ShardInfo`.
@@ -21,8 +24,13 @@
 
 pub mod actions;
 pub mod actuation;
+mod cycle;
+pub mod demand;
+mod errors;
+mod intake;
 pub mod inventory;
 pub mod ledgers;
+pub mod locks;
 pub mod metrics;
 pub mod needs;
 pub mod publish;
@@ -30,7 +38,9 @@ pub mod rails;
 pub mod reconcile;
 pub mod service;
 pub mod shard;
+mod sync;
 pub mod trace;
+mod work;
 
 pub use actuation::EpochSource;
 pub use metrics::ShardMetrics;
@@ -39,8 +49,8 @@ pub use rails::RailsConfig;
 pub use reconcile::{MachineSource, ProviderClient};
 pub use service::DecideService;
 pub use shard::{
-    CycleError, CycleReport, Decide, DecideConfig, DecideError, ReconcileStats, SummaryView,
-    machine_view,
+    CycleError, CycleReport, DEFAULT_WAKE_INTERVAL_MS, Decide, DecideConfig, DecideError,
+    ReconcileStats, SummaryView, machine_view,
 };
 
 /// gRPC message limit on every client and server (full-replacement roll-ups

@@ -41,6 +41,9 @@ pub struct ShardMetrics {
     pub machines_rejected: IntCounterVec,
     pub rollups_rejected: IntCounterVec,
     pub rollups_superseded: IntCounter,
+    pub rollups_unchanged: IntCounter,
+    pub cycle_wakeups: IntCounterVec,
+    pub demand_to_decision: Histogram,
     pub removals_held: IntGauge,
     pub active_sessions: IntGauge,
     pub session_lifecycle: IntCounterVec,
@@ -170,6 +173,20 @@ impl ShardMetrics {
             rollups_superseded: r.int_counter(
                 "bigfleet_shard_rollups_superseded_total",
                 "Roll-ups dropped because a newer session of the same cluster replaced the one that sent them.",
+            )?,
+            rollups_unchanged: r.int_counter(
+                "bigfleet_shard_rollups_unchanged_total",
+                "Roll-ups identical to the demand in force (same fingerprint): answered without applying demand or waking a cycle.",
+            )?,
+            cycle_wakeups: r.int_counter_vec(
+                "bigfleet_shard_cycle_wakeups_total",
+                "Requests for an early cycle, by cause (rollup: demand changed; abandoned: a worker went away; follow_up: a truncated cycle). Wake-ups within --wake-interval fold into one cycle.",
+                &["cause"],
+            )?,
+            demand_to_decision: r.histogram(
+                "bigfleet_shard_demand_to_decision_seconds",
+                "From accepting a roll-up that changed a cluster's demand to the end of the first cycle that decided on it (one sample per cluster per cycle, from its earliest change).",
+                &cycle_buckets(),
             )?,
             active_sessions: r.int_gauge(
                 "bigfleet_shard_active_sessions",

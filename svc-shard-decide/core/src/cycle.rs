@@ -1,0 +1,390 @@
+//! The cycle: reconcile → take what changed from ingest → engine → ledgers →
+//! hints → rails → enqueue.
+//!
+//! The cycle's working state ([`CycleRoom`]: its demand view, the parking ledger,
+//! the first-roll-up gate it reads) is owned by whoever holds the async
+//! one-cycle-at-a-time lock, so the engine never reads anything ingest could be
+//! waiting for. Wake-ups from roll-ups coalesce: at most one extra cycle per
+//! `wake_interval` (ADR-0111).
+
+use crate::demand::DemandView;
+use crate::errors::CycleError;
+use crate::inventory::Inventory;
+use crate::ledgers::{AGE_BUCKETS, HintValue, VerdictTable};
+use crate::rails::{AuditRecord, kind_label};
+use crate::shard::{CycleReport, Decide, applicable, label_bucket, label_capacity_type};
+use crate::trace::current_trace_context;
+use bigfleet_conv::requirements_to_proto;
+use bigfleet_decision::{CycleInput, CycleOptions, ParkingLedger, ParkingTiming, run_cycle};
+use bigfleet_model::{Action, Need};
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::v1alpha1 as pb;
+use rustc_hash::{FxHashMap, FxHashSet};
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::sync::atomic::Ordering;
+use std::time::Instant;
+
+/// What only the cycle reads and writes.
+#[derive(Debug)]
+pub(crate) struct CycleRoom {
+    pub(crate) demand: DemandView,
+    parking: ParkingLedger,
+    /// Clusters whose first roll-up arrived (ADR-0036): Phase 3 may reclaim there.
+    gate: FxHashSet<String>,
+}
+
+impl CycleRoom {
+    pub(crate) fn new(parking: ParkingTiming) -> Self {
+        CycleRoom {
+            demand: DemandView::new(),
+            parking: ParkingLedger::with_timing(parking),
+            gate: FxHashSet::default(),
+        }
+    }
+}
+
+impl Decide {
+    /// Runs cycles until `shutdown` resolves: every `cycle_interval` since the
+    /// last one, and after a wake-up (changed demand, abandoned work, truncated
+    /// cycles) once `wake_interval` has passed since the last one started.
+    pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
+        let cfg = &self.inner.cfg;
+        let mut ticker = tokio::time::interval(cfg.cycle_interval);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        tokio::pin!(shutdown);
+        let mut last_start: Option<tokio::time::Instant> = None;
+        loop {
+            let woken = tokio::select! {
+                biased;
+                () = &mut shutdown => break,
+                _ = ticker.tick() => false,
+                () = self.inner.wake.notified() => true,
+            };
+            if woken && let Some(last) = last_start {
+                // Wake-ups arriving meanwhile fold into this one (Notify keeps one permit).
+                let due = last + cfg.wake_interval;
+                tokio::select! {
+                    biased;
+                    () = &mut shutdown => break,
+                    () = tokio::time::sleep_until(due) => {}
+                }
+            }
+            last_start = Some(tokio::time::Instant::now());
+            match self.run_cycle().await {
+                Ok(r) if r.follow_up => {
+                    self.inner
+                        .metrics
+                        .cycle_wakeups
+                        .with_label_values(&["follow_up"])
+                        .inc();
+                    self.wake();
+                }
+                Ok(_) => {}
+                Err(e) => tracing::warn!(error = %e, "cycle skipped"),
+            }
+            // The interval counts from the last cycle, whatever started it.
+            ticker.reset();
+        }
+    }
+
+    /// One cycle: reconcile → snapshot → engine → ledgers → hints → rails → enqueue.
+    pub async fn run_cycle(&self) -> Result<CycleReport, CycleError> {
+        let room = self.inner.cycle_room.clone().lock_owned().await;
+        let started = Instant::now();
+        let m = &self.inner.metrics;
+        let t = Instant::now();
+        let rec = self.reconcile().await;
+        m.cycle_phase_duration
+            .with_label_values(&["reconcile"])
+            .observe(t.elapsed().as_secs_f64());
+        if let Err(e) = rec {
+            m.reconcile_errors.inc();
+            // Deciding against a stale view wastes actions; the next tick retries.
+            return Err(CycleError::Reconcile(e));
+        }
+        let this = self.clone();
+        let span = tracing::info_span!("decide_cycle", shard = %self.inner.cfg.shard_id);
+        let report = tokio::task::spawn_blocking(move || {
+            let mut room = room;
+            this.decide_blocking(&mut room, span)
+        })
+        .await
+        .map_err(|e| CycleError::Join(e.to_string()))??;
+        m.cycles_total.inc();
+        m.cycle_duration.observe(started.elapsed().as_secs_f64());
+        self.inner.work_ready.notify_waiters();
+        Ok(report)
+    }
+
+    fn decide_blocking(
+        &self,
+        room: &mut CycleRoom,
+        span: tracing::Span,
+    ) -> Result<CycleReport, CycleError> {
+        let _entered = span.enter();
+        let trace = current_trace_context();
+        let inner = &self.inner;
+        let m = &inner.metrics;
+        let now = self.now();
+        let t = Instant::now();
+        let inv = inner.inventory.blocking_read();
+        // The only moment the cycle touches ingest's room: collect what changed.
+        let taken = inner.intake.lock().take();
+        room.demand.apply(&taken.demand);
+        room.gate.extend(taken.gate_opened);
+        room.parking.prepare(now);
+        let destinations = inner.work.lock().ledger.creating_destinations();
+        m.cycle_phase_duration
+            .with_label_values(&["snapread"])
+            .observe(t.elapsed().as_secs_f64());
+
+        let t = Instant::now();
+        let gate = &room.gate;
+        let ready = move |c: &str| gate.contains(c);
+        let demand = Arc::clone(room.demand.sorted());
+        let demand = &demand;
+        let input = CycleInput {
+            creating_destinations: Some(&destinations),
+            demand,
+            now_unix_nanos: now,
+            parking: Some(&room.parking),
+            cluster_ready: Some(&ready),
+            ..CycleInput::with_fleet(inv.fleet(), demand)
+        };
+        let opts = CycleOptions {
+            verdicts: true,
+            threads: inner.cfg.engine_threads,
+            release: inner.cfg.release,
+            phase2: inner.cfg.phase2,
+            ..CycleOptions::default()
+        };
+        let out = run_cycle(&input, &opts)?;
+        m.cycle_phase_duration
+            .with_label_values(&["engine"])
+            .observe(t.elapsed().as_secs_f64());
+        let cycle = inner.cycle.fetch_add(1, Ordering::AcqRel) + 1;
+
+        let t = Instant::now();
+        room.parking.observe_at(&out.parking, now);
+        let shortfall_count = {
+            let mut s = inner.shortfalls.lock();
+            s.record(&out.shortfalls, now);
+            let aged = s.aged(now);
+            for (label, n) in AGE_BUCKETS.iter().zip(aged) {
+                m.shortfalls_aged.with_label_values(&[label]).set(n as i64);
+            }
+            m.shortfalls.set(s.len() as i64);
+            s.len()
+        };
+        let prev = self.verdicts();
+        let table = VerdictTable::build(&prev, cycle, now, demand, out.verdicts);
+        *inner.verdicts.write() = Arc::new(table);
+        m.cycle_phase_duration
+            .with_label_values(&["ledgers"])
+            .observe(t.elapsed().as_secs_f64());
+
+        let t = Instant::now();
+        let hints_sent = self.emit_hints(&inv, &room.demand);
+        m.cycle_phase_duration
+            .with_label_values(&["emit"])
+            .observe(t.elapsed().as_secs_f64());
+
+        let t = Instant::now();
+        let decided = out.actions.len();
+        let mut traces = inner
+            .intake
+            .lock()
+            .traces
+            .for_cycle(cycle, Instant::now(), trace);
+        let (rails, stats) = {
+            let mut work = inner.work.lock();
+            let work = &mut *work;
+            work.reclaim_budget
+                .expire(now, inner.cfg.rails.reclaim_budget_window);
+            let rails =
+                crate::rails::apply(&inner.cfg.rails, out.actions, &work.reclaim_budget, &*inv);
+            for d in &rails.deferrals {
+                if work.reclaim_budget.should_log(&d.cluster, now) {
+                    tracing::info!(
+                        cycle,
+                        cluster = %bigfleet_telemetry::clip(&d.cluster),
+                        deferred = d.deferred,
+                        budget = d.budget,
+                        in_use = d.in_use,
+                        window_seconds = inner.cfg.rails.reclaim_budget_window.as_secs_f64(),
+                        "reclaims over the cluster's budget deferred (at most one such line a minute per cluster)"
+                    );
+                }
+            }
+            work.reclaim_budget
+                .retain_logged(|c| rails.deferrals.iter().any(|d| d.cluster == c));
+            let mut rails = rails;
+            let stats = work.ledger.replace_queue_traced(
+                std::mem::take(&mut rails.execute),
+                cycle,
+                |a| traces.of(a),
+                |a| applicable(&inv, a),
+            );
+            (rails, stats)
+        };
+        for a in &rails.suppressed {
+            m.actions_suppressed
+                .with_label_values(&[kind_label(a.kind())])
+                .inc();
+            self.audit(cycle, a, "suppressed");
+        }
+        if !rails.suppressed.is_empty() {
+            tracing::info!(
+                cycle,
+                suppressed = rails.suppressed.len(),
+                "actuation paused; actions suppressed"
+            );
+        }
+        for a in &rails.dry_run {
+            m.actions_dryrun
+                .with_label_values(&[kind_label(a.kind())])
+                .inc();
+            tracing::info!(
+                cycle,
+                kind = kind_label(a.kind()),
+                machine = %a.machine_id(),
+                cluster = %a.cluster(),
+                reason = a.kind().reason(),
+                grace_seconds = a.grace().map_or(0.0, |g| g.as_secs_f64()),
+                "dry-run action"
+            );
+            self.audit(cycle, a, "dryrun");
+        }
+        m.reclaims_capped.inc_by(rails.capped as u64);
+        m.actions_deferred.inc_by(rails.deferred as u64);
+        m.actions_deduped.inc_by(stats.deduped as u64);
+        m.actions_dropped.inc_by(stats.dropped as u64);
+        m.cycle_phase_duration
+            .with_label_values(&["execute"])
+            .observe(t.elapsed().as_secs_f64());
+        m.actuation_paused
+            .set(i64::from(inner.cfg.rails.actuation_paused));
+        self.export_gauges(&inv, demand);
+        let (queued, inflight) = self.action_counts();
+        m.action_queue_depth.set(queued as i64);
+        m.execute_inflight.set(inflight as i64);
+        // Every change this cycle took has now been decided on.
+        let decided_at = Instant::now();
+        for c in &taken.demand.clusters {
+            m.demand_to_decision
+                .observe(decided_at.duration_since(c.accepted_at).as_secs_f64());
+        }
+
+        Ok(CycleReport {
+            cycle,
+            machines: inv.len(),
+            needs: demand.len(),
+            decided,
+            enqueued: stats.enqueued,
+            deduped: stats.deduped,
+            dropped: stats.dropped,
+            suppressed: rails.suppressed.len(),
+            dry_run: rails.dry_run.len(),
+            capped: rails.capped,
+            deferred: rails.deferred,
+            follow_up: rails.follow_up,
+            hints_sent,
+            shortfalls: shortfall_count,
+        })
+    }
+
+    pub(crate) fn audit(&self, cycle: u64, action: &Action, outcome: &str) {
+        if let Some(log) = &self.inner.audit {
+            log.lock().write(&AuditRecord::new(cycle, action, outcome));
+        }
+    }
+
+    fn export_gauges(&self, inv: &Inventory, demand: &[Need]) {
+        let m = &self.inner.metrics;
+        let mut cells: BTreeMap<(&'static str, &'static str, &'static str), i64> = BTreeMap::new();
+        for (k, n) in &inv.buckets() {
+            *cells
+                .entry((
+                    k.state.as_str(),
+                    label_capacity_type(k.capacity_type),
+                    label_bucket(k.interruption_bucket),
+                ))
+                .or_default() += *n as i64;
+        }
+        m.inventory_machines.reset();
+        for ((s, c, b), n) in cells {
+            m.inventory_machines.with_label_values(&[s, c, b]).set(n);
+        }
+        let mut rows: BTreeMap<&'static str, i64> = BTreeMap::new();
+        for n in demand {
+            *rows
+                .entry(label_bucket(n.profile.interruption_bucket()))
+                .or_default() += 1;
+        }
+        m.demand_machines.reset();
+        for (b, n) in rows {
+            m.demand_machines.with_label_values(&[b]).set(n);
+        }
+    }
+
+    /// One AvailableCapacity hint per (connected cluster, demanded
+    /// fingerprint), sent only when its value changed and the key's rate
+    /// limit allows. The supply behind a fingerprint is computed once per cycle,
+    /// however many clusters demand it.
+    fn emit_hints(&self, inv: &Inventory, demand: &DemandView) -> usize {
+        let inner = &self.inner;
+        let sessions: Vec<String> = inner.intake.lock().sessions.keys().cloned().collect();
+        if sessions.is_empty() {
+            return 0;
+        }
+        let now = Instant::now();
+        let mut values: FxHashMap<&str, HintValue> = FxHashMap::default();
+        let mut hints = inner.hints.lock();
+        let mut sent = 0;
+        for cluster in sessions {
+            let mut seen: FxHashSet<&str> = FxHashSet::default();
+            for n in demand.needs_of(&cluster) {
+                let fp = n.fingerprint();
+                if !seen.insert(fp) {
+                    continue;
+                }
+                let value = *values.entry(fp).or_insert_with(|| {
+                    let supply = inv.free_supply(n.profile.pinned_instance_types());
+                    let confidence = if supply.idle > 0 {
+                        pb::available_capacity_update::Confidence::High
+                    } else if supply.speculative > 0 {
+                        pb::available_capacity_update::Confidence::Medium
+                    } else {
+                        pb::available_capacity_update::Confidence::None
+                    };
+                    HintValue {
+                        count: i32::try_from(supply.idle + supply.speculative).unwrap_or(i32::MAX),
+                        confidence: confidence as i32,
+                        cost_per_hour: supply.cheapest_idle_price.unwrap_or(0.0),
+                    }
+                });
+                if !hints.should_emit(&cluster, fp, value, now) {
+                    continue;
+                }
+                let key = format!("available:{fp}");
+                let frame = pb::AvailableCapacityUpdate {
+                    supersedes_key: key.clone(),
+                    requirements: requirements_to_proto(n.profile.requirements()),
+                    resources: None,
+                    available_count: value.count,
+                    confidence: value.confidence,
+                    cost_per_hour: value.cost_per_hour,
+                };
+                inner.publisher.publish(mesh::ShardEvent {
+                    cluster_id: cluster.clone(),
+                    supersedes_key: key,
+                    frame: Some(mesh::shard_event::Frame::AvailableCapacity(frame)),
+                });
+                sent += 1;
+            }
+            hints.retain(&cluster, |fp| seen.contains(fp));
+        }
+        sent
+    }
+}
