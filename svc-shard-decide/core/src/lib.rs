@@ -27,6 +27,8 @@ pub mod actuation;
 mod cycle;
 pub mod demand;
 mod errors;
+#[cfg(test)]
+mod incremental_tests;
 mod intake;
 pub mod inventory;
 pub mod ledgers;

@@ -1,0 +1,346 @@
+//! Decide's own cycle against a from-scratch one, and ingest against a busy cycle
+//! (issue 17). In-crate, because the comparison reads the cycle's room.
+
+use crate::reconcile::{MachineSource, RawMachineList};
+use crate::shard::{Decide, DecideConfig};
+use crate::{Publisher, RailsConfig, ShardMetrics};
+use bigfleet_decision::{CycleInput, CycleOptions, CycleOutput, Fleet, run_cycle};
+use bigfleet_model::Machine;
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_telemetry::Readiness;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use proptest::prelude::*;
+use prost::Message as _;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::{Notify, Semaphore};
+
+/// An in-memory provider List; with a gate, every List waits for a permit.
+#[derive(Default)]
+struct Source {
+    machines: Mutex<Vec<pb::Machine>>,
+    gate: Option<Arc<Semaphore>>,
+    entered: Notify,
+}
+
+impl MachineSource for Source {
+    fn list(&self, _: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
+        Box::pin(async move {
+            self.entered.notify_one();
+            if let Some(g) = &self.gate {
+                g.acquire().await.expect("gate open").forget();
+            }
+            let machines = self
+                .machines
+                .lock()
+                .iter()
+                .map(|m| m.encode_to_vec().into())
+                .collect();
+            Ok(RawMachineList {
+                machines,
+                revision: Vec::new(),
+            })
+        })
+    }
+}
+
+fn machine(i: usize, itype: u8, zone: u8, speculative: bool, price: u8) -> pb::Machine {
+    let state = if speculative {
+        pb::MachineState::Speculative
+    } else {
+        pb::MachineState::Idle
+    };
+    pb::Machine {
+        id: format!("m{i}"),
+        state: state as i32,
+        host: (!speculative).then(|| pb::HostRef {
+            provider: "test".into(),
+            r#ref: format!("i-{i}"),
+        }),
+        instance_type: format!("t{itype}"),
+        zone: format!("z{zone}"),
+        capacity_type: pb::CapacityType::OnDemand as i32,
+        price_per_hour: 0.1 + f64::from(price) / 10.0,
+        resources: Some(pb::Resources {
+            resources: [("cpu".to_owned(), "4".to_owned())].into_iter().collect(),
+        }),
+        ..Default::default()
+    }
+}
+
+fn need(cpu: u8, priority: i32, itype: u8) -> pb::CapacityNeed {
+    pb::CapacityNeed {
+        requirements: vec![pb::NodeSelectorRequirement {
+            key: "node.kubernetes.io/instance-type".into(),
+            operator: pb::node_selector_requirement::Operator::In as i32,
+            values: vec![format!("t{itype}")],
+        }],
+        aggregate_resources: [("cpu".to_owned(), cpu.to_string())].into_iter().collect(),
+        priority,
+        interruption_penalty_bucket: pb::PenaltyBucket::Zero as i32,
+        reclamation_penalty_bucket: pb::PenaltyBucket::Zero as i32,
+        ..Default::default()
+    }
+}
+
+fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>, at: i64) -> mesh::ApplyRollupRequest {
+    mesh::ApplyRollupRequest {
+        rollup: Some(pb::ClusterCapacityNeeds {
+            cluster_id: cluster.to_owned(),
+            timestamp_unix_nanos: at,
+            needs,
+        }),
+        received_at_unix_nanos: at,
+        session_id: 0,
+    }
+}
+
+fn decide(source: Arc<Source>, cfg: DecideConfig) -> Decide {
+    let (publisher, _events) = Publisher::channel(100_000);
+    Decide::new(
+        cfg,
+        source,
+        publisher,
+        ShardMetrics::unregistered(),
+        Readiness::not_ready("test"),
+    )
+    .expect("decide")
+}
+
+fn quiet_cfg() -> DecideConfig {
+    DecideConfig {
+        rails: RailsConfig::off(),
+        engine_threads: 1,
+        ..DecideConfig::default()
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("runtime")
+}
+
+/// The engine over what the cycle keeps between cycles (patched fleet, patched demand
+/// view) and over the same facts rebuilt from scratch (a fresh fleet, a full sort of
+/// the demand table).
+async fn both_ways(d: &Decide, now: i64) -> (CycleOutput, CycleOutput) {
+    let room = d.inner.cycle_room.lock().await;
+    let inv = d.inner.inventory.read().await;
+    let scratch_demand = d.inner.intake.lock().needs.snapshot();
+    let opts = CycleOptions {
+        verdicts: true,
+        ..CycleOptions::default()
+    };
+    let kept = room.demand.sorted();
+    let incremental = run_cycle(
+        &CycleInput {
+            now_unix_nanos: now,
+            ..CycleInput::with_fleet(inv.fleet(), kept)
+        },
+        &opts,
+    )
+    .expect("incremental cycle");
+    let machines: Vec<Machine> = inv.ids().filter_map(|id| inv.get(id)).collect();
+    let stamps: Vec<Option<i64>> = machines.iter().map(|m| inv.idle_since_of(&m.id)).collect();
+    let fresh = Fleet::from_machines(&machines, &stamps).expect("fresh fleet");
+    let scratch = run_cycle(
+        &CycleInput {
+            now_unix_nanos: now,
+            ..CycleInput::with_fleet(&fresh, &scratch_demand)
+        },
+        &opts,
+    )
+    .expect("from-scratch cycle");
+    (incremental, scratch)
+}
+
+/// One step: roll-ups (per cluster: new demand, the last one again, or a withdrawal)
+/// and fleet changes (machine i re-listed with a new shape, or dropped).
+type Step = (
+    Vec<(usize, u8, Vec<(u8, i32, u8)>)>,
+    Vec<(usize, u8, u8, bool, u8)>,
+);
+
+fn step() -> impl Strategy<Value = Step> {
+    (
+        prop::collection::vec(
+            (
+                0usize..4,
+                0u8..3,
+                prop::collection::vec((1u8..12, 0i32..3, 0u8..2), 0..4),
+            ),
+            0..4,
+        ),
+        prop::collection::vec((0usize..10, 0u8..2, 0u8..2, any::<bool>(), 0u8..3), 0..4),
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig {
+        cases: std::env::var("BIGFLEET_FUZZ_CASES").ok().and_then(|v| v.parse().ok()).unwrap_or(48),
+        ..ProptestConfig::default()
+    })]
+
+    /// For any sequence of roll-ups (changed, identical, withdrawn) and fleet changes,
+    /// what the cycle keeps between cycles gives exactly the engine output (actions,
+    /// verdicts, shortfalls) of a cycle over the same facts built from scratch.
+    #[test]
+    fn incremental_cycles_equal_from_scratch_cycles(steps in prop::collection::vec(step(), 1..8)) {
+        let rt = runtime();
+        let source = Arc::new(Source::default());
+        *source.machines.lock() = (0..8).map(|i| machine(i, (i % 2) as u8, (i % 2) as u8, i % 3 == 0, 0)).collect();
+        let d = decide(Arc::clone(&source), quiet_cfg());
+        let clusters = ["a", "b", "c", "d"];
+        let mut last: Vec<Option<Vec<pb::CapacityNeed>>> = vec![None; clusters.len()];
+        for (round, (rollups, fleet)) in steps.into_iter().enumerate() {
+            let at = 1_000 + round as i64;
+            for (c, kind, rows) in rollups {
+                let needs = match (kind, &last[c]) {
+                    (0, Some(prev)) => prev.clone(),
+                    (1, _) => Vec::new(),
+                    _ => rows.iter().map(|&(cpu, p, t)| need(cpu, p, t)).collect(),
+                };
+                last[c] = Some(needs.clone());
+                let resp = d.apply_rollup(&rollup(clusters[c], needs, at));
+                prop_assert!(resp.is_ok(), "{resp:?}");
+            }
+            {
+                let mut ms = source.machines.lock();
+                for &(i, t, z, spec, price) in &fleet {
+                    ms.retain(|m| m.id != format!("m{i}"));
+                    if price < 2 {
+                        ms.push(machine(i, t, z, spec, price));
+                    }
+                }
+            }
+            let report = rt.block_on(d.run_cycle());
+            prop_assert!(report.is_ok(), "{report:?}");
+            let (incremental, scratch) = rt.block_on(both_ways(&d, at));
+            prop_assert_eq!(&incremental.actions, &scratch.actions);
+            prop_assert_eq!(&incremental.verdicts, &scratch.verdicts);
+            prop_assert_eq!(&incremental.shortfalls, &scratch.shortfalls);
+        }
+    }
+}
+
+#[test]
+fn an_identical_resend_neither_applies_demand_nor_wakes_a_cycle() {
+    let rt = runtime();
+    let source = Arc::new(Source::default());
+    *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
+    let d = decide(Arc::clone(&source), quiet_cfg());
+    let m = d.metrics().clone();
+    let wakeups = || m.cycle_wakeups.with_label_values(&["rollup"]).get();
+    let demand = vec![need(4, 1, 0), need(2, 0, 1)];
+    let first = d
+        .apply_rollup(&rollup("a", demand.clone(), 10))
+        .expect("first");
+    assert_eq!(first.outcome, mesh::RollupOutcome::Accepted as i32);
+    assert_eq!((wakeups(), m.rollups_unchanged.get()), (1, 0));
+    rt.block_on(d.run_cycle()).expect("cycle");
+    // Same demand, a later operator timestamp and gateway arrival: recognised.
+    let again = d
+        .apply_rollup(&rollup("a", demand.clone(), 20))
+        .expect("again");
+    assert_eq!(again.outcome, mesh::RollupOutcome::Accepted as i32);
+    assert_eq!(again.need_rows, 2);
+    assert_eq!((wakeups(), m.rollups_unchanged.get()), (1, 1));
+    // Nothing for the next cycle to take: the demand view keeps its snapshot.
+    assert!(d.inner.intake.lock().take().demand.is_empty());
+    // A real change wakes again.
+    d.apply_rollup(&rollup("a", vec![need(4, 1, 0)], 30))
+        .expect("changed");
+    assert_eq!((wakeups(), m.rollups_unchanged.get()), (2, 1));
+}
+
+#[test]
+fn a_resend_after_a_held_drop_is_judged_again() {
+    let rt = runtime();
+    let source = Arc::new(Source::default());
+    let d = decide(
+        Arc::clone(&source),
+        DecideConfig {
+            rails: RailsConfig::default(),
+            engine_threads: 1,
+            ..DecideConfig::default()
+        },
+    );
+    rt.block_on(d.run_cycle()).expect("first reconcile");
+    let big: Vec<_> = (0..12).map(|i| need(4, i, 0)).collect();
+    d.apply_rollup(&rollup("a", big.clone(), 1)).expect("big");
+    let drop = d.apply_rollup(&rollup("a", vec![], 2)).expect("drop");
+    assert_eq!(drop.outcome, mesh::RollupOutcome::Quarantined as i32);
+    // The re-send of the demand in force resets the count of consecutive drops, so it
+    // must not be answered from the fingerprint.
+    d.apply_rollup(&rollup("a", big, 3)).expect("resend");
+    assert_eq!(d.metrics().rollups_unchanged.get(), 0);
+    assert_eq!(d.inner.intake.lock().guard.held("a"), 0);
+}
+
+/// ApplyRollup on a blocking thread, so a call stuck on a lock fails the test (after a
+/// bound far beyond any honest ack) instead of hanging it.
+async fn ack_within_bound(
+    d: &Decide,
+    req: mesh::ApplyRollupRequest,
+) -> Result<mesh::ApplyRollupResponse, &'static str> {
+    let d = d.clone();
+    let call = tokio::task::spawn_blocking(move || d.apply_rollup(&req));
+    match tokio::time::timeout(Duration::from_secs(10), call).await {
+        Ok(Ok(Ok(resp))) => Ok(resp),
+        Ok(Ok(Err(_))) => Err("rejected"),
+        Ok(Err(_)) => Err("panicked"),
+        Err(_) => Err("timed out"),
+    }
+}
+
+#[test]
+fn acks_stay_fast_while_a_cycle_is_stuck_in_a_slow_list() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    rt.block_on(async {
+        let gate = Arc::new(Semaphore::new(1));
+        let source = Arc::new(Source {
+            gate: Some(Arc::clone(&gate)),
+            ..Source::default()
+        });
+        *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
+        let d = decide(Arc::clone(&source), quiet_cfg());
+        d.run_cycle().await.expect("first cycle");
+        // The first List left a wake-up behind; the next List blocks until the test
+        // lets it go.
+        source.entered.notified().await;
+        let cycle = tokio::spawn({
+            let d = d.clone();
+            async move { d.run_cycle().await }
+        });
+        source.entered.notified().await;
+        for i in 0..200 {
+            let ack = ack_within_bound(&d, rollup(&format!("c{i}"), vec![need(4, 1, 0)], 5))
+                .await
+                .expect("ApplyRollup waited for the stuck cycle");
+            assert_eq!(ack.outcome, mesh::RollupOutcome::Accepted as i32);
+        }
+        assert!(!cycle.is_finished(), "the cycle is still inside its List");
+        // The same while a cycle holds the inventory and its room (an engine run).
+        gate.add_permits(1);
+        let report = cycle.await.expect("join").expect("cycle");
+        assert_eq!(
+            report.needs, 200,
+            "the stuck cycle took what arrived during its List"
+        );
+        let room = d.inner.cycle_room.lock().await;
+        let inv = d.inner.inventory.write().await;
+        let ack = ack_within_bound(&d, rollup("late", vec![need(4, 1, 0)], 6))
+            .await
+            .expect("ApplyRollup waited for the engine's locks");
+        assert_eq!(ack.outcome, mesh::RollupOutcome::Accepted as i32);
+        drop((inv, room));
+    });
+}
