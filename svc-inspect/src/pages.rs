@@ -469,7 +469,7 @@ fn reason_label(reason: &str) -> (&'static str, &'static str) {
     match reason {
         "PRIORITY_STARVED" => (
             "priority-starved",
-            "fitting machines exist but higher-or-equal precedence work holds them",
+            "fitting machines exist but are held: by equal-or-higher precedence work, this need itself, or machines in transit",
         ),
         "NO_MATCHING_SUPPLY" => (
             "no matching supply",

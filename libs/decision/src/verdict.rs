@@ -1,5 +1,7 @@
 //! Per-need verdicts (ADR-0061 + amendment): observation only, computed from
 //! the phases' results after they finished, so they cannot change any claim.
+//! Reasons follow the seed's taxonomy (ADR-0115, superseding ADR-0025's
+//! precedence).
 
 use crate::cycle::Ctx;
 use crate::demand::Src;
@@ -17,13 +19,18 @@ use serde::Serialize;
 pub enum UnmetReason {
     /// Also used for satisfied needs.
     Unspecified = 0,
-    /// Matching supply exists but is held by needs at least as important.
+    /// Matching supply exists but is held: by needs at least as important, by
+    /// this need itself (it holds every matching machine and is still short),
+    /// by machines in transit (Configuring, Creating, Draining, Deleting), or
+    /// by victims Phase 2 picked that are still draining (ADR-0115).
     PriorityStarved = 1,
-    /// No machine in Idle, Speculative or Configured matches and fits MinUnit.
+    /// No machine matching the profile and fitting MinUnit exists in any state
+    /// but Failed, whoever holds it (`matching_supply` is then all zero).
     NoMatchingSupply = 2,
-    /// A Same gang whose best domain cannot hold it.
+    /// A Same need with no satisfiable domain (checked before every supply
+    /// reason, as the seed's Tier 1 defines it).
     TopologyUnsatisfiable = 3,
-    /// Phase 2 found victims but they were not enough.
+    /// Phase 2 picked victims for the need and it is still short after them.
     PreemptionExhausted = 4,
 }
 
@@ -107,6 +114,28 @@ fn supply_slot(st: MachineState) -> Option<usize> {
     }
 }
 
+/// States whose matching machines are supply in transit: not counted in
+/// `matching_supply`, but they exist, so the need is not NO_MATCHING_SUPPLY
+/// (ADR-0115). Failed machines are not supply.
+const TRANSIT_STATES: [MachineState; 4] = [
+    MachineState::Configuring,
+    MachineState::Creating,
+    MachineState::Draining,
+    MachineState::Deleting,
+];
+
+/// Whether any machine in a [`TRANSIT_STATES`] state matches and fits MinUnit.
+/// Only asked when the three counted states hold none, which is rare.
+fn matching_in_transit(ctx: &Ctx<'_>, cp_id: u32, mu: &[i64]) -> bool {
+    let snap = &ctx.snap;
+    let cp = &ctx.profiles.cps[cp_id as usize];
+    TRANSIT_STATES.iter().any(|&st| {
+        snap.state_list(st)
+            .iter()
+            .any(|&r| cp.matches(snap, snap.shape(r)) && qty::covers(snap.cap(r), mu))
+    })
+}
+
 /// Matching, MinUnit-fitting machines per state (Idle, Configured,
 /// Speculative), uncapped; one pass over the machine groups.
 fn matching_counts(ctx: &Ctx<'_>, cp_id: u32, mu: &[i64]) -> [u64; 3] {
@@ -152,19 +181,21 @@ pub(crate) fn build(
         .collect();
     keys.sort_unstable();
     keys.dedup();
-    let supplies: Vec<[u64; 3]> = if ctx.par.on() && keys.len() > 1 {
-        use rayon::prelude::*;
-        ctx.par.run(|| {
-            keys.par_iter()
-                .map(|(cp, mu)| matching_counts(ctx, *cp, mu))
-                .collect()
-        })
-    } else {
-        keys.iter()
-            .map(|(cp, mu)| matching_counts(ctx, *cp, mu))
-            .collect()
+    // Per key: the counted states, and whether any matching machine exists at
+    // all (the counted states or one in transit).
+    let count = |cp: u32, mu: &Qty| {
+        let c = matching_counts(ctx, cp, mu);
+        let exists = c.iter().any(|n| *n > 0) || matching_in_transit(ctx, cp, mu);
+        (c, exists)
     };
-    let supply: FxHashMap<(u32, &Qty), [u64; 3]> = keys
+    let supplies: Vec<([u64; 3], bool)> = if ctx.par.on() && keys.len() > 1 {
+        use rayon::prelude::*;
+        ctx.par
+            .run(|| keys.par_iter().map(|(cp, mu)| count(*cp, mu)).collect())
+    } else {
+        keys.iter().map(|(cp, mu)| count(*cp, mu)).collect()
+    };
+    let supply: FxHashMap<(u32, &Qty), ([u64; 3], bool)> = keys
         .iter()
         .zip(supplies)
         .map(|((cp, mu), s)| ((*cp, mu), s))
@@ -180,23 +211,18 @@ pub(crate) fn build(
             };
             let satisfied = qty::is_zero(&p1.remaining[i]);
             let pre = &p2.preemption[i];
-            let counts = (!satisfied).then(|| supply[&(dn.cp, &dn.mu)]);
-            // Matching supply beyond what this need already holds: none means a
-            // stockout, not starvation (ADR-0025).
-            let held_elsewhere = counts.is_some_and(|c| {
-                let own = claims
-                    .iter()
-                    .filter(|&&r| supply_slot(snap.rec(r).state).is_some())
-                    .count() as u64;
-                c.iter().sum::<u64>() > own
-            });
-            let matching = counts.map(|c| capped(c, supply_cap));
+            let found = (!satisfied).then(|| supply[&(dn.cp, &dn.mu)]);
+            let matching = found.map(|(c, _)| capped(c, supply_cap));
+            // The seed's taxonomy (ADR-0115): Tier 1 first (a Same need with no
+            // satisfiable domain), then Tier 2 split by whether matching supply
+            // exists in any state, whoever holds it (this need included), and
+            // whether Phase 2's picks fell short.
             let unmet_reason = if satisfied {
                 UnmetReason::Unspecified
-            } else if !held_elsewhere {
-                UnmetReason::NoMatchingSupply
             } else if cp.has_same() && !p1.same_sat[i] {
                 UnmetReason::TopologyUnsatisfiable
+            } else if !found.is_some_and(|(_, exists)| exists) {
+                UnmetReason::NoMatchingSupply
             } else if pre.victims > 0 && unresolved.contains_key(&(i as u32)) {
                 UnmetReason::PreemptionExhausted
             } else {

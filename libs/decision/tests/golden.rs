@@ -3,7 +3,9 @@
 //! `tests/golden/<name>.txt`; `BIGFLEET_BLESS=1 cargo test` rewrites them.
 
 mod common;
-use bigfleet_decision::{CycleInput, CycleOptions, CycleOutput, ParkingLedger, run_cycle};
+use bigfleet_decision::{
+    CycleInput, CycleOptions, CycleOutput, ParkingLedger, UnmetReason, VerdictSource, run_cycle,
+};
 use bigfleet_model::{Action, CapacityType, Host, Machine, MachineState, Need, snapshot_order};
 use common::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
@@ -182,10 +184,21 @@ impl Sim {
         }
         for v in &out.verdicts {
             if !v.satisfied {
+                // The detail an operator reads next to the reason (ADR-0115):
+                // what the need holds, what matches per state, what Phase 2 found.
+                let s = v.matching_supply.unwrap_or_default();
                 writeln!(
                     l,
-                    "  unmet reason={:?} residual={} domain={:?} parked={}",
-                    v.unmet_reason, v.residual_deficit, v.same_domain, v.acquisition_parked
+                    "  unmet reason={:?} residual={} domain={:?} parked={} claimed={} supply(i/c/s)={}/{}/{} victims={}",
+                    v.unmet_reason,
+                    v.residual_deficit,
+                    v.same_domain,
+                    v.acquisition_parked,
+                    v.claimed_machine_count,
+                    s.idle,
+                    s.configured,
+                    s.speculative,
+                    v.preemption.as_ref().map_or(0, |p| p.victims_found),
                 )
                 .unwrap();
             }
@@ -260,10 +273,13 @@ fn capacity_stockout() {
     assert_eq!(first.stats.bootstraps, 32);
     assert_eq!(first.shortfalls.len(), 1);
     assert_eq!(first.shortfalls[0].deficit, units(GPU, 256));
+    // It holds every matching machine and is still short: supply exists, held
+    // by the need itself, so not NO_MATCHING_SUPPLY (ADR-0115).
     assert_eq!(
         first.verdicts[0].unmet_reason,
-        bigfleet_decision::UnmetReason::NoMatchingSupply
+        bigfleet_decision::UnmetReason::PriorityStarved
     );
+    assert_eq!(first.verdicts[0].matching_supply.unwrap().idle, 32);
     let second = sim.step();
     assert!(second.actions.is_empty());
     assert_eq!(second.shortfalls[0].deficit, units(GPU, 256));
@@ -382,4 +398,179 @@ fn unsatisfiable_gang_parks_quietly() {
     }
     assert_eq!(churn, 3, "one concentration, then quiet");
     sim.finish("unsatisfiable_gang_parks_quietly");
+}
+
+// ---- unmet reasons (ADR-0115): one scenario per reason of the seed's taxonomy ----
+
+fn reason(out: &CycleOutput, cluster_needs: &[Need], cluster: &str) -> UnmetReason {
+    let k = cluster_needs
+        .iter()
+        .position(|n| n.cluster == cluster)
+        .expect("a need of the cluster");
+    out.verdicts
+        .iter()
+        .find(|v| v.source == VerdictSource::Demand(k))
+        .expect("a verdict per input need")
+        .unmet_reason
+}
+
+/// The demand the sim's next step will run on (same order as [`Sim::step`]).
+fn demand_of(sim: &Sim) -> Vec<Need> {
+    let mut d: Vec<Need> = sim.demand.values().flatten().cloned().collect();
+    d.sort_by(snapshot_order);
+    d
+}
+
+#[test]
+fn stockout_claimed_supply() {
+    // 32 GPU machines; "train" (high priority) wants 40 of them, "batch" 8.
+    // Train takes all 32 and is still short: the matching supply exists (its
+    // own `matching_supply.idle` says 32), held by train itself. Batch finds
+    // the same 32 held by a more important need. Neither is NO_MATCHING_SUPPLY.
+    let ms = (0..32)
+        .map(|i| gpu_machine(&format!("gpu-{i:02}"), MachineState::Idle).build())
+        .collect();
+    let mut sim = Sim::new(ms);
+    sim.rollup(
+        "train",
+        vec![
+            need("train", units(GPU, 320))
+                .mu(units(GPU, 8))
+                .prio(1000)
+                .build(),
+        ],
+    );
+    sim.rollup(
+        "batch",
+        vec![
+            need("batch", units(GPU, 64))
+                .mu(units(GPU, 8))
+                .prio(10)
+                .build(),
+        ],
+    );
+    for _ in 0..2 {
+        let d = demand_of(&sim);
+        let out = sim.step();
+        assert_eq!(reason(&out, &d, "train"), UnmetReason::PriorityStarved);
+        assert_eq!(reason(&out, &d, "batch"), UnmetReason::PriorityStarved);
+        let train = &out.verdicts[0];
+        assert_eq!(train.claimed_machine_count, 32);
+        let s = train.matching_supply.unwrap();
+        assert_eq!(s.idle + s.configured, 32);
+    }
+    let census = sim.finish("stockout_claimed_supply");
+    assert_eq!(census.get("configured@train"), Some(&32));
+}
+
+#[test]
+fn same_gang_unsatisfiable() {
+    // The shard owns one zone of 3 machines (domains are assigned to shards);
+    // a Same(zone) gang of 4 fits no zone. It concentrates in zone-a, holding
+    // every matching machine, and is TOPOLOGY_UNSATISFIABLE every cycle, before
+    // and after it parks: the seed's Tier 1 comes before any supply reason.
+    let ms = (0..3)
+        .map(|i| machine(&format!("a-{i}"), MachineState::Idle).build())
+        .collect();
+    let mut sim = Sim::new(ms);
+    let gang = need("c1", units("cpu", 4))
+        .req(same_zone())
+        .group("job-1")
+        .build();
+    sim.rollup("c1", vec![gang]);
+    let mut parked = false;
+    for _ in 0..10 {
+        let out = sim.step();
+        let v = &out.verdicts[0];
+        assert_eq!(v.unmet_reason, UnmetReason::TopologyUnsatisfiable);
+        assert!(!v.same_satisfiable);
+        parked |= v.acquisition_parked;
+    }
+    assert!(parked, "parks after 8 failing cycles");
+    let census = sim.finish("same_gang_unsatisfiable");
+    assert_eq!(census.get("configured@c1"), Some(&3));
+}
+
+#[test]
+fn no_matching_supply() {
+    // A CPU-only fleet. A GPU need and a Same(zone) GPU gang: nothing matches
+    // either in any state. The plain need is NO_MATCHING_SUPPLY with all-zero
+    // counts; the gang has no satisfiable domain, so Tier 1 names it
+    // TOPOLOGY_UNSATISFIABLE (no candidates, all-zero counts tell the rest).
+    let ms = (0..4)
+        .map(|i| {
+            machine(&format!("cpu-{i}"), MachineState::Idle)
+                .itype("c-16")
+                .res(units("cpu", 16))
+                .build()
+        })
+        .collect();
+    let mut sim = Sim::new(ms);
+    sim.rollup(
+        "c1",
+        vec![need("c1", units(GPU, 8)).req(pin("gpu-8x")).build()],
+    );
+    sim.rollup(
+        "c2",
+        vec![
+            need("c2", units(GPU, 16))
+                .req(pin("gpu-8x"))
+                .req(same_zone())
+                .group("g")
+                .build(),
+        ],
+    );
+    for _ in 0..2 {
+        let d = demand_of(&sim);
+        let out = sim.step();
+        assert!(out.actions.is_empty());
+        assert_eq!(reason(&out, &d, "c1"), UnmetReason::NoMatchingSupply);
+        assert_eq!(reason(&out, &d, "c2"), UnmetReason::TopologyUnsatisfiable);
+        assert!(
+            out.verdicts
+                .iter()
+                .all(|v| v.matching_supply.unwrap().is_empty())
+        );
+    }
+    let census = sim.finish("no_matching_supply");
+    assert_eq!(census.get("idle"), Some(&4));
+}
+
+#[test]
+fn preemption_fell_short() {
+    // "train" (1,000,000) wants 8 GPU machines; the shard has 4, all serving
+    // "batch" (100,000). Phase 2 picks all 4 and is still 4 short:
+    // PREEMPTION_EXHAUSTED. Next cycle train acquires the freed 4 and holds
+    // every matching machine, still short: PRIORITY_STARVED (held, by train
+    // itself), never NO_MATCHING_SUPPLY; batch, starved by train, likewise.
+    let batch = need("batch", units(GPU, 32)).prio(100_000).build();
+    let ms = (0..4)
+        .map(|i| {
+            gpu_machine(&format!("gpu-{i}"), MachineState::Configured)
+                .cluster("batch")
+                .serving(&batch)
+                .build()
+        })
+        .collect();
+    let mut sim = Sim::new(ms);
+    sim.rollup("batch", vec![batch]);
+    sim.rollup(
+        "train",
+        vec![need("train", units(GPU, 64)).prio(1_000_000).build()],
+    );
+    let d = demand_of(&sim);
+    let c1 = sim.step();
+    assert_eq!(c1.stats.preempts, 4);
+    assert_eq!(reason(&c1, &d, "train"), UnmetReason::PreemptionExhausted);
+    let p = c1.verdicts[0].preemption.as_ref().unwrap();
+    assert_eq!(p.victims_found, 4);
+    let c2 = sim.step();
+    assert_eq!(c2.stats.bootstraps, 4);
+    assert_eq!(reason(&c2, &d, "train"), UnmetReason::PriorityStarved);
+    assert_eq!(reason(&c2, &d, "batch"), UnmetReason::PriorityStarved);
+    let c3 = sim.step();
+    assert!(c3.actions.is_empty());
+    assert_eq!(reason(&c3, &d, "train"), UnmetReason::PriorityStarved);
+    let census = sim.finish("preemption_fell_short");
+    assert_eq!(census.get("configured@train"), Some(&4));
 }

@@ -118,8 +118,12 @@ pub struct VerdictRow {
     /// not copy 50K needs.
     demand: Arc<Vec<Need>>,
     pub verdict: NeedVerdict,
-    /// Consecutive cycles this need has been unmet (0 when satisfied).
+    /// Consecutive cycles this need (this row, not its fingerprint) has been
+    /// unmet, counting this one; 0 when satisfied (ADR-0117).
     pub age_cycles_unmet: u32,
+    /// [`row_key`] and occurrence, so the next cycle finds this row's age without
+    /// hashing the previous table again.
+    key: (u64, u32),
 }
 
 impl VerdictRow {
@@ -142,12 +146,48 @@ pub struct VerdictTable {
     pub rows: Vec<VerdictRow>,
 }
 
-fn unmet_key(n: &Need) -> (String, String, String) {
-    (
-        n.cluster.clone(),
-        n.fingerprint().to_owned(),
-        n.group.clone(),
-    )
+/// Identity of one verdict row across cycles, for `age_cycles_unmet`: "the
+/// need" of the wire field (ADR-0117). A NeedsTable row is (cluster,
+/// fingerprint, group); a folded need is what NormalizeDemand folds by,
+/// (cluster, stripped fingerprint, each member's aggregate = the folded
+/// need's MinUnit), kept apart from table rows. Hashed (SipHash, 64 bits) so a
+/// cycle over 50K rows allocates nothing for it; a collision could only carry
+/// one row's age to another, an observation, never a decision.
+fn row_key(row: &VerdictRow) -> u64 {
+    use std::hash::{DefaultHasher, Hash, Hasher};
+    let n = row.need();
+    let mut h = DefaultHasher::new();
+    n.cluster.hash(&mut h);
+    n.fingerprint().hash(&mut h);
+    match &row.verdict.source {
+        VerdictSource::Demand(_) => {
+            0u8.hash(&mut h);
+            n.group.hash(&mut h);
+        }
+        VerdictSource::Folded { .. } => {
+            1u8.hash(&mut h);
+            for (name, milli) in n.min_unit.iter() {
+                name.hash(&mut h);
+                milli.hash(&mut h);
+            }
+        }
+    }
+    h.finish()
+}
+
+/// Every row's key with its occurrence number among rows of the same key, in
+/// row (snapshot) order: even a roll-up that repeats a (fingerprint, group)
+/// gives every row its own age.
+fn row_keys(rows: &[VerdictRow]) -> Vec<(u64, u32)> {
+    let mut seen: FxHashMap<u64, u32> = FxHashMap::default();
+    rows.iter()
+        .map(|r| {
+            let k = row_key(r);
+            let n = seen.entry(k).or_insert(0);
+            *n += 1;
+            (k, *n - 1)
+        })
+        .collect()
 }
 
 impl VerdictTable {
@@ -160,11 +200,11 @@ impl VerdictTable {
         demand: &Arc<Vec<Need>>,
         verdicts: Vec<NeedVerdict>,
     ) -> VerdictTable {
-        let prev_age: FxHashMap<(String, String, String), u32> = prev
+        let prev_age: FxHashMap<(u64, u32), u32> = prev
             .rows
             .iter()
             .filter(|r| r.age_cycles_unmet > 0)
-            .map(|r| (unmet_key(r.need()), r.age_cycles_unmet))
+            .map(|r| (r.key, r.age_cycles_unmet))
             .collect();
         let mut rows: Vec<VerdictRow> = verdicts
             .into_iter()
@@ -172,20 +212,20 @@ impl VerdictTable {
                 VerdictSource::Demand(k) => *k < demand.len(),
                 VerdictSource::Folded { .. } => true,
             })
-            .map(|v| {
-                let mut row = VerdictRow {
-                    demand: Arc::clone(demand),
-                    verdict: v,
-                    age_cycles_unmet: 0,
-                };
-                if !row.verdict.satisfied {
-                    row.age_cycles_unmet =
-                        prev_age.get(&unmet_key(row.need())).copied().unwrap_or(0) + 1;
-                }
-                row
+            .map(|v| VerdictRow {
+                demand: Arc::clone(demand),
+                verdict: v,
+                age_cycles_unmet: 0,
+                key: (0, 0),
             })
             .collect();
         rows.sort_by(|a, b| bigfleet_model::snapshot_order(a.need(), b.need()));
+        for (key, row) in row_keys(&rows).into_iter().zip(rows.iter_mut()) {
+            row.key = key;
+            if !row.verdict.satisfied {
+                row.age_cycles_unmet = prev_age.get(&key).copied().unwrap_or(0) + 1;
+            }
+        }
         VerdictTable {
             cycle,
             computed_at_unix_nanos: now_unix_nanos,
@@ -460,6 +500,125 @@ mod tests {
         assert_eq!((total, rows.len()), (1, 1));
         let (total, rows) = t2.select("", 1);
         assert_eq!((total, rows.len()), (2, 1));
+    }
+
+    fn folded(cluster: &str, p: &Arc<Profile>, member_cpu: i64, count: i64) -> NeedVerdict {
+        let mut n = Need::new(cluster, Arc::clone(p));
+        n.aggregate_resources = ResourceVector::from_milli([("cpu", member_cpu * count * 1000)]);
+        n.min_unit = ResourceVector::from_milli([("cpu", member_cpu * 1000)]);
+        NeedVerdict {
+            source: VerdictSource::Folded {
+                need: n,
+                members: vec![],
+            },
+            ..verdict(0, false)
+        }
+    }
+
+    fn ages(t: &VerdictTable) -> Vec<(String, u32)> {
+        let mut v: Vec<_> = t
+            .rows
+            .iter()
+            .map(|r| {
+                let kind = match r.verdict.source {
+                    VerdictSource::Demand(_) => "need",
+                    VerdictSource::Folded { .. } => "folded",
+                };
+                (format!("{kind} {}", r.need().min_unit), r.age_cycles_unmet)
+            })
+            .collect();
+        v.sort();
+        v
+    }
+
+    #[test]
+    fn unmet_age_is_per_row_not_per_fingerprint() {
+        // Cluster "a" demands a plain need and two folded gang classes (1 and 2
+        // cpu per gang), all with the same (stripped) fingerprint and group "".
+        let p = profile(1, "x");
+        let demand = Arc::new(vec![Need::new("a", Arc::clone(&p))]);
+        let mut plain_met = verdict(0, true);
+        plain_met.source = VerdictSource::Demand(0);
+        let met = |v: NeedVerdict| NeedVerdict {
+            satisfied: true,
+            unmet_reason: UnmetReason::Unspecified,
+            ..v
+        };
+        // Cycle 1: only the 1-cpu class is unmet.
+        let t1 = VerdictTable::build(
+            &VerdictTable::default(),
+            1,
+            10,
+            &demand,
+            vec![
+                plain_met.clone(),
+                folded("a", &p, 1, 3),
+                met(folded("a", &p, 2, 2)),
+            ],
+        );
+        // Cycle 2: both classes unmet, the plain need too; the 1-cpu class grew.
+        let t2 = VerdictTable::build(
+            &t1,
+            2,
+            20,
+            &demand,
+            vec![
+                verdict(0, false),
+                folded("a", &p, 1, 5),
+                folded("a", &p, 2, 2),
+            ],
+        );
+        assert_eq!(
+            ages(&t2),
+            [
+                ("folded {cpu: 1}".to_owned(), 2),
+                ("folded {cpu: 2}".to_owned(), 1),
+                ("need {}".to_owned(), 1),
+            ]
+        );
+        // Cycle 3: the 1-cpu class is met: back to 0; the others keep counting.
+        let t3 = VerdictTable::build(
+            &t2,
+            3,
+            30,
+            &demand,
+            vec![
+                verdict(0, false),
+                met(folded("a", &p, 1, 5)),
+                folded("a", &p, 2, 2),
+            ],
+        );
+        assert_eq!(
+            ages(&t3),
+            [
+                ("folded {cpu: 1}".to_owned(), 0),
+                ("folded {cpu: 2}".to_owned(), 2),
+                ("need {}".to_owned(), 2),
+            ]
+        );
+    }
+
+    #[test]
+    fn repeated_rows_age_apart() {
+        // A roll-up that repeats one (fingerprint, group): two rows, two ages.
+        let p = profile(1, "x");
+        let demand = Arc::new(vec![Need::new("a", Arc::clone(&p)), Need::new("a", p)]);
+        let t1 = VerdictTable::build(
+            &VerdictTable::default(),
+            1,
+            10,
+            &demand,
+            vec![verdict(0, false), verdict(1, true)],
+        );
+        let t2 = VerdictTable::build(
+            &t1,
+            2,
+            20,
+            &demand,
+            vec![verdict(0, false), verdict(1, false)],
+        );
+        let got: Vec<u32> = t2.rows.iter().map(|r| r.age_cycles_unmet).collect();
+        assert_eq!(got, [2, 1]);
     }
 
     #[test]
