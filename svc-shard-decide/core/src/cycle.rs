@@ -23,7 +23,11 @@ use rustc_hash::{FxHashMap, FxHashSet};
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// A cycle asked for by a wake-up starts no sooner than this many times the last
+/// cycle's duration after the last one started (ADR-0111).
+const WAKE_DUTY_FACTOR: u32 = 4;
 
 /// What only the cycle reads and writes.
 #[derive(Debug)]
@@ -47,13 +51,15 @@ impl CycleRoom {
 impl Decide {
     /// Runs cycles until `shutdown` resolves: every `cycle_interval` since the
     /// last one, and after a wake-up (changed demand, abandoned work, truncated
-    /// cycles) once `wake_interval` has passed since the last one started.
+    /// cycles) once `wake_interval` — or four times the last cycle's duration, if
+    /// longer — has passed since the last one started.
     pub async fn run(&self, shutdown: impl std::future::Future<Output = ()>) {
         let cfg = &self.inner.cfg;
         let mut ticker = tokio::time::interval(cfg.cycle_interval);
         ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         tokio::pin!(shutdown);
-        let mut last_start: Option<tokio::time::Instant> = None;
+        // When the last cycle started, and how long it took.
+        let mut last: Option<(tokio::time::Instant, Duration)> = None;
         loop {
             let woken = tokio::select! {
                 biased;
@@ -61,17 +67,21 @@ impl Decide {
                 _ = ticker.tick() => false,
                 () = self.inner.wake.notified() => true,
             };
-            if woken && let Some(last) = last_start {
+            if woken && let Some((started, took)) = last {
                 // Wake-ups arriving meanwhile fold into this one (Notify keeps one permit).
-                let due = last + cfg.wake_interval;
+                // A slow cycle spaces the next one further: woken cycles take at most
+                // 1/WAKE_DUTY_FACTOR of the time, whatever the shard's size.
+                let due = started + cfg.wake_interval.max(took * WAKE_DUTY_FACTOR);
                 tokio::select! {
                     biased;
                     () = &mut shutdown => break,
                     () = tokio::time::sleep_until(due) => {}
                 }
             }
-            last_start = Some(tokio::time::Instant::now());
-            match self.run_cycle().await {
+            let started = tokio::time::Instant::now();
+            let result = self.run_cycle().await;
+            last = Some((started, started.elapsed()));
+            match result {
                 Ok(r) if r.follow_up => {
                     self.inner
                         .metrics
