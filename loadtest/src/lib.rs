@@ -10,6 +10,8 @@
 //! * [`certs`] — per-cluster certificates for load tests under mTLS.
 //! * [`latency`] — a shared latency histogram.
 //! * [`e2e`] — the scale harness: a whole shard in-process (`e2e-bench --units N`).
+//! * [`shard_load`] — the whole shard as real service processes under N simulated
+//!   operators (`shard-load` binary).
 //! * [`soak`] — many cycles of churn, then checks for leaked or stuck records
 //!   (`e2e-bench --soak-cycles N`).
 
@@ -20,6 +22,7 @@ pub mod e2e;
 pub mod gateway_load;
 pub mod latency;
 pub mod operator;
+pub mod shard_load;
 pub mod soak;
 
 pub use bigfleet_model::MachineState;
