@@ -113,7 +113,10 @@ fn rollup(c: usize, needs: usize, v: u64) -> mesh::ApplyRollupRequest {
             }],
             aggregate_resources: [(
                 "cpu".to_owned(),
-                format!("{}", 4 + (r % 5) * 8 + if r == 0 { (v % 4) as usize } else { 0 }),
+                format!(
+                    "{}",
+                    4 + (r % 5) * 8 + if r == 0 { (v % 4) as usize } else { 0 }
+                ),
             )]
             .into_iter()
             .collect(),
@@ -203,7 +206,14 @@ async fn main() -> anyhow::Result<()> {
         hist(&reg, "bigfleet_shard_cycle_duration_seconds", None),
         hist(&reg, "bigfleet_shard_demand_to_decision_seconds", None),
     );
-    let phases = ["reconcile", "snapread", "engine", "ledgers", "emit", "execute"];
+    let phases = [
+        "reconcile",
+        "snapread",
+        "engine",
+        "ledgers",
+        "emit",
+        "execute",
+    ];
     let base_phases: Vec<_> = phases
         .iter()
         .map(|p| hist(&reg, "bigfleet_shard_cycle_phase_duration_seconds", Some(p)))

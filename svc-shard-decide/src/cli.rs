@@ -47,6 +47,11 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_WAKE_INTERVAL", default_value = "250ms", value_parser = humantime::parse_duration)]
     pub wake_interval: Duration,
 
+    /// Leave the first N cycles out of the cycle-duration and per-phase histograms (a cold
+    /// start's first full List is not steady-state cost); counters are unaffected.
+    #[arg(long, env = "BIGFLEET_METRICS_WARMUP_CYCLES", default_value_t = 0)]
+    pub metrics_warmup_cycles: u64,
+
     /// `since_revision` List instead of a full List with a removal walk.
     #[arg(long, env = "BIGFLEET_INCREMENTAL_RECONCILE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub incremental_reconcile: bool,

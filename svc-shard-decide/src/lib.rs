@@ -567,6 +567,7 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
         epoch,
         cycle_interval: args.cycle_interval,
         wake_interval: args.wake_interval,
+        metrics_warmup_cycles: args.metrics_warmup_cycles,
         incremental_reconcile: args.incremental_reconcile,
         available_capacity_interval: args.available_capacity_interval,
         rails: RailsConfig {

@@ -16,7 +16,7 @@ use crate::shard::{CycleReport, Decide, applicable, label_bucket, label_capacity
 use crate::trace::current_trace_context;
 use bigfleet_conv::requirements_to_proto;
 use bigfleet_decision::{CycleInput, CycleOptions, ParkingLedger, ParkingTiming, run_cycle};
-use bigfleet_model::{Action, Need};
+use bigfleet_model::{Action, ActionKind, Need};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use rustc_hash::{FxHashMap, FxHashSet};
@@ -36,6 +36,8 @@ pub(crate) struct CycleRoom {
     parking: ParkingLedger,
     /// Clusters whose first roll-up arrived (ADR-0036): Phase 3 may reclaim there.
     gate: FxHashSet<String>,
+    /// Since when provider Lists have been failing (cycles decide on stale inventory).
+    stale_since: Option<Instant>,
 }
 
 impl CycleRoom {
@@ -44,6 +46,7 @@ impl CycleRoom {
             demand: DemandView::new(),
             parking: ParkingLedger::with_timing(parking),
             gate: FxHashSet::default(),
+            stale_since: None,
         }
     }
 }
@@ -100,29 +103,60 @@ impl Decide {
 
     /// One cycle: reconcile → snapshot → engine → ledgers → hints → rails → enqueue.
     pub async fn run_cycle(&self) -> Result<CycleReport, CycleError> {
-        let room = self.inner.cycle_room.clone().lock_owned().await;
+        let mut room = self.inner.cycle_room.clone().lock_owned().await;
         let started = Instant::now();
         let m = &self.inner.metrics;
+        // The first cycles of a cold start (a full List into an empty inventory) are not
+        // what the cycle SLO measures; their durations stay out of the histograms.
+        let observe = self.cycle_count() >= self.inner.cfg.metrics_warmup_cycles;
         let t = Instant::now();
         let rec = self.reconcile().await;
-        m.cycle_phase_duration
-            .with_label_values(&["reconcile"])
-            .observe(t.elapsed().as_secs_f64());
-        if let Err(e) = rec {
-            m.reconcile_errors.inc();
-            // Deciding against a stale view wastes actions; the next tick retries.
-            return Err(CycleError::Reconcile(e));
+        if observe {
+            m.cycle_phase_duration
+                .with_label_values(&["reconcile"])
+                .observe(t.elapsed().as_secs_f64());
         }
+        let stale = match rec {
+            Ok(_) => {
+                if std::mem::take(&mut room.stale_since).is_some() {
+                    tracing::info!("provider List succeeds again; deciding on fresh inventory");
+                }
+                false
+            }
+            Err(e) => {
+                m.reconcile_errors.inc();
+                // With no inventory at all there is nothing to decide on.
+                if !self.is_ready() {
+                    return Err(CycleError::Reconcile(e));
+                }
+                // Static stability (ADR-0118): keep serving demand from what was last
+                // known; nothing that takes capacity away runs on a stale view.
+                if room.stale_since.is_none() {
+                    room.stale_since = Some(Instant::now());
+                    tracing::warn!(error = %e, "provider List failed; deciding on the last-known inventory (bootstrap and provision only) until it succeeds");
+                } else {
+                    tracing::debug!(error = %e, "provider List still failing");
+                }
+                true
+            }
+        };
+        let listed_at = self
+            .inner
+            .listed_at
+            .load(std::sync::atomic::Ordering::Acquire);
+        m.inventory_age
+            .set((self.now().saturating_sub(listed_at)).max(0) as f64 / 1e9);
         let this = self.clone();
         let span = tracing::info_span!("decide_cycle", shard = %self.inner.cfg.shard_id);
         let report = tokio::task::spawn_blocking(move || {
-            let mut room = room;
-            this.decide_blocking(&mut room, span)
+            this.decide_blocking(&mut room, span, observe, stale, listed_at)
         })
         .await
         .map_err(|e| CycleError::Join(e.to_string()))??;
         m.cycles_total.inc();
-        m.cycle_duration.observe(started.elapsed().as_secs_f64());
+        if observe {
+            m.cycle_duration.observe(started.elapsed().as_secs_f64());
+        }
         self.inner.work_ready.notify_waiters();
         Ok(report)
     }
@@ -131,11 +165,21 @@ impl Decide {
         &self,
         room: &mut CycleRoom,
         span: tracing::Span,
+        observe: bool,
+        stale: bool,
+        listed_at: i64,
     ) -> Result<CycleReport, CycleError> {
         let _entered = span.enter();
         let trace = current_trace_context();
         let inner = &self.inner;
         let m = &inner.metrics;
+        let phase = |name: &str, t: Instant| {
+            if observe {
+                m.cycle_phase_duration
+                    .with_label_values(&[name])
+                    .observe(t.elapsed().as_secs_f64());
+            }
+        };
         let now = self.now();
         let t = Instant::now();
         let inv = inner.inventory.blocking_read();
@@ -145,9 +189,7 @@ impl Decide {
         room.gate.extend(taken.gate_opened);
         room.parking.prepare(now);
         let destinations = inner.work.lock().ledger.creating_destinations();
-        m.cycle_phase_duration
-            .with_label_values(&["snapread"])
-            .observe(t.elapsed().as_secs_f64());
+        phase("snapread", t);
 
         let t = Instant::now();
         let gate = &room.gate;
@@ -170,10 +212,20 @@ impl Decide {
             ..CycleOptions::default()
         };
         let out = run_cycle(&input, &opts)?;
-        m.cycle_phase_duration
-            .with_label_values(&["engine"])
-            .observe(t.elapsed().as_secs_f64());
+        phase("engine", t);
         let cycle = inner.cycle.fetch_add(1, Ordering::AcqRel) + 1;
+        // The original counts a need whose OCC proposals never committed; without OCC the
+        // same signal is a need starved by others' claims while matching supply exists.
+        m.retries_exhausted.inc_by(
+            out.verdicts
+                .iter()
+                .filter(|v| {
+                    !v.satisfied
+                        && v.claimed_machine_count == 0
+                        && v.unmet_reason == bigfleet_decision::UnmetReason::PriorityStarved
+                })
+                .count() as u64,
+        );
 
         let t = Instant::now();
         room.parking.observe_at(&out.parking, now);
@@ -188,17 +240,15 @@ impl Decide {
             s.len()
         };
         let prev = self.verdicts();
-        let table = VerdictTable::build(&prev, cycle, now, demand, out.verdicts);
+        let mut table = VerdictTable::build(&prev, cycle, now, demand, out.verdicts);
+        table.inventory_listed_at_unix_nanos = listed_at;
+        table.inventory_stale = stale;
         *inner.verdicts.write() = Arc::new(table);
-        m.cycle_phase_duration
-            .with_label_values(&["ledgers"])
-            .observe(t.elapsed().as_secs_f64());
+        phase("ledgers", t);
 
         let t = Instant::now();
         let hints_sent = self.emit_hints(&inv, &room.demand);
-        m.cycle_phase_duration
-            .with_label_values(&["emit"])
-            .observe(t.elapsed().as_secs_f64());
+        phase("emit", t);
 
         let t = Instant::now();
         let decided = out.actions.len();
@@ -207,6 +257,7 @@ impl Decide {
             .lock()
             .traces
             .for_cycle(cycle, Instant::now(), trace);
+        let mut held: Vec<Action> = Vec::new();
         let (rails, stats) = {
             let mut work = inner.work.lock();
             let work = &mut *work;
@@ -230,6 +281,15 @@ impl Decide {
             work.reclaim_budget
                 .retain_logged(|c| rails.deferrals.iter().any(|d| d.cluster == c));
             let mut rails = rails;
+            if stale {
+                let (keep, hold): (Vec<Action>, Vec<Action>) = std::mem::take(&mut rails.execute)
+                    .into_iter()
+                    .partition(|a| {
+                        matches!(a.kind(), ActionKind::Bootstrap | ActionKind::Provision)
+                    });
+                rails.execute = keep;
+                held = hold;
+            }
             let stats = work.ledger.replace_queue_traced(
                 std::mem::take(&mut rails.execute),
                 cycle,
@@ -266,13 +326,17 @@ impl Decide {
             );
             self.audit(cycle, a, "dryrun");
         }
+        for a in &held {
+            m.actions_held_stale
+                .with_label_values(&[kind_label(a.kind())])
+                .inc();
+            self.audit(cycle, a, "held_stale");
+        }
         m.reclaims_capped.inc_by(rails.capped as u64);
         m.actions_deferred.inc_by(rails.deferred as u64);
         m.actions_deduped.inc_by(stats.deduped as u64);
         m.actions_dropped.inc_by(stats.dropped as u64);
-        m.cycle_phase_duration
-            .with_label_values(&["execute"])
-            .observe(t.elapsed().as_secs_f64());
+        phase("execute", t);
         m.actuation_paused
             .set(i64::from(inner.cfg.rails.actuation_paused));
         self.export_gauges(&inv, demand);
@@ -301,6 +365,8 @@ impl Decide {
             follow_up: rails.follow_up,
             hints_sent,
             shortfalls: shortfall_count,
+            stale,
+            held_stale: held.len(),
         })
     }
 

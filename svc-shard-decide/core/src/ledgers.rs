@@ -144,6 +144,10 @@ pub struct VerdictTable {
     pub cycle: u64,
     pub computed_at_unix_nanos: i64,
     pub rows: Vec<VerdictRow>,
+    /// When the provider List behind the cycle's inventory started (0 = never).
+    pub inventory_listed_at_unix_nanos: i64,
+    /// The cycle's List failed: it decided on the last-known inventory (ADR-0118).
+    pub inventory_stale: bool,
 }
 
 /// Identity of one verdict row across cycles, for `age_cycles_unmet`: "the
@@ -230,6 +234,8 @@ impl VerdictTable {
             cycle,
             computed_at_unix_nanos: now_unix_nanos,
             rows,
+            inventory_listed_at_unix_nanos: 0,
+            inventory_stale: false,
         }
     }
 

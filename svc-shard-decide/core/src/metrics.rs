@@ -50,6 +50,9 @@ pub struct ShardMetrics {
     // Decide-specific (not in the reference catalog).
     pub cycles_total: IntCounter,
     pub reconcile_errors: IntCounter,
+    pub retries_exhausted: IntCounter,
+    pub inventory_age: prometheus::Gauge,
+    pub actions_held_stale: IntCounterVec,
     pub events_dropped: IntCounter,
     pub work_streams: IntGauge,
 }
@@ -198,6 +201,19 @@ impl ShardMetrics {
                 &["event"],
             )?,
             cycles_total: r.int_counter("bigfleet_shard_cycles_total", "Decision cycles run.")?,
+            retries_exhausted: r.int_counter(
+                "bigfleet_shard_phase1_occ_retries_exhausted_total",
+                "Needs with demand that Phase 1 committed nothing to while matching supply existed, held by others (contention-bound, not catalog-bound, unsatisfied); counted per cycle (ADR-0118).",
+            )?,
+            inventory_age: r.gauge(
+                "bigfleet_shard_inventory_age_seconds",
+                "Seconds since the provider List the last cycle decided on succeeded; grows while Lists fail (ADR-0118).",
+            )?,
+            actions_held_stale: r.int_counter_vec(
+                "bigfleet_shard_actions_held_stale_total",
+                "Actions a cycle on stale inventory (provider List failing) held back: everything but Bootstrap and Provision (ADR-0118).",
+                &["kind"],
+            )?,
             reconcile_errors: r.int_counter(
                 "bigfleet_shard_reconcile_errors_total",
                 "Failed provider reconciles (the cycle skips deciding).",

@@ -324,9 +324,33 @@ impl pb::shard_read_server::ShardRead for DecideService {
                 frame: Some(pb::inspect_needs_response::Frame::Need(need_view(r))),
             })
         }));
-        Ok(Response::new(Box::pin(futures::stream::iter(frames))))
+        let mut response =
+            Response::new(Box::pin(futures::stream::iter(frames)) as Self::InspectNeedsStream);
+        // How fresh the inventory behind the verdicts is travels as response metadata
+        // (the public header message stays the original's, ADR-0118).
+        let md = response.metadata_mut();
+        md.insert(
+            INVENTORY_LISTED_AT_METADATA,
+            tonic::metadata::MetadataValue::from(table.inventory_listed_at_unix_nanos),
+        );
+        md.insert(
+            INVENTORY_STALE_METADATA,
+            tonic::metadata::MetadataValue::from_static(if table.inventory_stale {
+                "true"
+            } else {
+                "false"
+            }),
+        );
+        Ok(response)
     }
 }
+
+/// InspectNeeds response metadata: when the List behind the verdicts' inventory started
+/// (Unix nanos; 0 = never).
+pub const INVENTORY_LISTED_AT_METADATA: &str = "bigfleet-inventory-listed-at-unix-nanos";
+/// InspectNeeds response metadata: `true` when the cycle's List failed and it decided on
+/// the last-known inventory.
+pub const INVENTORY_STALE_METADATA: &str = "bigfleet-inventory-stale";
 
 #[tonic::async_trait]
 impl mesh::shard_info_server::ShardInfo for DecideService {

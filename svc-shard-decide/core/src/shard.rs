@@ -69,6 +69,9 @@ pub struct DecideConfig {
     pub max_shard_dimensions: usize,
     /// Phase 2 victim scoring (weights and the drain estimate); the formula is fixed.
     pub phase2: bigfleet_decision::Phase2Options,
+    /// Cycles whose duration histograms are not observed (the first full List of a cold
+    /// start is not what the cycle SLO measures); counters are unaffected.
+    pub metrics_warmup_cycles: u64,
 }
 
 impl Default for DecideConfig {
@@ -91,6 +94,7 @@ impl Default for DecideConfig {
             rollup_limits: RollupLimits::default(),
             max_shard_dimensions: RollupLimits::DEFAULT_MAX_SHARD_DIMENSIONS,
             phase2: bigfleet_decision::Phase2Options::default(),
+            metrics_warmup_cycles: 0,
         }
     }
 }
@@ -111,6 +115,10 @@ pub struct CycleReport {
     pub follow_up: bool,
     pub hints_sent: usize,
     pub shortfalls: usize,
+    /// The provider List failed: decided on the last-known inventory (ADR-0118).
+    pub stale: bool,
+    /// Actions a stale cycle held back (everything but Bootstrap and Provision).
+    pub held_stale: usize,
 }
 
 /// Totals of one reconcile.
@@ -174,6 +182,8 @@ pub(crate) struct Inner {
     pub(crate) metrics: ShardMetrics,
     pub(crate) readiness: Readiness,
     pub(crate) ready: AtomicBool,
+    /// When the last successful provider List started (clock nanos; 0 = never).
+    pub(crate) listed_at: AtomicI64,
     pub(crate) cycle: AtomicU64,
     coordinator_term: AtomicI64,
     pub(crate) generation: AtomicU64,
@@ -312,6 +322,7 @@ impl Decide {
             metrics,
             readiness,
             ready: AtomicBool::new(false),
+            listed_at: AtomicI64::new(0),
             cycle: AtomicU64::new(0),
             coordinator_term: AtomicI64::new(0),
             generation: AtomicU64::new(0),

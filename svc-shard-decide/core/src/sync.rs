@@ -87,6 +87,7 @@ impl Decide {
             (since, sync.local_changes.fence())
         };
         let t = Instant::now();
+        let started_at = self.now();
         let list = inner.source.list(since.clone()).await?;
         let list_time = t.elapsed();
         let t = Instant::now();
@@ -160,6 +161,7 @@ impl Decide {
             "reconciled"
         );
         self.after_merge(r);
+        inner.listed_at.store(started_at, Ordering::Release);
         self.refresh_quarantine_holdings().await;
         if !inner.ready.swap(true, Ordering::AcqRel) {
             inner.readiness.set_ready();

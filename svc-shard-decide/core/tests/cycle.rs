@@ -57,11 +57,142 @@ async fn readiness_latches_after_first_reconcile_and_restart_rebuilds_assignment
     assert_eq!(m.assigned_group, "rack\0g1");
     assert_eq!(m.cluster, "c1");
 
-    // A later provider outage never un-readies the shard.
+    // A later provider outage never un-readies the shard, and the shard keeps deciding
+    // on what it last knew (ADR-0118).
     h.provider.fail_next_lists(1000);
-    assert!(h.decide.run_cycle().await.is_err());
+    let r = h.decide.run_cycle().await.unwrap();
+    assert!(r.stale);
     assert!(h.readiness.is_ready());
     assert_eq!(h.decide.metrics().reconcile_errors.get(), 2);
+}
+
+/// m1..m3 Idle, c1 holds 4 Configured machines with demand for them.
+async fn stale_fixture() -> Harness {
+    let p = TestProvider::default();
+    for i in 1..=3 {
+        p.put(pm(&format!("m{i}"), pb::MachineState::Idle, ""));
+    }
+    for i in 0..4 {
+        p.put(configured_with_metadata(&format!("c1-{i}"), "c1", 10));
+    }
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let r = h.decide.run_cycle().await.unwrap();
+    assert!(!r.stale);
+    h
+}
+
+#[tokio::test]
+async fn a_failed_list_keeps_serving_demand_from_known_idle_machines() {
+    let h = stale_fixture().await;
+    h.provider.fail_next_lists(1000);
+    // Demand arrives while the provider cannot be listed.
+    h.decide
+        .apply_rollup(&rollup("c2", vec![need(8, 5)]))
+        .unwrap();
+    let r = h.decide.run_cycle().await.unwrap();
+    assert!(r.stale, "decided on the last-known inventory");
+    assert_eq!((r.enqueued, r.held_stale), (2, 0), "{r:?}");
+    let (queued, _) = h.decide.action_counts();
+    assert_eq!(queued, 2);
+    let table = h.decide.verdicts();
+    assert!(table.inventory_stale);
+    assert!(table.inventory_listed_at_unix_nanos > 0);
+    assert!(h.decide.metrics().inventory_age.get() >= 0.0);
+    // The staleness reaches InspectNeeds callers as response metadata.
+    let mut read = bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient::new(uds_channel(
+        &h.decide_sock,
+    ));
+    let resp = read
+        .inspect_needs(pb::InspectNeedsRequest::default())
+        .await
+        .unwrap();
+    assert_eq!(
+        resp.metadata()
+            .get(svc_shard_decide_core::service::INVENTORY_STALE_METADATA)
+            .and_then(|v| v.to_str().ok()),
+        Some("true")
+    );
+}
+
+#[tokio::test]
+async fn a_failed_list_never_reclaims_and_reclaims_resume_after_it() {
+    let h = stale_fixture().await;
+    h.decide
+        .apply_rollup(&rollup("c1", vec![need(16, 10)]))
+        .unwrap();
+    let r = h.decide.run_cycle().await.unwrap();
+    assert_eq!(r.decided, 0, "c1's demand holds its machines");
+    h.provider.fail_next_lists(1000);
+    // c1 withdraws its demand while the provider cannot be listed: its machines may have
+    // changed in ways decide cannot see, so nothing is taken away.
+    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    let r = h.decide.run_cycle().await.unwrap();
+    assert!(r.stale);
+    assert_eq!((r.decided, r.enqueued, r.held_stale), (4, 0, 4), "{r:?}");
+    assert_eq!(
+        h.decide
+            .metrics()
+            .actions_held_stale
+            .with_label_values(&["Reclaim"])
+            .get(),
+        4
+    );
+    assert_eq!(h.decide.action_counts(), (0, 0));
+    // The List recovers: the same reclaims go out.
+    h.provider.fail_next_lists(0);
+    let r = h.decide.run_cycle().await.unwrap();
+    assert!(!r.stale && !h.decide.verdicts().inventory_stale);
+    assert_eq!((r.enqueued, r.held_stale), (4, 0), "{r:?}");
+}
+
+#[tokio::test]
+async fn warmup_cycles_stay_out_of_the_duration_histograms() {
+    let p = TestProvider::default();
+    p.put(pm("m1", pb::MachineState::Idle, ""));
+    let h = Harness::start_with(
+        DecideConfig {
+            metrics_warmup_cycles: 2,
+            ..cfg_rails_off()
+        },
+        p,
+    )
+    .await;
+    for _ in 0..3 {
+        h.decide.run_cycle().await.unwrap();
+    }
+    let m = h.decide.metrics();
+    assert_eq!(m.cycles_total.get(), 3, "counters count every cycle");
+    assert_eq!(m.cycle_duration.get_sample_count(), 1);
+    assert_eq!(
+        m.cycle_phase_duration
+            .with_label_values(&["engine"])
+            .get_sample_count(),
+        1
+    );
+}
+
+#[tokio::test]
+async fn needs_starved_by_others_are_counted_as_retries_exhausted() {
+    let p = TestProvider::default();
+    p.put(pm("m1", pb::MachineState::Idle, ""));
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    h.decide.run_cycle().await.unwrap();
+    // One machine, two needs for it: the higher priority claims it, the other is starved
+    // with matching supply in sight (contention-bound, not catalog-bound).
+    h.decide
+        .apply_rollup(&rollup("hi", vec![need(4, 9)]))
+        .unwrap();
+    h.decide
+        .apply_rollup(&rollup("lo", vec![need(4, 1)]))
+        .unwrap();
+    h.decide.run_cycle().await.unwrap();
+    assert_eq!(h.decide.metrics().retries_exhausted.get(), 1);
+    // A need nothing matches is catalog-bound: not counted.
+    let mut gpu = need(4, 1);
+    gpu.requirements[0].values = vec!["p4d.24xlarge".into()];
+    h.decide.apply_rollup(&rollup("gpu", vec![gpu])).unwrap();
+    h.decide.run_cycle().await.unwrap();
+    assert_eq!(h.decide.metrics().retries_exhausted.get(), 2);
 }
 
 #[tokio::test]
