@@ -8,7 +8,9 @@
 //! `<run>/logs/<child>.log`        stdout + stderr of every child (appended across restarts)
 //! `<run>/tls/`                    CA and role certificates (--tls)
 //! `<run>/coordinator/`            the single-node coordinator's data
-//! `<run>/provider-<i>/`           a fake provider's catalog (and socket under --tls)
+//! `<run>/coordinator-<i>/`        replica i's data (`--coordinators` above 1)
+//! `<run>/provider-<i>/`           a fake provider's catalog (and socket under --tls); with
+//!                                 `provider_audit`, fence.jsonl and actuations.jsonl
 //! `<run>/shard-<i>/`              decide.sock, gateway.sock; decide-data/{epoch,decide.lock}
 //! ```
 //!
@@ -70,6 +72,9 @@ pub struct MeshSpec {
     pub provider: ProviderSpec,
     /// Start a single-node coordinator (and report to it).
     pub coordinator: bool,
+    /// Coordinator replicas (one Raft cluster: `coord-0` bootstraps, the others join).
+    /// One is named `coordinator`; several are `coordinator-<i>`.
+    pub coordinators: usize,
     /// Start svc-inspect (needs the coordinator).
     pub inspect: bool,
     /// mTLS everywhere with a throwaway CA.
@@ -81,6 +86,12 @@ pub struct MeshSpec {
     pub provider_flags: Vec<String>,
     pub coordinator_flags: Vec<String>,
     pub inspect_flags: Vec<String>,
+    /// Extra gateway flags of one shard (by shard id), after `gateway_flags`.
+    pub gateway_shard_flags: BTreeMap<String, Vec<String>>,
+    /// Each fake provider persists its fencing marks (`provider-<i>/fence.jsonl`, so a
+    /// restarted provider still refuses a zombie) and logs every accepted mutating call
+    /// (`provider-<i>/actuations.jsonl`), for `up --chaos`'s audit.
+    pub provider_audit: bool,
     /// Extra environment of every child (e.g. `OTEL_EXPORTER_OTLP_ENDPOINT`, `RUST_LOG`).
     pub env: Vec<(String, String)>,
     /// Bound on each tier's readiness wait.
@@ -98,6 +109,7 @@ impl MeshSpec {
             shards: 1,
             provider: ProviderSpec::Fake(vec![FakeSeed::Builtin]),
             coordinator: true,
+            coordinators: 1,
             inspect: true,
             tls: false,
             decide_flags: Vec::new(),
@@ -106,6 +118,8 @@ impl MeshSpec {
             provider_flags: Vec::new(),
             coordinator_flags: Vec::new(),
             inspect_flags: Vec::new(),
+            gateway_shard_flags: BTreeMap::new(),
+            provider_audit: false,
             env: Vec::new(),
             ready_timeout: Duration::from_secs(30),
             stop_timeout: Duration::from_secs(10),
@@ -171,8 +185,12 @@ pub struct ProviderPorts {
 pub struct Ports {
     pub run_dir: String,
     pub tls: bool,
+    /// The first replica (`coord-0`), which every other component is pointed at.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub coordinator: Option<CoordinatorPorts>,
+    /// Every replica (with `--coordinators` above 1).
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    pub coordinators: Vec<CoordinatorPorts>,
     pub shards: Vec<ShardPorts>,
     #[serde(skip_serializing_if = "Option::is_none")]
     pub inspect: Option<InspectPorts>,
@@ -208,6 +226,11 @@ impl std::fmt::Display for Crash {
         Ok(())
     }
 }
+
+/// A fake provider's fence file, in its directory (with [`MeshSpec::provider_audit`]).
+pub const FENCE_FILE: &str = "fence.jsonl";
+/// A fake provider's actuation log, in its directory (with [`MeshSpec::provider_audit`]).
+pub const ACTUATION_LOG: &str = "actuations.jsonl";
 
 /// Lines of a crashed child's log shown in reports.
 pub const CRASH_TAIL_LINES: usize = 20;
@@ -337,6 +360,7 @@ impl Mesh {
                 run_dir: spec.run_dir.display().to_string(),
                 tls: spec.tls,
                 coordinator: None,
+                coordinators: Vec::new(),
                 shards: Vec::new(),
                 inspect: None,
                 provider: ProviderPorts {
@@ -393,37 +417,62 @@ impl Mesh {
         // Tier 0: coordinator and providers.
         let mut tier0 = Vec::new();
         if self.spec.coordinator {
-            let (grpc, raft, http) = (pool.take(0)?, pool.take(0)?, pool.take(0)?);
-            let dir = run.join("coordinator");
-            let id = "coord-0";
-            let mut args = vec![
-                s("--id"),
-                s(id),
-                s("--listen"),
-                s(grpc),
-                s("--raft-bind"),
-                s(raft),
-                s("--data-dir"),
-                dir.display().to_string(),
-                s("--bootstrap"),
-                s("--metrics-addr"),
-                s(http),
-                s("--drain-timeout"),
-                s("3s"),
-            ];
-            // A replica's identity is bigfleet://coordinator/<its --id> (the Raft port binds
-            // message senders to it); admin stays the operators' CLI role.
-            args.extend(self.tls_flags(&format!("coordinator/{id}"))?);
-            let extra = self.spec.coordinator_flags.clone();
-            tier0.push((
-                self.child("coordinator", "coordinator", args, &extra),
-                Some(http),
-            ));
-            self.ports.coordinator = Some(CoordinatorPorts {
-                grpc: s(grpc),
-                raft_grpc: s(raft),
-                http: s(http),
-            });
+            let n = self.spec.coordinators.max(1);
+            let mut planned = Vec::new();
+            for _ in 0..n {
+                planned.push((pool.take(0)?, pool.take(0)?, pool.take(0)?));
+            }
+            let join = planned
+                .iter()
+                .map(|(grpc, _, _)| s(grpc))
+                .collect::<Vec<_>>()
+                .join(",");
+            for (i, (grpc, raft, http)) in planned.into_iter().enumerate() {
+                let (name, dir) = if n == 1 {
+                    (s("coordinator"), run.join("coordinator"))
+                } else {
+                    (
+                        format!("coordinator-{i}"),
+                        run.join(format!("coordinator-{i}")),
+                    )
+                };
+                let id = format!("coord-{i}");
+                let mut args = vec![
+                    s("--id"),
+                    s(&id),
+                    s("--listen"),
+                    s(grpc),
+                    s("--raft-bind"),
+                    s(raft),
+                    s("--data-dir"),
+                    dir.display().to_string(),
+                    // Only ordinal 0 honours it, and only with no state.
+                    s("--bootstrap"),
+                    s("--metrics-addr"),
+                    s(http),
+                    s("--drain-timeout"),
+                    s("3s"),
+                ];
+                if n > 1 {
+                    args.extend([s("--join-addr"), join.clone()]);
+                }
+                // A replica's identity is bigfleet://coordinator/<its --id> (the Raft port
+                // binds message senders to it); admin stays the operators' CLI role.
+                args.extend(self.tls_flags(&format!("coordinator/{id}"))?);
+                let extra = self.spec.coordinator_flags.clone();
+                tier0.push((self.child(&name, "coordinator", args, &extra), Some(http)));
+                let ports = CoordinatorPorts {
+                    grpc: s(grpc),
+                    raft_grpc: s(raft),
+                    http: s(http),
+                };
+                if i == 0 {
+                    self.ports.coordinator = Some(ports.clone());
+                }
+                if n > 1 {
+                    self.ports.coordinators.push(ports);
+                }
+            }
         }
         let provider_targets = match self.spec.provider.clone() {
             ProviderSpec::External(addr) => {
@@ -482,6 +531,14 @@ impl Mesh {
                         }
                     }
                     args.extend([s("--admin-addr"), s(admin), s("--metrics-addr"), s(metrics)]);
+                    if self.spec.provider_audit {
+                        args.extend([
+                            s("--fence-file"),
+                            dir.join(FENCE_FILE).display().to_string(),
+                            s("--actuation-log"),
+                            dir.join(ACTUATION_LOG).display().to_string(),
+                        ]);
+                    }
                     let extra = self.spec.provider_flags.clone();
                     tier0.push((
                         self.child(&format!("provider-{i}"), "fake-provider", args, &extra),
@@ -620,6 +677,10 @@ impl Mesh {
             s("3s"),
         ];
         gargs.extend(self.tls_flags(&format!("shard/{shard_id}"))?);
+        let mut gateway_flags = self.spec.gateway_flags.clone();
+        if let Some(extra) = self.spec.gateway_shard_flags.get(shard_id) {
+            gateway_flags.extend(extra.iter().cloned());
+        }
         let mut xargs = vec![
             s("--shard-id"),
             s(shard_id),
@@ -661,7 +722,7 @@ impl Mesh {
                     &format!("{child_prefix}-gateway"),
                     "session-gateway",
                     gargs,
-                    &self.spec.gateway_flags,
+                    &gateway_flags,
                 ),
                 gw_http,
             ),
@@ -756,6 +817,36 @@ impl Mesh {
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
+    }
+
+    /// The fake providers' actuation logs (with [`MeshSpec::provider_audit`]; none with an
+    /// external provider).
+    pub fn actuation_logs(&self) -> Vec<PathBuf> {
+        match (&self.spec.provider, self.spec.provider_audit) {
+            (ProviderSpec::Fake(_), true) => (0..self.spec.shards)
+                .map(|i| {
+                    self.spec
+                        .run_dir
+                        .join(format!("provider-{i}"))
+                        .join(ACTUATION_LOG)
+                })
+                .collect(),
+            _ => Vec::new(),
+        }
+    }
+
+    /// The coordinator replica that is the Raft leader now (`bigfleet_coordinator_is_leader`
+    /// on its ops port), by child name.
+    pub async fn coordinator_leader(&self) -> Option<String> {
+        for name in self.child_names() {
+            if (name == "coordinator" || name.starts_with("coordinator-"))
+                && let Ok(m) = self.metrics(&name).await
+                && probe::sum(&m, "bigfleet_coordinator_is_leader", &[]) >= 1.0
+            {
+                return Some(name);
+            }
+        }
+        None
     }
 
     /// Every endpoint.
@@ -1218,6 +1309,7 @@ mod tests {
                 raft_grpc: "127.0.0.1:2".into(),
                 http: "127.0.0.1:3".into(),
             }),
+            coordinators: vec![],
             shards: vec![],
             inspect: None,
             provider: ProviderPorts {
@@ -1233,6 +1325,10 @@ mod tests {
         assert_eq!(v["coordinator"]["grpc"], "127.0.0.1:1");
         assert_eq!(v["provider"]["grpc"], "127.0.0.1:4");
         assert!(v.get("inspect").is_none());
+        assert!(
+            v.get("coordinators").is_none(),
+            "only with several replicas"
+        );
     }
 
     #[tokio::test]

@@ -9,11 +9,13 @@
 //!
 //! * [`mesh`] — the harness (also used by the end-to-end tests): plan, start, supervise.
 //! * [`child`] — one child process and its log.
+//! * [`chaos`] — `--chaos`: seeded kills and the invariants they must not break.
 //! * [`progress`] — the progress view and the `--duration` summary.
 //! * [`operators`] — the simulated operators' demand.
 //! * [`pki`] — `--tls` certificates.
 //! * [`probe`] — `/readyz` and `/metrics` over plain HTTP.
 
+pub mod chaos;
 pub mod child;
 pub mod mesh;
 pub mod operators;
@@ -21,6 +23,7 @@ pub mod pki;
 pub mod probe;
 pub mod progress;
 
+use std::collections::BTreeMap;
 use std::io::Write;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -71,6 +74,11 @@ pub struct UpArgs {
     /// Shards to run (each: session gateway + decide + execute, and its own fake provider).
     #[arg(long, default_value_t = 1)]
     pub shards: usize,
+
+    /// Coordinator replicas: one Raft cluster (children `coordinator-0` …; `coordinator`
+    /// when there is one). Shards, inspect and the CLI context point at the first.
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=7))]
+    pub coordinators: u16,
 
     /// Clusters (`cluster-0` …); cluster i is served by shard i mod --shards.
     #[arg(long, default_value_t = 4)]
@@ -136,6 +144,64 @@ pub struct UpArgs {
     /// 5 times within a minute.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub restart: bool,
+
+    /// Session cap of each gateway for external operators (e.g. `gateway-load`). `up` passes
+    /// the gateway `--max-sessions` = this + its own simulated operators on that shard, so
+    /// they never take slots from a load run.
+    #[arg(long, default_value_t = DEFAULT_MAX_SESSIONS)]
+    pub max_sessions: usize,
+
+    /// Kill components at random while running — the coordinator, a decide (its restart
+    /// bumps the epoch and fences the old one), an execute worker, a gateway (operators
+    /// reconnect), a fake provider — and start each again a second later. With
+    /// --duration, the last --chaos-settle has no kills, and the JSON summary gets a
+    /// `chaos` object proving the invariants: every need met at the end, no machine
+    /// actuated twice, no fenced call accepted, no reclaim storm after a restart.
+    #[arg(long)]
+    pub chaos: bool,
+
+    /// Seed of the victims and the intervals (default: random, printed so the run can be
+    /// repeated).
+    #[arg(long, requires = "chaos")]
+    pub chaos_seed: Option<u64>,
+
+    /// Mean interval between kills (each one uniform in ½..1½ of it).
+    #[arg(long, default_value = "10s", value_parser = humantime::parse_duration)]
+    pub chaos_every: Duration,
+
+    /// With --duration: no kills during this last stretch of the run, so the mesh can
+    /// recover before the invariants are checked.
+    #[arg(long, default_value = "15s", value_parser = humantime::parse_duration)]
+    pub chaos_settle: Duration,
+
+    /// What chaos may kill (comma-separated).
+    #[arg(long, value_enum, value_delimiter = ',', default_values_t = chaos::Component::ALL.to_vec())]
+    pub chaos_targets: Vec<chaos::Component>,
+}
+
+/// The session gateway's own `--max-sessions` default.
+pub const DEFAULT_MAX_SESSIONS: usize = 10_000;
+
+/// Per shard (by id): the gateway's `--max-sessions` — `--max-sessions` for external
+/// operators plus `up`'s own simulated operators served by that shard (issue 17: with 2
+/// clusters and a 10,000 cap, a 10,000-session load run only got 9,998).
+pub fn gateway_session_caps(args: &UpArgs) -> BTreeMap<String, Vec<String>> {
+    let shards = args.shards.max(1);
+    let ours = args.operators.unwrap_or(args.clusters).min(args.clusters);
+    (0..shards)
+        .map(|shard| {
+            let own = (0..ours)
+                .filter(|&i| operators::shard_of(i, shards) == shard)
+                .count();
+            (
+                format!("shard-{shard}"),
+                vec![
+                    "--max-sessions".to_owned(),
+                    args.max_sessions.saturating_add(own).to_string(),
+                ],
+            )
+        })
+        .collect()
 }
 
 /// The per-shard fake-provider seeds `args` ask for. Built-in and generated catalogs bind
@@ -226,12 +292,15 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     };
     let mut spec = MeshSpec::new(exe, &run_dir);
     spec.shards = args.shards;
+    spec.coordinators = usize::from(args.coordinators);
     spec.tls = args.tls;
     spec.provider = provider_spec(&args)?;
     spec.decide_flags = vec![
         "--cycle-interval".into(),
         humantime::format_duration(args.cycle_interval).to_string(),
     ];
+    spec.gateway_shard_flags = gateway_session_caps(&args);
+    spec.provider_audit = args.chaos;
     // The children log at info to their files unless the user says otherwise.
     if std::env::var_os("RUST_LOG").is_none() {
         spec.env.push(("RUST_LOG".into(), "info".into()));
@@ -240,7 +309,8 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     let operator_count = args.operators.unwrap_or(clusters).min(clusters);
 
     eprintln!(
-        "bigfleet up: starting {} shard(s), {} cluster(s), {} simulated operator(s){} in {}",
+        "bigfleet up: starting {} coordinator(s), {} shard(s), {} cluster(s), {} simulated operator(s){} in {}",
+        args.coordinators,
         args.shards,
         clusters,
         operator_count,
@@ -291,7 +361,50 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     )?;
     print_banner(&mesh, started.elapsed());
 
-    let (seen, last) = supervise(&mut mesh, &operators, &args, started, &run_dir).await;
+    let mut chaos = args.chaos.then(|| {
+        let seed = args.chaos_seed.unwrap_or_else(chaos::random_seed);
+        let plan = chaos::ChaosPlan {
+            seed,
+            every: args.chaos_every,
+            settle: args.chaos_settle,
+            targets: args.chaos_targets.clone(),
+        };
+        eprintln!(
+            "bigfleet up: chaos: seed {seed} (repeat with --chaos-seed {seed}), a kill every ~{} among {}{}",
+            humantime::format_duration(plan.every),
+            plan.targets
+                .iter()
+                .map(|t| t.as_str())
+                .collect::<Vec<_>>()
+                .join(","),
+            match args.duration {
+                Some(d) if d <= plan.settle => format!(
+                    "; --duration {} is within --chaos-settle {}: nothing will be killed",
+                    humantime::format_duration(d),
+                    humantime::format_duration(plan.settle)
+                ),
+                Some(_) => format!(
+                    ", none in the last {}",
+                    humantime::format_duration(plan.settle)
+                ),
+                None => String::new(),
+            }
+        );
+        let now = Instant::now();
+        chaos::Chaos::new(plan, now, args.duration.map(|d| now + d))
+    });
+    let (seen, last) = supervise(
+        &mut mesh,
+        &operators,
+        &args,
+        started,
+        &run_dir,
+        chaos.as_mut(),
+    )
+    .await;
+    let chaos_report = chaos
+        .as_ref()
+        .map(|c| c.report(last.as_ref(), &mesh.actuation_logs()));
     let operator_errors: u64 = operators.iter().map(|o| o.stats().errors()).sum();
     for o in &operators {
         o.stop();
@@ -329,6 +442,7 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
             clusters,
             operators: operator_count,
             run_dir: run_dir.display().to_string(),
+            chaos: chaos_report,
         };
         let line = serde_json::to_string(&summary).unwrap_or_else(|_| "{}".into());
         let mut out = std::io::stdout().lock();
@@ -474,6 +588,7 @@ async fn supervise(
     args: &UpArgs,
     started: Instant,
     run_dir: &std::path::Path,
+    mut chaos: Option<&mut chaos::Chaos>,
 ) -> (Supervision, Option<Snapshot>) {
     let deadline = args.duration.map(|d| Instant::now() + d);
     let mut seen = Supervision::default();
@@ -566,8 +681,68 @@ async fn supervise(
                 }
             }
         }
+        if let Some(c) = chaos.as_deref_mut()
+            && !looping
+            && !stop
+        {
+            let names = mesh.child_names();
+            let running: std::collections::BTreeSet<String> =
+                mesh.running_pids().into_iter().map(|(n, _)| n).collect();
+            let held = |n: &str| {
+                manual_down.contains(n) || history.get(n).is_some_and(|h| h.due.is_some())
+            };
+            let leader = if c.kill_due(Instant::now()) {
+                mesh.coordinator_leader().await
+            } else {
+                None
+            };
+            match c.step(
+                Instant::now(),
+                &names,
+                |n| running.contains(n) && !held(n),
+                leader.as_deref(),
+            ) {
+                chaos::Step::Nothing => {}
+                chaos::Step::Kill(victim) => match mesh.kill(&victim).await {
+                    Ok(_) => {
+                        eprintln!("bigfleet up: chaos: killed {victim} (SIGKILL)");
+                        let was_leader = leader.as_deref() == Some(victim.as_str());
+                        c.killed(
+                            &victim,
+                            Instant::now(),
+                            previous.as_ref().map(|(s, _)| s),
+                            was_leader,
+                        );
+                    }
+                    Err(e) => eprintln!("bigfleet up: chaos: killing {victim} failed: {e}"),
+                },
+                // `lab kill` in the meantime: it stays down as asked.
+                chaos::Step::Restart(victim) if manual_down.contains(&victim) => {
+                    c.restarted(&victim, Instant::now(), false);
+                }
+                chaos::Step::Restart(victim) => match mesh.restart(&victim).await {
+                    Ok(()) => {
+                        c.restarted(&victim, Instant::now(), true);
+                        eprintln!("bigfleet up: chaos: {victim} is back");
+                    }
+                    // Left to supervision, like a crash: retried with backoff.
+                    Err(e) => {
+                        c.restarted(&victim, Instant::now(), false);
+                        eprintln!("bigfleet up: chaos: restarting {victim} failed: {e}");
+                        if history
+                            .entry(victim.clone())
+                            .or_default()
+                            .crashed(Instant::now())
+                        {
+                            seen.gave_up.push(victim);
+                            looping = true;
+                        }
+                    }
+                },
+            }
+        }
         let finished = deadline.is_some_and(|d| Instant::now() >= d);
-        if stop || looping || finished || !args.quiet {
+        if stop || looping || finished || !args.quiet || chaos.is_some() {
             let snap = progress::sample(mesh).await;
             if !args.quiet {
                 let connected = operators.iter().filter(|o| o.is_connected()).count();
@@ -591,6 +766,14 @@ async fn supervise(
                             format!(" down: {}", down.join(","))
                         }
                     ));
+                }
+                if let Some(c) = chaos.as_deref() {
+                    line.push_str(&format!(" | chaos kills {}", c.kill_count()));
+                    if let Some(v) = c.down() {
+                        line.push_str(&format!(" ({v} down)"));
+                    } else if let Some(v) = c.last_victim() {
+                        line.push_str(&format!(" (last {v})"));
+                    }
                 }
                 eprintln!("{line}");
             }
@@ -660,6 +843,55 @@ mod tests {
             })
             .sum();
         assert_eq!(total, 100);
+    }
+
+    /// Issue 17: `up --clusters 2` and a 10,000-session load run against its gateway — all
+    /// 10,000 connect, because the gateway's cap is raised by up's own operators.
+    #[test]
+    fn the_gateway_cap_leaves_room_for_ups_own_operators() {
+        let a = parse(&["--clusters", "2"]).unwrap();
+        assert_eq!(a.max_sessions, DEFAULT_MAX_SESSIONS);
+        let caps = gateway_session_caps(&a);
+        assert_eq!(caps["shard-0"], ["--max-sessions", "10002"]);
+        // Per shard: 5 clusters over 2 shards are 3 + 2 operators; --operators 3 leaves
+        // cluster-3 and cluster-4 to external operators.
+        let a = parse(&["--shards", "2", "--clusters", "5", "--max-sessions", "100"]).unwrap();
+        let caps = gateway_session_caps(&a);
+        assert_eq!(caps["shard-0"][1], "103");
+        assert_eq!(caps["shard-1"][1], "102");
+        let a = parse(&["--shards", "2", "--clusters", "5", "--operators", "3"]).unwrap();
+        let caps = gateway_session_caps(&a);
+        assert_eq!(caps["shard-0"][1], "10002");
+        assert_eq!(caps["shard-1"][1], "10001");
+        let a = parse(&["--operators", "0", "--max-sessions", "7"]).unwrap();
+        assert_eq!(gateway_session_caps(&a)["shard-0"][1], "7");
+    }
+
+    #[test]
+    fn chaos_flags() {
+        let a = parse(&[]).unwrap();
+        assert!(!a.chaos);
+        assert_eq!(a.chaos_targets, chaos::Component::ALL);
+        let a = parse(&[
+            "--chaos",
+            "--chaos-seed",
+            "7",
+            "--chaos-every",
+            "3s",
+            "--chaos-targets",
+            "decide,provider",
+        ])
+        .unwrap();
+        assert!(a.chaos);
+        assert_eq!(a.chaos_seed, Some(7));
+        assert_eq!(a.chaos_every, Duration::from_secs(3));
+        assert_eq!(
+            a.chaos_targets,
+            [chaos::Component::Decide, chaos::Component::Provider]
+        );
+        // A seed without --chaos is a mistake, not silently ignored.
+        assert!(parse(&["--chaos-seed", "7"]).is_err());
+        assert!(parse(&["--chaos", "--chaos-targets", "inspect"]).is_err());
     }
 
     #[test]

@@ -129,7 +129,7 @@ pub fn render(
 }
 
 /// The one-line JSON `bigfleet up --duration` prints at the end.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+#[derive(Debug, Clone, Serialize)]
 pub struct Summary {
     /// Machines Configured at the end.
     pub configured: u64,
@@ -153,6 +153,9 @@ pub struct Summary {
     pub clusters: usize,
     pub operators: usize,
     pub run_dir: String,
+    /// `--chaos`: the kills and whether the invariants held.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub chaos: Option<super::chaos::ChaosReport>,
 }
 
 #[cfg(test)]

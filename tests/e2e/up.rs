@@ -35,7 +35,7 @@ fn children_of(parent: u32) -> Vec<u32> {
 }
 
 /// Whether `pid` is a live (not zombie) process.
-fn alive(pid: u32) -> bool {
+pub(crate) fn alive(pid: u32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat"))
         .ok()
         .and_then(|s| {
@@ -51,7 +51,7 @@ fn cmdline(pid: u32) -> String {
         .unwrap_or_default()
 }
 
-fn up(args: &[&str]) -> Child {
+pub(crate) fn up(args: &[&str]) -> Child {
     // A context file of its own per run, never the user's ~/.config/bigfleet/context.json.
     let ctx = std::env::temp_dir().join(format!(
         "bigfleet-e2e-context-{}-{}.json",
@@ -63,7 +63,7 @@ fn up(args: &[&str]) -> Child {
 
 static NEXT_CONTEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
 
-fn up_with_context(args: &[&str], context: &Path) -> Child {
+pub(crate) fn up_with_context(args: &[&str], context: &Path) -> Child {
     Command::new(exe())
         .arg("up")
         .args(args)
@@ -78,9 +78,9 @@ fn up_with_context(args: &[&str], context: &Path) -> Child {
 
 /// How long `up` may take to bring every child to ready. Generous on purpose: CI has two cores
 /// and runs other server-starting tests beside this one.
-const READY_TIMEOUT: Duration = Duration::from_secs(180);
+pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
-async fn wait_file(path: &Path, timeout: Duration) -> serde_json::Value {
+pub(crate) async fn wait_file(path: &Path, timeout: Duration) -> serde_json::Value {
     let deadline = Instant::now() + timeout;
     loop {
         if let Ok(text) = std::fs::read_to_string(path)
@@ -97,7 +97,10 @@ async fn wait_file(path: &Path, timeout: Duration) -> serde_json::Value {
     }
 }
 
-async fn output(mut child: Child, timeout: Duration) -> (std::process::ExitStatus, String, String) {
+pub(crate) async fn output(
+    mut child: Child,
+    timeout: Duration,
+) -> (std::process::ExitStatus, String, String) {
     let mut out = child.stdout.take().unwrap();
     let mut err = child.stderr.take().unwrap();
     let (mut o, mut e) = (String::new(), String::new());
@@ -458,7 +461,7 @@ async fn the_cli_finds_a_running_up_with_no_flags() {
 }
 
 /// A sample from a Prometheus text page (sum over label sets).
-async fn metric_sum(addr: &str, name: &str) -> f64 {
+pub(crate) async fn metric_sum(addr: &str, name: &str) -> f64 {
     let Ok(mut s) = tokio::net::TcpStream::connect(addr).await else {
         return 0.0;
     };
@@ -475,7 +478,7 @@ async fn metric_sum(addr: &str, name: &str) -> f64 {
         .sum()
 }
 
-fn child_running(parent: u32, needle: &str) -> Option<u32> {
+pub(crate) fn child_running(parent: u32, needle: &str) -> Option<u32> {
     children_of(parent)
         .into_iter()
         .find(|p| cmdline(*p).contains(needle))
@@ -511,10 +514,20 @@ async fn with_the_coordinator_down_the_shard_keeps_working() {
         rustix::process::Signal::KILL,
     )
     .unwrap();
+    // SIGKILL is delivered at once but a process with many threads takes a moment to exit:
+    // wait for that before asserting it stays gone (read at once, it could still be alive).
+    let dying = Instant::now() + Duration::from_secs(10);
+    while alive(coord) {
+        assert!(Instant::now() < dying, "the coordinator survived SIGKILL");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
     let killed_at = metric_sum(&execute, "bigfleet_shard_action_execute_outcomes_total").await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        assert!(!alive(coord), "the coordinator came back");
+        assert!(
+            !alive(coord) && child_running(up_pid, "svc coordinator").is_none(),
+            "the coordinator came back"
+        );
         let now = metric_sum(&execute, "bigfleet_shard_action_execute_outcomes_total").await;
         if now > killed_at {
             break;

@@ -96,6 +96,10 @@ pub struct Args {
     /// Persist fencing high-water marks here and load them at start.
     #[arg(long, env = "BIGFLEET_FENCE_FILE")]
     pub fence_file: Option<PathBuf>,
+    /// Append every accepted mutating call (its fencing token, new work or replay) to this
+    /// JSON-lines file, across restarts (the `actuation` module; `bigfleet up --chaos` audits it).
+    #[arg(long, env = "BIGFLEET_ACTUATION_LOG")]
+    pub actuation_log: Option<PathBuf>,
     /// HTTP /metrics /healthz /readyz; `0` disables.
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = "0")]
     pub metrics_addr: String,
@@ -154,6 +158,11 @@ impl Args {
         if let Some(path) = &self.fence_file {
             let n = provider.open_fence_file(path)?;
             tracing::info!(path = %path.display(), marks = n, "loaded fencing high-water marks");
+        }
+        if let Some(path) = &self.actuation_log {
+            provider
+                .open_actuation_log(path)
+                .with_context(|| format!("actuation log {}", path.display()))?;
         }
         Ok(provider)
     }

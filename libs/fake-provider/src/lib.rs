@@ -82,6 +82,7 @@
 //! Without `--catalog` the binary seeds [`Catalog::builtin`]; `--generate N` seeds
 //! [`Catalog::generated`] (deterministic by `--seed`).
 
+pub mod actuation;
 pub mod admin;
 pub mod catalog;
 pub mod cli;

@@ -27,6 +27,7 @@ use rand::{Rng, SeedableRng};
 use rustc_hash::FxHashMap;
 use serde::{Deserialize, Serialize};
 
+use crate::actuation::ActuationLog;
 use crate::catalog::{self, Catalog, DEFAULT_CLUSTER, RACK_LABEL, ZONE_LABEL};
 use crate::fence::{FenceMarks, Mark};
 use crate::wire;
@@ -330,6 +331,8 @@ struct Inner {
     log: Vec<(u64, u32)>,
     next_op: u64,
     fences: FenceMarks,
+    /// `--actuation-log`: every accepted mutating call, in order.
+    actuations: Option<ActuationLog>,
     due: BinaryHeap<Due>,
     fail_next: FxHashMap<(Box<str>, OpKind), Injection>,
     rng: StdRng,
@@ -408,6 +411,7 @@ impl FakeProvider {
                 log: Vec::new(),
                 next_op: 1,
                 fences: FenceMarks::in_memory(),
+                actuations: None,
                 due: BinaryHeap::new(),
                 fail_next: FxHashMap::default(),
                 rng,
@@ -505,6 +509,14 @@ impl FakeProvider {
         let n = marks.len();
         self.inner.write().fences = marks;
         Ok(n)
+    }
+
+    /// Appends every accepted mutating call to `path` from now on (see
+    /// [`crate::actuation`]). Call before serving.
+    pub fn open_actuation_log(&self, path: &Path) -> std::io::Result<()> {
+        let log = ActuationLog::open(path)?;
+        self.inner.write().actuations = Some(log);
+        Ok(())
     }
 
     pub fn config(&self) -> ProviderConfig {
@@ -1232,6 +1244,15 @@ impl Inner {
                 self.fail_next
                     .insert((machine_id.into(), kind), Injection::Fail { message });
             }
+            if let Some(log) = &mut self.actuations {
+                log.record(
+                    kind.as_str(),
+                    machine_id,
+                    (token.shard_id, token.epoch, token.sequence),
+                    op,
+                    true,
+                );
+            }
             return Ok(TransitionAck {
                 operation_id: format!("op-{op}"),
                 machine: Some(self.to_proto(slot)),
@@ -1286,6 +1307,15 @@ impl Inner {
                 now.saturating_add(timeout.as_nanos() as u64),
                 slot,
                 DueKind::Timeout,
+            );
+        }
+        if let Some(log) = &mut self.actuations {
+            log.record(
+                kind.as_str(),
+                machine_id,
+                (token.shard_id, token.epoch, token.sequence),
+                op,
+                false,
             );
         }
         tracing::debug!(machine = machine_id, op = %kind, operation = op, "accepted");

@@ -989,3 +989,35 @@ proptest! {
         prop_assert_eq!(MachineList::decode(buf.as_slice()).unwrap(), now);
     }
 }
+
+#[test]
+fn the_actuation_log_holds_accepted_calls_only() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("actuations.jsonl");
+    let p = instant();
+    p.open_actuation_log(&path).unwrap();
+    let id = first(&p, MachineState::Speculative);
+    p.create(&create(&id, "s", 2, 1)).unwrap();
+    // A retry with a newer token is a replay; a stale token is fenced and not logged; an
+    // invalid transition is refused and not logged.
+    p.create(&create(&id, "s", 2, 2)).unwrap();
+    assert!(p.create(&create(&id, "s", 1, 9)).is_err());
+    assert!(p.drain(&drain(&id, 3)).is_err());
+    let log = crate::actuation::read_actuation_log(&path).unwrap();
+    let seen: Vec<(&str, i64, bool)> = log
+        .iter()
+        .map(|a| (a.op.as_str(), a.sequence, a.replay))
+        .collect();
+    assert_eq!(seen, [("create", 1, false), ("create", 2, true)]);
+    assert!(
+        log.iter()
+            .all(|a| a.machine == id && a.shard == "s" && a.epoch == 2)
+    );
+    assert_eq!(
+        log[0].operation, log[1].operation,
+        "the replay names the same operation"
+    );
+    let audit = crate::actuation::audit(&log);
+    assert!(audit.machines_actuated_twice.is_empty());
+    assert_eq!(audit.fenced_calls_accepted, 0);
+}
