@@ -234,6 +234,8 @@ pub struct ShardLoadReport {
     pub cycle_p99_bucket_ms: Option<f64>,
     /// Cycles decide finished in the window.
     pub cycles: u64,
+    /// Mean duration of each cycle phase in the window (decide's phase histogram).
+    pub cycle_phase_mean_ms: std::collections::BTreeMap<String, f64>,
     /// Identical re-sends decide recognised in the window (when it exports the counter).
     pub rollups_unchanged: Option<u64>,
     /// Actions decide emitted in the window.
@@ -779,6 +781,27 @@ async fn run_in(
 }
 
 /// Ramp, warm-up, settle and the measurement window.
+/// Per phase of decide's cycle, the mean duration (ms) between two scrapes.
+fn phase_means(a: &Scrape, b: &Scrape) -> std::collections::BTreeMap<String, f64> {
+    const PHASE_SUM: &str = "bigfleet_shard_cycle_phase_duration_seconds_sum";
+    const PHASE_COUNT: &str = "bigfleet_shard_cycle_phase_duration_seconds_count";
+    [
+        "reconcile",
+        "snapread",
+        "engine",
+        "ledgers",
+        "emit",
+        "execute",
+    ]
+    .into_iter()
+    .filter_map(|p| {
+        let n = b.sum_where(PHASE_COUNT, "phase", p) - a.sum_where(PHASE_COUNT, "phase", p);
+        let secs = b.sum_where(PHASE_SUM, "phase", p) - a.sum_where(PHASE_SUM, "phase", p);
+        (n > 0.0).then(|| (p.to_owned(), round3(secs / n * 1e3)))
+    })
+    .collect()
+}
+
 async fn measure(
     cfg: &ShardLoadConfig,
     children: &mut Children,
@@ -936,6 +959,7 @@ async fn measure(
         cycle_p99_ms: ms(prom::quantile(&cycle, 0.99)),
         cycle_p99_bucket_ms: ms(prom::quantile_bucket_bound(&cycle, 0.99)),
         cycles: count(&cycle),
+        cycle_phase_mean_ms: phase_means(&d0, &d1),
         rollups_unchanged: unchanged,
         actions: (d1.sum(ACTIONS_METRIC) - d0.sum(ACTIONS_METRIC)).max(0.0) as u64,
         shortfalls_at_end: d1
@@ -1065,6 +1089,7 @@ mod tests {
             cycle_p99_ms: Some(120.0),
             cycle_p99_bucket_ms: Some(128.0),
             cycles: 30,
+            cycle_phase_mean_ms: Default::default(),
             rollups_unchanged: None,
             actions: 0,
             shortfalls_at_end: Some(0),

@@ -52,9 +52,16 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_METRICS_WARMUP_CYCLES", default_value_t = 0)]
     pub metrics_warmup_cycles: u64,
 
-    /// `since_revision` List instead of a full List with a removal walk.
-    #[arg(long, env = "BIGFLEET_INCREMENTAL_RECONCILE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    /// List with the provider's `since_revision` cursor (only what changed) instead of a
+    /// full List every cycle; a full List (with its removal walk) still runs every
+    /// --full-list-interval. `false` lists everything every cycle (the original's default).
+    #[arg(long, env = "BIGFLEET_INCREMENTAL_RECONCILE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub incremental_reconcile: bool,
+
+    /// With --incremental-reconcile: how often a full List replaces the incremental one, so
+    /// machines the provider stopped reporting are seen (a delta cannot express removal).
+    #[arg(long, env = "BIGFLEET_FULL_LIST_INTERVAL", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub full_list_interval: Duration,
 
     /// 0 = unlimited; truncation triggers a follow-up cycle.
     #[arg(long, env = "BIGFLEET_MAX_ACTIONS_PER_CYCLE", default_value_t = 0)]
@@ -224,7 +231,8 @@ mod tests {
         assert_eq!(a.work_listen, None);
         assert_eq!(a.data_dir, PathBuf::from("./data"));
         assert_eq!(a.cycle_interval, Duration::from_secs(1));
-        assert!(!a.incremental_reconcile);
+        assert!(a.incremental_reconcile);
+        assert_eq!(a.full_list_interval, Duration::from_secs(60));
         assert_eq!(a.max_actions_per_cycle, 0);
         assert_eq!(a.available_capacity_interval, Duration::from_secs(5));
         assert!(!a.actuation_paused && !a.dry_run);

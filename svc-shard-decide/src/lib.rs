@@ -569,6 +569,7 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
         wake_interval: args.wake_interval,
         metrics_warmup_cycles: args.metrics_warmup_cycles,
         incremental_reconcile: args.incremental_reconcile,
+        full_list_interval: args.full_list_interval,
         available_capacity_interval: args.available_capacity_interval,
         rails: RailsConfig {
             actuation_paused: args.actuation_paused,

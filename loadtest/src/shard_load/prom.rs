@@ -86,6 +86,15 @@ impl Scrape {
             .sum()
     }
 
+    /// Sum of every sample named `name` whose label `key` is `value`.
+    pub fn sum_where(&self, name: &str, key: &str, value: &str) -> f64 {
+        self.samples
+            .iter()
+            .filter(|s| s.name == name && s.labels.get(key).is_some_and(|v| v == value))
+            .map(|s| s.value)
+            .sum()
+    }
+
     /// The cumulative buckets of histogram `name`, summed over its label sets, sorted by
     /// upper bound (`+Inf` last). Empty when the histogram is absent.
     pub fn buckets(&self, name: &str) -> Vec<(f64, f64)> {

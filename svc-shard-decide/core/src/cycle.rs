@@ -38,6 +38,8 @@ pub(crate) struct CycleRoom {
     gate: FxHashSet<String>,
     /// Since when provider Lists have been failing (cycles decide on stale inventory).
     stale_since: Option<Instant>,
+    /// When every connected cluster's hints were last evaluated.
+    hints_swept: Option<Instant>,
 }
 
 impl CycleRoom {
@@ -47,6 +49,7 @@ impl CycleRoom {
             parking: ParkingLedger::with_timing(parking),
             gate: FxHashSet::default(),
             stale_since: None,
+            hints_swept: None,
         }
     }
 }
@@ -247,7 +250,27 @@ impl Decide {
         phase("ledgers", t);
 
         let t = Instant::now();
-        let hints_sent = self.emit_hints(&inv, &room.demand);
+        // Every connected cluster's hints once per available-capacity interval (no key may
+        // emit more often anyway); in between only clusters whose demand changed or whose
+        // session just opened, so a quiet cycle does not walk every cluster's needs.
+        let sweep = room
+            .hints_swept
+            .is_none_or(|t| t.elapsed() >= inner.cfg.available_capacity_interval);
+        let hints_sent = if sweep {
+            room.hints_swept = Some(Instant::now());
+            self.emit_hints(&inv, &room.demand, None)
+        } else {
+            let mut touched: Vec<&str> = taken
+                .demand
+                .clusters
+                .iter()
+                .map(|c| c.cluster.as_str())
+                .chain(taken.sessions_opened.iter().map(String::as_str))
+                .collect();
+            touched.sort_unstable();
+            touched.dedup();
+            self.emit_hints(&inv, &room.demand, Some(&touched))
+        };
         phase("emit", t);
 
         let t = Instant::now();
@@ -406,11 +429,21 @@ impl Decide {
 
     /// One AvailableCapacity hint per (connected cluster, demanded
     /// fingerprint), sent only when its value changed and the key's rate
-    /// limit allows. The supply behind a fingerprint is computed once per cycle,
+    /// limit allows; over every connected cluster, or `only` these. The supply behind a fingerprint is computed once per cycle,
     /// however many clusters demand it.
-    fn emit_hints(&self, inv: &Inventory, demand: &DemandView) -> usize {
+    fn emit_hints(&self, inv: &Inventory, demand: &DemandView, only: Option<&[&str]>) -> usize {
         let inner = &self.inner;
-        let sessions: Vec<String> = inner.intake.lock().sessions.keys().cloned().collect();
+        let sessions: Vec<String> = {
+            let intake = inner.intake.lock();
+            match only {
+                None => intake.sessions.keys().cloned().collect(),
+                Some(clusters) => clusters
+                    .iter()
+                    .filter(|c| intake.sessions.contains_key(**c))
+                    .map(|c| (*c).to_owned())
+                    .collect(),
+            }
+        };
         if sessions.is_empty() {
             return 0;
         }

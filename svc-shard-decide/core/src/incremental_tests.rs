@@ -344,3 +344,48 @@ fn acks_stay_fast_while_a_cycle_is_stuck_in_a_slow_list() {
         drop((inv, room));
     });
 }
+
+#[test]
+fn hints_sweep_every_cluster_once_per_interval_and_changed_clusters_in_between() {
+    let rt = runtime();
+    let source = Arc::new(Source::default());
+    *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
+    let d = decide(
+        Arc::clone(&source),
+        DecideConfig {
+            available_capacity_interval: Duration::from_millis(300),
+            ..quiet_cfg()
+        },
+    );
+    rt.block_on(async {
+        d.run_cycle().await.expect("first reconcile");
+        for (i, c) in ["c1", "c2"].into_iter().enumerate() {
+            d.session_opened(&mesh::SessionOpenedRequest {
+                cluster_id: c.into(),
+                session_id: 1 + i as u64,
+                protocol_version: String::new(),
+            })
+            .await;
+        }
+        // More than the shard has, so the need stays unmet and its hint stays put.
+        d.apply_rollup(&rollup("c1", vec![need(64, 1, 0)], 1))
+            .expect("c1");
+        assert_eq!(d.run_cycle().await.expect("sweep").hints_sent, 1);
+        d.apply_rollup(&rollup("c2", vec![need(64, 1, 0)], 2))
+            .expect("c2");
+        assert_eq!(
+            d.run_cycle().await.expect("partial").hints_sent,
+            1,
+            "c2's demand changed: evaluated before the next sweep"
+        );
+        // Supply changes: every hint's value changes, but nobody's demand did.
+        source.machines.lock().push(machine(1, 0, 0, false, 0));
+        assert_eq!(d.run_cycle().await.expect("quiet").hints_sent, 0);
+        tokio::time::sleep(Duration::from_millis(350)).await;
+        assert_eq!(
+            d.run_cycle().await.expect("sweep").hints_sent,
+            2,
+            "the sweep carries the new supply to both clusters"
+        );
+    });
+}

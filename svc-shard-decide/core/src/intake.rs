@@ -40,6 +40,8 @@ pub(crate) struct Intake {
     changed: FxHashMap<String, Instant>,
     /// Clusters whose first-roll-up gate opened since the last take.
     gate_opened: Vec<String>,
+    /// Clusters whose session opened since the last take (their hints start over).
+    sessions_opened: Vec<String>,
 }
 
 /// What the cycle collects from ingest at its start.
@@ -47,6 +49,7 @@ pub(crate) struct Intake {
 pub(crate) struct Taken {
     pub(crate) demand: DemandChanges,
     pub(crate) gate_opened: Vec<String>,
+    pub(crate) sessions_opened: Vec<String>,
 }
 
 impl Intake {
@@ -59,6 +62,7 @@ impl Intake {
             applied: FxHashMap::default(),
             changed: FxHashMap::default(),
             gate_opened: Vec::new(),
+            sessions_opened: Vec::new(),
         }
     }
 
@@ -83,6 +87,7 @@ impl Intake {
         Taken {
             demand: DemandChanges { clusters },
             gate_opened: std::mem::take(&mut self.gate_opened),
+            sessions_opened: std::mem::take(&mut self.sessions_opened),
         }
     }
 }
@@ -275,6 +280,7 @@ impl Decide {
                     .inc();
             }
             inner.metrics.active_sessions.set(s.len() as i64);
+            intake.sessions_opened.push(req.cluster_id.clone());
         }
         inner.hints.lock().forget(&req.cluster_id);
         debug_assert_eq!(

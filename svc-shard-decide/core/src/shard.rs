@@ -50,6 +50,9 @@ pub struct DecideConfig {
     /// demand, abandoned work): wake-ups within it fold into one cycle (ADR-0111).
     pub wake_interval: Duration,
     pub incremental_reconcile: bool,
+    /// In incremental mode, how often a full List (which sees removals) replaces the
+    /// incremental one.
+    pub full_list_interval: Duration,
     pub available_capacity_interval: Duration,
     pub rails: RailsConfig,
     /// Acquisition-parking thresholds, in time (ADR-0105).
@@ -83,6 +86,7 @@ impl Default for DecideConfig {
             cycle_interval: Duration::from_secs(1),
             wake_interval: Duration::from_millis(DEFAULT_WAKE_INTERVAL_MS),
             incremental_reconcile: false,
+            full_list_interval: Duration::from_secs(60),
             available_capacity_interval: Duration::from_secs(5),
             rails: RailsConfig::default(),
             parking: ParkingTiming::default(),

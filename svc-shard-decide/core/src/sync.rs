@@ -20,6 +20,8 @@ pub(crate) struct SyncRoom {
     removal_guard: RemovalGuard,
     /// Worker transitions a provider listing may not reflect yet.
     pub(crate) local_changes: LocalChanges,
+    /// When the last complete (cursor-less) List started.
+    last_full: Option<Instant>,
 }
 
 impl SyncRoom {
@@ -29,6 +31,7 @@ impl SyncRoom {
             list_order: Vec::new(),
             removal_guard: RemovalGuard::new(removals),
             local_changes: LocalChanges::default(),
+            last_full: None,
         }
     }
 }
@@ -79,7 +82,12 @@ impl Decide {
         let incremental = inner.cfg.incremental_reconcile;
         let (since, fence) = {
             let sync = inner.sync.lock();
-            let since = if incremental {
+            // An incremental List cannot express removals: every full_list_interval a full
+            // one (with its removal walk) takes its place.
+            let full_due = sync
+                .last_full
+                .is_none_or(|t| t.elapsed() >= inner.cfg.full_list_interval);
+            let since = if incremental && !full_due {
                 sync.cursor.clone()
             } else {
                 Vec::new()
@@ -87,6 +95,7 @@ impl Decide {
             (since, sync.local_changes.fence())
         };
         let t = Instant::now();
+        let t0 = t;
         let started_at = self.now();
         let list = inner.source.list(since.clone()).await?;
         let list_time = t.elapsed();
@@ -138,8 +147,14 @@ impl Decide {
         .map_err(|e| tonic::Status::internal(format!("reconcile task: {e}")))?;
         let (r, revision) = report;
         let merge_time = t.elapsed();
-        if incremental {
-            inner.sync.lock().cursor = revision;
+        {
+            let mut sync = inner.sync.lock();
+            if incremental {
+                sync.cursor = revision;
+            }
+            if full {
+                sync.last_full = Some(t0);
+            }
         }
         let stats = ReconcileStats {
             listed: r.listed,

@@ -267,6 +267,37 @@ async fn incremental_mode_pumps_the_cursor_and_skips_removals() {
 }
 
 #[tokio::test]
+async fn incremental_mode_lists_everything_every_full_list_interval() {
+    let p = TestProvider::default();
+    for i in 0..10 {
+        p.put(pm(&format!("m{i}"), pb::MachineState::Idle, ""));
+    }
+    let cfg = DecideConfig {
+        incremental_reconcile: true,
+        full_list_interval: Duration::from_millis(300),
+        ..cfg_rails_off()
+    };
+    let h = Harness::start_with(cfg, p).await;
+    assert!(!h.decide.reconcile().await.unwrap().incremental);
+    h.provider.remove("m9");
+    let stats = h.decide.reconcile().await.unwrap();
+    assert!(stats.incremental);
+    assert!(
+        h.decide.machine("m9").await.is_some(),
+        "not seen by a delta"
+    );
+    tokio::time::sleep(Duration::from_millis(350)).await;
+    let stats = h.decide.reconcile().await.unwrap();
+    assert!(!stats.incremental, "the interval passed: a full List");
+    assert_eq!((stats.listed, stats.removed), (9, 1));
+    assert!(h.decide.machine("m9").await.is_none());
+    assert!(
+        h.decide.reconcile().await.unwrap().incremental,
+        "then deltas again"
+    );
+}
+
+#[tokio::test]
 async fn full_mode_removes_unlisted_machines() {
     let p = TestProvider::default();
     p.put(pm("a", pb::MachineState::Idle, ""));
