@@ -22,7 +22,12 @@ pub(crate) struct SyncRoom {
     pub(crate) local_changes: LocalChanges,
     /// When the last complete (cursor-less) List started.
     last_full: Option<Instant>,
+    /// When the quarantine's holdings were last refreshed from the inventory.
+    holdings_at: Option<Instant>,
 }
+
+/// How often the quarantine's holdings baseline is rebuilt from the inventory.
+const HOLDINGS_REFRESH: std::time::Duration = std::time::Duration::from_secs(2);
 
 impl SyncRoom {
     pub(crate) fn new(removals: RemovalPolicy) -> Self {
@@ -32,6 +37,7 @@ impl SyncRoom {
             removal_guard: RemovalGuard::new(removals),
             local_changes: LocalChanges::default(),
             last_full: None,
+            holdings_at: None,
         }
     }
 }
@@ -194,6 +200,18 @@ impl Decide {
     async fn refresh_quarantine_holdings(&self) {
         if !self.inner.intake.lock().guard.enabled() {
             return;
+        }
+        // A walk over every cluster's Configured shapes: at 10,000 clusters not worth
+        // repeating every cycle for a baseline that moves slowly.
+        {
+            let mut sync = self.inner.sync.lock();
+            if sync
+                .holdings_at
+                .is_some_and(|t| t.elapsed() < HOLDINGS_REFRESH)
+            {
+                return;
+            }
+            sync.holdings_at = Some(Instant::now());
         }
         let holdings = crate::rails::holdings(&*self.inner.inventory.read().await);
         self.inner.intake.lock().guard.refresh_holdings(holdings);
