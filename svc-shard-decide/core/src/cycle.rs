@@ -246,7 +246,9 @@ impl Decide {
         let mut table = VerdictTable::build(&prev, cycle, now, demand, out.verdicts);
         table.inventory_listed_at_unix_nanos = listed_at;
         table.inventory_stale = stale;
-        *inner.verdicts.write() = Arc::new(table);
+        // The previous table is freed outside the lock readers wait on.
+        let old = std::mem::replace(&mut *inner.verdicts.write(), Arc::new(table));
+        drop((prev, old));
         phase("ledgers", t);
 
         let t = Instant::now();

@@ -449,9 +449,14 @@ impl QuarantineGuard {
     }
 
     /// Replaces what each cluster's Configured machines provide (after each reconcile).
-    pub fn refresh_holdings(&mut self, holdings: FxHashMap<String, Holding>) {
-        self.holdings = holdings;
+    /// Replaces the holdings; returns the old ones, so a caller holding a lock can drop
+    /// them after releasing it.
+    pub fn refresh_holdings(
+        &mut self,
+        holdings: FxHashMap<String, Holding>,
+    ) -> FxHashMap<String, Holding> {
         self.holdings_known = true;
+        std::mem::replace(&mut self.holdings, holdings)
     }
 
     /// Whether a roll-up of `cluster` was accepted since the process started.

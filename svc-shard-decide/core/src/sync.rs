@@ -214,7 +214,9 @@ impl Decide {
             sync.holdings_at = Some(Instant::now());
         }
         let holdings = crate::rails::holdings(&*self.inner.inventory.read().await);
-        self.inner.intake.lock().guard.refresh_holdings(holdings);
+        // The old map (10,000 clusters' worth) is freed after the intake lock is released.
+        let old = self.inner.intake.lock().guard.refresh_holdings(holdings);
+        drop(old);
     }
 
     fn after_merge(&self, r: MergeReport) {
