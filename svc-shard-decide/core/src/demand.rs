@@ -50,8 +50,11 @@ pub struct DemandView {
     /// Shared with the verdict table built over it; a cycle with no change reuses it.
     sorted: Arc<Vec<Need>>,
     /// The snapshot before `sorted`, and the changes that turned it into `sorted`.
-    previous: Option<(Arc<Vec<Need>>, Vec<(String, Vec<Need>)>)>,
+    previous: Option<(Arc<Vec<Need>>, Changes)>,
 }
+
+/// Clusters and their rows now (empty: withdrawn).
+type Changes = Vec<(String, Vec<Need>)>;
 
 /// The snapshot order, total within one cluster: ties of [`snapshot_order`]
 /// (same cluster, priority and arrival) keep roll-up order, carried as `index`.
@@ -60,7 +63,7 @@ fn stable_cmp(a: (&Need, usize), b: (&Need, usize)) -> Ordering {
 }
 
 /// `base` with every listed cluster's rows replaced by the listed ones (moved, not cloned).
-fn patch(base: Vec<Need>, changes: &[(String, Vec<Need>)]) -> Vec<Need> {
+fn patch(base: Vec<Need>, changes: &Changes) -> Vec<Need> {
     let changed: FxHashSet<&str> = changes.iter().map(|(c, _)| c.as_str()).collect();
     // The new rows, in snapshot order. Within a cluster, roll-up order breaks ties.
     let mut fresh: Vec<(Need, usize)> = Vec::new();
@@ -95,7 +98,7 @@ impl DemandView {
         if changes.is_empty() {
             return;
         }
-        let now: Vec<(String, Vec<Need>)> = changes
+        let now: Changes = changes
             .clusters
             .iter()
             .map(|c| (c.cluster.clone(), c.needs.clone()))
