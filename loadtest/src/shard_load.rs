@@ -120,6 +120,8 @@ pub struct ShardLoadConfig {
     pub execute_workers: usize,
     /// decide's `--cycle-interval`.
     pub cycle_interval: Duration,
+    /// decide's `--incremental-reconcile`.
+    pub incremental_reconcile: bool,
     /// Where the service binaries are (default: next to the running executable).
     pub bin_dir: Option<PathBuf>,
     /// Keep sockets, catalog and logs here instead of a temporary directory.
@@ -142,6 +144,7 @@ impl Default for ShardLoadConfig {
             settle_timeout: Duration::from_secs(60),
             execute_workers: 1,
             cycle_interval: Duration::from_secs(1),
+            incremental_reconcile: true,
             bin_dir: None,
             run_dir: None,
             seed: 1,
@@ -671,6 +674,7 @@ async fn run_in(
             s(d_addr),
             s("--cycle-interval"),
             s(humantime::format_duration(cfg.cycle_interval)),
+            s(format!("--incremental-reconcile={}", cfg.incremental_reconcile)),
             s("--drain-timeout"),
             s("3s"),
         ],

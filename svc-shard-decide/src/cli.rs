@@ -54,8 +54,10 @@ pub struct Args {
 
     /// List with the provider's `since_revision` cursor (only what changed) instead of a
     /// full List every cycle; a full List (with its removal walk) still runs every
-    /// --full-list-interval. `false` lists everything every cycle (the original's default).
-    #[arg(long, env = "BIGFLEET_INCREMENTAL_RECONCILE", default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    /// --full-list-interval. Worth it from a few thousand machines; until the next full List
+    /// a transition decide applied that the provider never made (a refused call) stays in
+    /// its view.
+    #[arg(long, env = "BIGFLEET_INCREMENTAL_RECONCILE", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
     pub incremental_reconcile: bool,
 
     /// With --incremental-reconcile: how often a full List replaces the incremental one, so
@@ -231,7 +233,7 @@ mod tests {
         assert_eq!(a.work_listen, None);
         assert_eq!(a.data_dir, PathBuf::from("./data"));
         assert_eq!(a.cycle_interval, Duration::from_secs(1));
-        assert!(a.incremental_reconcile);
+        assert!(!a.incremental_reconcile);
         assert_eq!(a.full_list_interval, Duration::from_secs(60));
         assert_eq!(a.max_actions_per_cycle, 0);
         assert_eq!(a.available_capacity_interval, Duration::from_secs(5));

@@ -46,6 +46,10 @@ struct Cli {
     /// decide's --cycle-interval.
     #[arg(long, default_value = "1s", value_parser = humantime::parse_duration)]
     cycle_interval: Duration,
+    /// decide's --incremental-reconcile (on here, as the original's scale harness does at
+    /// 100 clusters and more; decide's own default is a full List every cycle).
+    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
+    incremental_reconcile: bool,
     /// Directory holding bigfleet-shard-decide, bigfleet-session-gateway,
     /// bigfleet-shard-execute and bigfleet-fake-provider (default: next to this binary).
     #[arg(long, value_name = "DIR")]
@@ -92,6 +96,7 @@ async fn main() -> anyhow::Result<()> {
         settle_timeout: cli.settle_timeout,
         execute_workers: cli.execute_workers,
         cycle_interval: cli.cycle_interval,
+        incremental_reconcile: cli.incremental_reconcile,
         bin_dir: cli.bin_dir,
         run_dir: cli.run_dir,
         seed: cli.seed,
