@@ -674,7 +674,10 @@ async fn run_in(
             s(d_addr),
             s("--cycle-interval"),
             s(humantime::format_duration(cfg.cycle_interval)),
-            s(format!("--incremental-reconcile={}", cfg.incremental_reconcile)),
+            s(format!(
+                "--incremental-reconcile={}",
+                cfg.incremental_reconcile
+            )),
             s("--drain-timeout"),
             s("3s"),
         ],
