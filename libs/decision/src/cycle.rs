@@ -3,13 +3,12 @@
 //! the injected `now`.
 
 use crate::EngineError;
-use crate::demand::{self, Cp, Dn, Profiles, Src};
+use crate::context::{Ctx, Parallelism, pool_for};
 use crate::fleet::Fleet;
 use crate::parking::{ParkingLedger, ParkingObservation, parking_key};
-use crate::phase1::{P1, Phase1};
+use crate::phase1::{Phase1, Phase1Pass};
 use crate::qty::{self, Qty};
 use crate::scoring::{Phase2Options, ReleasePolicy};
-use crate::snapshot::{BuildSpec, Snapshot};
 use crate::verdict::{self, NeedVerdict};
 use crate::{phase2, phase3};
 use bigfleet_model::{
@@ -18,7 +17,7 @@ use bigfleet_model::{
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::Arc;
 
 /// Cap on each per-state count of a verdict's matching supply (ADR-0025).
 pub const MATCHING_SUPPLY_CAP: u32 = 1000;
@@ -152,139 +151,13 @@ pub struct CycleOutput {
     pub stats: CycleStats,
 }
 
-/// The compiled cycle shared by every phase.
-pub(crate) struct Ctx<'a> {
-    pub snap: Snapshot<'a>,
-    pub profiles: Profiles,
-    pub input: &'a [Need],
-    pub folded: Vec<Need>,
-    pub fold_members: Vec<Vec<u32>>,
-    /// Normalized demand.
-    pub needs: Vec<Dn>,
-    pub par: Par,
-}
-
-/// Where a cycle's parallel sections run. The cycle itself stays on the
-/// caller's thread: handing every cycle to a pool thread costs a wake-up, which
-/// on a busy 2-core machine is worth more than a quiet cycle.
-#[derive(Clone, Default)]
-pub(crate) enum Par {
-    /// Strictly sequential.
-    #[default]
-    Off,
-    /// The rayon pool the caller runs in.
-    Current,
-    /// A pool of the requested size.
-    Pool(Arc<rayon::ThreadPool>),
-}
-
-impl Par {
-    pub(crate) fn on(&self) -> bool {
-        !matches!(self, Par::Off)
-    }
-
-    /// Runs `f`, whose rayon iterators then use this cycle's pool.
-    pub(crate) fn run<R: Send>(&self, f: impl FnOnce() -> R + Send) -> R {
-        match self {
-            Par::Pool(p) => p.install(f),
-            Par::Off | Par::Current => f(),
-        }
-    }
-}
-
-impl<'a> Ctx<'a> {
-    pub(crate) fn need(&self, i: u32) -> &Need {
-        match self.needs[i as usize].src {
-            Src::Input(k) => &self.input[k as usize],
-            Src::Folded(f) => &self.folded[f as usize],
-        }
-    }
-
-    #[inline]
-    pub(crate) fn cp_of(&self, i: u32) -> &Cp {
-        &self.profiles.cps[self.needs[i as usize].cp as usize]
-    }
-
-    /// Snapshot + compiled (not yet normalized) demand.
-    pub(crate) fn compile(
-        fleet: &'a Fleet,
-        input: &CycleInput<'a>,
-        par: Par,
-        verdicts: bool,
-    ) -> Ctx<'a> {
-        let demand = input.demand;
-        let keys = demand::demand_keys(demand);
-        let any_same = demand
-            .iter()
-            .any(|n| n.profile.same_requirement().is_some());
-        let demand_vectors = demand
-            .iter()
-            .flat_map(|n| [&n.aggregate_resources, &n.min_unit])
-            .collect();
-        let snap = Snapshot::build(
-            fleet,
-            BuildSpec {
-                keys,
-                destinations: input.creating_destinations,
-                demand_vectors,
-                demand_clusters: demand.iter().map(|n| n.cluster.as_str()).collect(),
-                own_index: any_same,
-                free_groups: any_same || verdicts,
-                par: par.clone(),
-            },
-        );
-        let mut profiles = Profiles::default();
-        let mut needs = Vec::with_capacity(demand.len());
-        for (k, n) in demand.iter().enumerate() {
-            let cp = profiles.intern(&n.profile, &snap);
-            needs.push(Dn {
-                src: Src::Input(k as u32),
-                cp,
-                cluster: snap
-                    .cluster_id(&n.cluster)
-                    .expect("demand clusters are known"),
-                agg: snap.dense(&n.aggregate_resources),
-                mu: snap.dense(&n.min_unit),
-                parked: false,
-            });
-        }
-        Ctx {
-            snap,
-            profiles,
-            input: demand,
-            folded: Vec::new(),
-            fold_members: Vec::new(),
-            needs,
-            par,
-        }
-    }
-}
-
-fn pool_for(threads: usize) -> Arc<rayon::ThreadPool> {
-    static POOLS: OnceLock<Mutex<HashMap<usize, Arc<rayon::ThreadPool>>>> = OnceLock::new();
-    let pools = POOLS.get_or_init(|| Mutex::new(HashMap::new()));
-    let mut pools = pools.lock().unwrap_or_else(|e| e.into_inner());
-    pools
-        .entry(threads)
-        .or_insert_with(|| {
-            Arc::new(
-                rayon::ThreadPoolBuilder::new()
-                    .num_threads(threads)
-                    .thread_name(|i| format!("bigfleet-decide-{i}"))
-                    .build()
-                    .expect("thread pool"),
-            )
-        })
-        .clone()
-}
-
 /// Runs one decision cycle.
 pub fn run_cycle(input: &CycleInput<'_>, opts: &CycleOptions) -> Result<CycleOutput, EngineError> {
     let par = match opts.threads {
-        1 => Par::Off,
-        0 if rayon::current_num_threads() > 1 => Par::Current,
-        0 => Par::Off,
-        t => Par::Pool(pool_for(t)),
+        1 => Parallelism::Off,
+        0 if rayon::current_num_threads() > 1 => Parallelism::Current,
+        0 => Parallelism::Off,
+        t => Parallelism::Pool(pool_for(t)),
     };
     run_inner(input, opts, par)
 }
@@ -292,7 +165,7 @@ pub fn run_cycle(input: &CycleInput<'_>, opts: &CycleOptions) -> Result<CycleOut
 fn run_inner(
     input: &CycleInput<'_>,
     opts: &CycleOptions,
-    par: Par,
+    par: Parallelism,
 ) -> Result<CycleOutput, EngineError> {
     let owned;
     let fleet = match input.fleet {
@@ -311,7 +184,7 @@ fn run_inner(
     ctx.normalize();
     let parked_ages = stamp_parked(&mut ctx, input.parking);
 
-    let p1 = P1::new(&ctx, opts.verdicts, opts.same_candidate_cap).run();
+    let p1 = Phase1Pass::new(&ctx, opts.verdicts, opts.same_candidate_cap).run();
     let parking = parking_observations(&ctx, &p1);
     let p2 = phase2::run(&ctx, &p1, &opts.phase2);
     let all_ready = |_: &str| true;
@@ -481,7 +354,7 @@ fn shortfall_seeds(ctx: &Ctx<'_>, p2: &phase2::Phase2) -> Vec<ShortfallSeed> {
 pub fn normalize_demand(machines: &[Machine], demand: &[Need]) -> Result<Vec<Need>, EngineError> {
     let input = CycleInput::new(machines, demand);
     let fleet = Fleet::from_machines(machines, &[])?;
-    let mut ctx = Ctx::compile(&fleet, &input, Par::Off, false);
+    let mut ctx = Ctx::compile(&fleet, &input, Parallelism::Off, false);
     ctx.normalize();
     Ok((0..ctx.needs.len())
         .map(|i| ctx.need(i as u32).clone())

@@ -60,7 +60,7 @@ impl CReq {
 
 /// A profile compiled against the snapshot.
 #[derive(Debug)]
-pub(crate) struct Cp {
+pub(crate) struct CompiledProfile {
     pub profile: Arc<Profile>,
     reqs: Vec<CReq>,
     /// Interned pinned instance types that exist (`Some(empty)`: pinned to
@@ -78,8 +78,8 @@ pub(crate) struct Cp {
     memo: Vec<AtomicU8>,
 }
 
-impl Cp {
-    pub(crate) fn compile(profile: Arc<Profile>, snap: &Snapshot<'_>) -> Cp {
+impl CompiledProfile {
+    pub(crate) fn compile(profile: Arc<Profile>, snap: &Snapshot<'_>) -> CompiledProfile {
         let slot = |key: &str| {
             snap.keys
                 .binary_search(&key)
@@ -108,7 +108,7 @@ impl Cp {
         });
         let same_slot = same_requirement(profile.requirements()).map(|r| slot(r.key()));
         let spread = strict_spread(profile.spread()).map(|s| (slot(&s.topology_key), s.max_skew));
-        Cp {
+        CompiledProfile {
             prec: profile.precedence(),
             priority: profile.priority(),
             ip_dollars: profile.interruption_penalty_dollars(),
@@ -167,7 +167,7 @@ pub(crate) enum Src {
 
 /// A need compiled against the snapshot.
 #[derive(Debug, Clone)]
-pub(crate) struct Dn {
+pub(crate) struct CompiledNeed {
     pub src: Src,
     pub cp: u32,
     pub cluster: u32,
@@ -179,7 +179,7 @@ pub(crate) struct Dn {
 /// Registry of compiled profiles, deduplicated by `Arc` identity then fingerprint.
 #[derive(Default)]
 pub(crate) struct Profiles {
-    pub cps: Vec<Cp>,
+    pub cps: Vec<CompiledProfile>,
     /// Keyed by `Arc` address (as an integer so the registry stays `Sync`).
     by_ptr: FxHashMap<usize, u32>,
     by_fp: FxHashMap<String, u32>,
@@ -195,7 +195,8 @@ impl Profiles {
             Some(&id) => id,
             None => {
                 let id = self.cps.len() as u32;
-                self.cps.push(Cp::compile(profile.clone(), snap));
+                self.cps
+                    .push(CompiledProfile::compile(profile.clone(), snap));
                 self.by_fp.insert(profile.fingerprint().to_owned(), id);
                 id
             }

@@ -13,6 +13,7 @@
 //! (ADR-0020). [`synth`] generates the benchmark fleets used by `cycle-bench`.
 
 mod cycle;
+mod context;
 mod demand;
 mod fleet;
 mod intern;

@@ -1,8 +1,8 @@
 //! NormalizeDemand (ADR-0041, ref §4): fold co-location gangs that fit on one
 //! machine into plain aggregate needs.
 
-use crate::cycle::Ctx;
-use crate::demand::{Dn, Src};
+use crate::context::Ctx;
+use crate::demand::{CompiledNeed, Src};
 use crate::qty::{self, Qty};
 use bigfleet_model::{Need, Operator, Profile};
 use rustc_hash::FxHashMap;
@@ -65,7 +65,7 @@ impl<'a> Ctx<'a> {
     /// Configuring), or shard-wide Idle/Speculative. Cluster half first.
     fn foldable(
         &self,
-        dn: &Dn,
+        dn: &CompiledNeed,
         cluster_memo: &mut FxHashMap<(u32, u32, Qty), bool>,
         shard_memo: &mut FxHashMap<(u32, Qty), bool>,
     ) -> bool {
@@ -105,7 +105,7 @@ impl<'a> Ctx<'a> {
         }
         let mut cluster_memo = FxHashMap::default();
         let mut shard_memo = FxHashMap::default();
-        let mut pass: Vec<Dn> = Vec::with_capacity(self.needs.len());
+        let mut pass: Vec<CompiledNeed> = Vec::with_capacity(self.needs.len());
         let mut folds: FxHashMap<(&'a str, String, String), Fold> = FxHashMap::default();
         // Stripped profiles, per original profile and deduplicated by fingerprint.
         let mut stripped: FxHashMap<u32, Arc<Profile>> = FxHashMap::default();
@@ -167,7 +167,7 @@ impl<'a> Ctx<'a> {
                 .snap
                 .cluster_id(&first.cluster)
                 .expect("demand clusters are known");
-            pass.push(Dn {
+            pass.push(CompiledNeed {
                 src: Src::Folded(self.folded.len() as u32),
                 cp,
                 cluster,

@@ -10,8 +10,8 @@
 //! fire here (ADR-0020); the result is the OCC outcome with commits in
 //! precedence order.
 
-use crate::cycle::Ctx;
-use crate::demand::Cp;
+use crate::context::Ctx;
+use crate::demand::CompiledProfile;
 use crate::intern::NONE;
 use crate::qty::{self, Qty};
 use crate::same::{AcqIndex, Scored};
@@ -174,7 +174,7 @@ struct Pool<'c> {
     domains: Option<FxHashMap<u32, DomList>>,
 }
 
-pub(crate) struct P1<'c, 'a> {
+pub(crate) struct Phase1Pass<'c, 'a> {
     ctx: &'c Ctx<'a>,
     out: Phase1,
     consumed: Vec<bool>,
@@ -201,7 +201,7 @@ const ACQ_STATES: [MachineState; 2] = [MachineState::Idle, MachineState::Specula
 /// asc; Speculative by effective cost asc, id asc; pinned profiles draw only
 /// from their instance types' buckets. Only matching machines are kept (the
 /// finders would skip the others anyway).
-pub(crate) fn build_pool(ctx: &Ctx<'_>, st: MachineState, cp: &Cp) -> Vec<u32> {
+pub(crate) fn build_pool(ctx: &Ctx<'_>, st: MachineState, cp: &CompiledProfile) -> Vec<u32> {
     let snap = &ctx.snap;
     let keep = |r: &u32| cp.matches(snap, snap.shape(*r));
     match st {
@@ -257,11 +257,11 @@ pub(crate) fn build_pool(ctx: &Ctx<'_>, st: MachineState, cp: &Cp) -> Vec<u32> {
     }
 }
 
-impl<'c, 'a> P1<'c, 'a> {
+impl<'c, 'a> Phase1Pass<'c, 'a> {
     pub(crate) fn new(ctx: &'c Ctx<'a>, verdicts: bool, candidate_cap: usize) -> Self {
         let n = ctx.needs.len();
         let snap = &ctx.snap;
-        P1 {
+        Phase1Pass {
             ctx,
             out: Phase1 {
                 owner: vec![NONE; snap.slots()],
@@ -914,7 +914,12 @@ impl<'c, 'a> P1<'c, 'a> {
         self.take_greedy_checked(i, list, None)
     }
 
-    fn take_greedy_checked(&self, i: u32, list: &[u32], check: Option<&Cp>) -> Vec<u32> {
+    fn take_greedy_checked(
+        &self,
+        i: u32,
+        list: &[u32],
+        check: Option<&CompiledProfile>,
+    ) -> Vec<u32> {
         let snap = &self.ctx.snap;
         let mu = &self.ctx.needs[i as usize].mu;
         let mut rem = self.out.remaining[i as usize].clone();
@@ -1087,7 +1092,7 @@ impl<'c, 'a> P1<'c, 'a> {
 fn domain_list<'p>(
     pool: &'p mut Pool<'_>,
     snap: &crate::snapshot::Snapshot<'_>,
-    cp: &Cp,
+    cp: &CompiledProfile,
     v: u32,
 ) -> &'p mut DomList {
     let slot = cp.same_slot.expect("Same profile");

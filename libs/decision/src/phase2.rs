@@ -1,6 +1,6 @@
 //! Phase 2: priority preemption for Phase 1's residual (ref §6).
 
-use crate::cycle::Ctx;
+use crate::context::Ctx;
 use crate::intern::NONE;
 use crate::phase1::Phase1;
 use crate::qty::{self, Qty};

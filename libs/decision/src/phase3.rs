@@ -1,6 +1,6 @@
 //! Phase 3: shrink-only reclaim and idle release (ref §7).
 
-use crate::cycle::Ctx;
+use crate::context::Ctx;
 use crate::intern::NONE;
 use crate::phase1::Phase1;
 use crate::phase2::Phase2;

@@ -3,7 +3,7 @@
 //! Reasons follow the seed's taxonomy (ADR-0115, superseding ADR-0025's
 //! precedence).
 
-use crate::cycle::Ctx;
+use crate::context::Ctx;
 use crate::demand::Src;
 use crate::intern::NONE;
 use crate::phase1::Phase1;

@@ -4,7 +4,7 @@
 use super::*;
 
 impl Base {
-    pub(super) fn build(fleet: &Fleet, par: &Par) -> Base {
+    pub(super) fn build(fleet: &Fleet, par: &Parallelism) -> Base {
         let n = fleet.len();
         let nfc = fleet.clusters.len();
         let recs: &[Rec] = &fleet.recs;

@@ -14,7 +14,7 @@
 //! which turns per-machine scans in crediting and Same-domain scoring into
 //! per-group arithmetic.
 
-use crate::cycle::Par;
+use crate::context::Parallelism;
 use crate::fleet::{Change, Fleet};
 use crate::intern::NONE;
 use crate::qty::{Dims, Qty};
@@ -586,7 +586,7 @@ pub(crate) struct BuildSpec<'a> {
     pub own_index: bool,
     /// Build groups of Idle/Speculative machines (Same demand or verdicts).
     pub free_groups: bool,
-    pub par: Par,
+    pub par: Parallelism,
 }
 
 /// A bound machine with its keep-order keys inline, so the sort reads these

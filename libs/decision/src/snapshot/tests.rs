@@ -68,7 +68,7 @@ fn settle(fleet: &Fleet) -> &Base {
         demand_clusters: Vec::new(),
         own_index: true,
         free_groups: true,
-        par: Par::Off,
+        par: Parallelism::Off,
     };
     let snap = Snapshot::build(fleet, spec);
     snap.idle_all_sorted();
