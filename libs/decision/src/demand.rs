@@ -1,5 +1,5 @@
 //! Demand compiled against one snapshot: profiles with shape-memoised matching,
-//! needs with dense vectors (ref §1.5–§1.7).
+//! needs with dense vectors.
 
 use crate::intern::NONE;
 use crate::qty::Qty;

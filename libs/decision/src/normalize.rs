@@ -1,4 +1,4 @@
-//! NormalizeDemand (ADR-0041, ref §4): fold co-location gangs that fit on one
+//! NormalizeDemand (ADR-0041): fold co-location gangs that fit on one
 //! machine into plain aggregate needs.
 
 use crate::context::Ctx;

@@ -1,4 +1,4 @@
-//! The acquisition-parking ledger (ADR-0042 addendum, ref §5.10): pure helpers
+//! The acquisition-parking ledger (ADR-0042 addendum): pure helpers
 //! the shard keeps across cycles. Same needs only.
 //!
 //! The reference counts cycles. A ledger built with [`ParkingLedger::with_timing`]

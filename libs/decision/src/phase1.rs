@@ -1,4 +1,4 @@
-//! Phase 1: assignment (ref §5) as a deterministic precedence-ordered pass.
+//! Phase 1: assignment as a deterministic precedence-ordered pass.
 //!
 //! Pre-pass (priority desc, stable): credit bound supply — Configured, then
 //! Configuring, then in-flight Creating machines provisioned for the need

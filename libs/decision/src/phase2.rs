@@ -1,4 +1,4 @@
-//! Phase 2: priority preemption for Phase 1's residual (ref §6).
+//! Phase 2: priority preemption for Phase 1's residual.
 
 use crate::context::Ctx;
 use crate::intern::NONE;

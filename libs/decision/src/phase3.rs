@@ -1,4 +1,4 @@
-//! Phase 3: shrink-only reclaim and idle release (ref §7).
+//! Phase 3: shrink-only reclaim and idle release.
 
 use crate::context::Ctx;
 use crate::intern::NONE;

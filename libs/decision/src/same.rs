@@ -1,4 +1,4 @@
-//! Acquirable supply of a Same profile, aggregated per domain (ref §5.3 step 2).
+//! Acquirable supply of a Same profile, aggregated per domain.
 //!
 //! For one (profile, MinUnit): the shard-wide Idle/Speculative groups that pass
 //! the pinned-type filter, match, carry the Same key and fit MinUnit, summed per

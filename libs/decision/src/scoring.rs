@@ -1,4 +1,4 @@
-//! The fixed formulas: victim score, drain grace, idle-release holds (ref §6, §7).
+//! The fixed formulas: victim score, drain grace, idle-release holds.
 
 use bigfleet_model::CapacityType;
 use std::time::Duration;

@@ -1,4 +1,4 @@
-//! Engine output: actions on machines (ref §1.11).
+//! Engine output: actions on machines.
 
 use crate::machine::{ClusterId, MachineId};
 use crate::profile::Profile;

@@ -1,4 +1,4 @@
-//! Penalty buckets: the dollar ladder both penalties use (ref §1.9).
+//! Penalty buckets: the dollar ladder both penalties use.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -1,4 +1,4 @@
-//! Effective cost: the price of a machine plus its expected interruption penalty (ref §2.1).
+//! Effective cost: the price of a machine plus its expected interruption penalty.
 
 use crate::bucket::PenaltyBucket;
 

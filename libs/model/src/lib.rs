@@ -1,7 +1,7 @@
 //! Domain types: machines, states and transitions, resources, penalty buckets,
 //! requirements, profiles, needs, actions.
 //!
-//! This crate is the shared vocabulary of the shard (ref `decision-engine.md` §1):
+//! This crate is the shared vocabulary of the shard:
 //! plain owned types with their invariants, no I/O and no proto types (those
 //! conversions live in `bigfleet-conv`). The decision engine builds its compact
 //! per-cycle forms on top of these.

@@ -1,4 +1,4 @@
-//! The machine record, its invariants and the shard-metadata echo (ref §1.1–§1.2, §1.4).
+//! The machine record, its invariants and the shard-metadata echo.
 
 use crate::requirement::{CapacityType, INSTANCE_TYPE_KEY, ZONE_KEY};
 use crate::resources::ResourceVector;

@@ -1,4 +1,4 @@
-//! Need: one cluster's aggregate demand for one profile (and group) (ref §1.7–§1.8).
+//! Need: one cluster's aggregate demand for one profile (and group).
 
 use crate::machine::ClusterId;
 use crate::profile::Profile;

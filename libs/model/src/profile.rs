@@ -1,4 +1,4 @@
-//! Profile: the aggregation key of demand, canonicalised, with its fingerprint (ref §1.6).
+//! Profile: the aggregation key of demand, canonicalised, with its fingerprint.
 
 use crate::bucket::PenaltyBucket;
 use crate::machine::{Machine, MachineProfile};

@@ -1,4 +1,4 @@
-//! Kubernetes resource quantities parsed to integer milli-units (ref §1.10).
+//! Kubernetes resource quantities parsed to integer milli-units.
 //!
 //! Grammar (as `k8s.io/apimachinery` `resource.Quantity`):
 //! `[+-]` number (`12`, `1.5`, `1.`, `.5`) followed by at most one suffix: binary

@@ -1,4 +1,4 @@
-//! Requirements, topology spread and matching against machines (ref §1.5).
+//! Requirements, topology spread and matching against machines.
 
 use crate::machine::{Machine, MachineProfile};
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! Resource vectors: named dimensions of integer milli-units (ref §1.10).
+//! Resource vectors: named dimensions of integer milli-units.
 
 use crate::quantity::{QuantityError, format_milli, parse_quantity};
 use serde::{Deserialize, Serialize};

@@ -1,4 +1,4 @@
-//! Machine lifecycle states and the legal-transition table (ref §1.2–§1.3).
+//! Machine lifecycle states and the legal-transition table.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;

@@ -1,5 +1,4 @@
-//! Safety rails at the actuation and ingest boundary (ARCHITECTURE.md §5.7,
-//! ADR-0105).
+//! Safety rails at the actuation and ingest boundary (ADR-0105).
 //!
 //! None of these change what the engine decides; they only govern what crosses
 //! from decision to execution (reclaim budget, kill switch, dry-run, per-cycle

@@ -1,4 +1,4 @@
-//! The per-cycle inventory snapshot (ref §10.1).
+//! The per-cycle inventory snapshot.
 //!
 //! Gathered from the [`Fleet`]'s fixed-size records in machine id order (one
 //! pass, no string reads) plus sorts of `u32` index permutations. Machines are
