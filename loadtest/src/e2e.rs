@@ -32,6 +32,10 @@ use crate::demand::{Demand, NeedSpec};
 use crate::operator::{Operator, OperatorConfig, OperatorHandle};
 pub use workers::{WorkerCommand, WorkerProcesses, WorkerTargets};
 
+/// Decide's count of the actions workers reported done, by kind and outcome (execute's own
+/// count is [`workers::OUTCOMES_METRIC`]; one name per meaning, docs/metrics.md).
+pub const DECIDE_OUTCOMES_METRIC: &str = "bigfleet_shard_decide_action_outcomes_total";
+
 /// Instance type of a bench unit: one unit fills one machine.
 pub const UNIT_TYPE: &str = "c.unit.16";
 /// CPU cores and memory (GiB) of a unit.
@@ -335,7 +339,7 @@ impl InProcessShard {
     /// from decide's own counter (one source whatever runs execute).
     pub fn actions_executed(&self) -> (u64, u64) {
         let text = self.decide_registry.encode_text().unwrap_or_default();
-        let name = workers::OUTCOMES_METRIC;
+        let name = DECIDE_OUTCOMES_METRIC;
         (
             sum_metric(&text, name, None),
             sum_metric(&text, name, Some(("outcome", "success"))),
@@ -345,7 +349,7 @@ impl InProcessShard {
     /// Decide's finished actions per outcome label.
     pub fn outcomes(&self) -> BTreeMap<String, u64> {
         let text = self.decide_registry.encode_text().unwrap_or_default();
-        label_counts(&text, workers::OUTCOMES_METRIC, "outcome")
+        label_counts(&text, DECIDE_OUTCOMES_METRIC, "outcome")
     }
 
     /// Per worker process: actions it finished and how many succeeded, from its own

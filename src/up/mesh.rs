@@ -30,7 +30,6 @@ use bigfleet_fake_provider::Catalog;
 use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshChannel, RetryPolicy};
 use bigfleet_proto::mesh::v1 as meshpb;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_testkit::{PortReservation, reserve_tcp_port};
 use serde::Serialize;
 
 use super::UpError;
@@ -249,11 +248,11 @@ struct Managed {
 /// starts seconds after planning (shards wait for the coordinator) must not find its ports
 /// taken in the meantime.
 #[derive(Default)]
-struct PortPool(Vec<(u8, PortReservation)>);
+struct PortPool(Vec<(u8, super::ports::PortReservation)>);
 
 impl PortPool {
     fn take(&mut self, tier: u8) -> Result<SocketAddr, UpError> {
-        let r = reserve_tcp_port().map_err(|source| UpError::Io {
+        let r = super::ports::reserve_loopback_port().map_err(|source| UpError::Io {
             what: "reserving a loopback port".into(),
             source,
         })?;
@@ -1196,9 +1195,11 @@ impl Mesh {
 
 /// `dir/name` within the kernel's Unix socket path limit.
 fn socket_path(dir: &Path, name: &str) -> Result<PathBuf, UpError> {
-    bigfleet_testkit::unix_socket_path(dir, name).map_err(|e| {
+    super::ports::unix_socket_path(dir, name).map_err(|len| {
         UpError::Config(format!(
-            "{e}; pass a shorter --data-dir (Unix sockets live under it)"
+            "unix socket path {} is {len} bytes, longer than the kernel's limit of 107; \
+             pass a shorter --data-dir (Unix sockets live under it)",
+            dir.join(name).display()
         ))
     })
 }

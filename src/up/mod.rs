@@ -20,6 +20,7 @@ pub mod child;
 pub mod mesh;
 pub mod operators;
 pub mod pki;
+pub mod ports;
 pub mod probe;
 pub mod progress;
 

@@ -4,11 +4,11 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use bigfleet_mesh::{ClassifyError, ErrorClass};
 use openraft::ChangeMembers;
 use openraft::ServerState;
 use parking_lot::Mutex;
 use tonic::Status;
-use tonic::metadata::MetadataValue;
 
 use crate::fsm::{Command, Effect, FsmError};
 use crate::metrics::{Metrics, OUTCOME_ERROR, OUTCOME_FSM_ERROR, OUTCOME_SUCCESS};
@@ -16,16 +16,15 @@ use crate::raft_types::{CoordNode, NodeId, Raft, SnapshotMeta, node_id_of};
 use crate::soft::SoftState;
 use crate::store::{SharedState, Store};
 
-/// Metadata key of the leader hint on "not leader" answers (docs/adr/0061).
-pub const LEADER_HINT_KEY: &str = "x-bigfleet-leader";
 /// Metadata key a joining replica uses to tell the leader its Coordinator address.
 pub const JOIN_API_ADDR_KEY: &str = "x-bigfleet-coordinator-address";
 /// Raft proposals that do not commit within this are answered UNAVAILABLE (the original's
 /// apply timeout).
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// Everything a coordinator RPC can fail with; [`From<CoordError> for Status`] is the one
-/// mapping to gRPC.
+/// Everything a coordinator RPC can fail with. [`ClassifyError`] is its one mapping; gRPC
+/// statuses come from `bigfleet_mesh` (leader hint in `bigfleet_mesh::LEADER_HINT_METADATA`,
+/// generic INTERNAL messages).
 #[derive(Debug, thiserror::Error)]
 pub enum CoordError {
     #[error("coordinator: not leader")]
@@ -36,42 +35,39 @@ pub enum CoordError {
     PermissionDenied(String),
     #[error(transparent)]
     Fsm(#[from] FsmError),
-    #[error("raft: {0}")]
+    #[error("coordinator: {0}")]
     Unavailable(String),
-    #[error("no snapshot taken yet")]
+    #[error("coordinator: no snapshot taken yet")]
     NoSnapshot,
     #[error("internal: {0}")]
     Internal(String),
 }
 
-impl From<CoordError> for Status {
-    fn from(e: CoordError) -> Self {
-        match e {
-            CoordError::NotLeader { leader_api_addr } => {
-                let mut s = Status::failed_precondition("coordinator: not leader");
-                if let Some(addr) = leader_api_addr
-                    && let Ok(v) = MetadataValue::try_from(addr.as_str())
-                {
-                    s.metadata_mut().insert(LEADER_HINT_KEY, v);
-                }
-                s
-            }
-            CoordError::InvalidArgument(m) => Status::invalid_argument(m),
-            CoordError::PermissionDenied(m) => Status::permission_denied(m),
-            CoordError::Fsm(f) => match &f {
-                FsmError::ShardNotFound(_) => Status::not_found(f.to_string()),
+impl ClassifyError for CoordError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            CoordError::NotLeader { leader_api_addr } => ErrorClass::NotLeader {
+                leader: leader_api_addr.clone(),
+            },
+            CoordError::InvalidArgument(_) => ErrorClass::InvalidArgument,
+            CoordError::PermissionDenied(_) => ErrorClass::PermissionDenied,
+            CoordError::Fsm(f) => match f {
+                FsmError::ShardNotFound(_) => ErrorClass::NotFound,
                 FsmError::ShardExists(_)
                 | FsmError::DomainAlreadyAssigned { .. }
-                | FsmError::ClusterAlreadyBound { .. } => Status::already_exists(f.to_string()),
-                FsmError::Invalid(_) => Status::invalid_argument(f.to_string()),
+                | FsmError::ClusterAlreadyBound { .. } => ErrorClass::AlreadyExists,
+                FsmError::Invalid(_) => ErrorClass::InvalidArgument,
             },
-            CoordError::Unavailable(m) => Status::unavailable(format!("coordinator: {m}")),
-            CoordError::NoSnapshot => Status::not_found("coordinator: no snapshot taken yet"),
-            CoordError::Internal(m) => {
-                tracing::error!(error = %m, "internal coordinator error");
-                Status::internal("coordinator: internal error")
-            }
+            CoordError::Unavailable(_) => ErrorClass::Unavailable,
+            CoordError::NoSnapshot => ErrorClass::NotFound,
+            CoordError::Internal(_) => ErrorClass::Internal,
         }
+    }
+}
+
+impl From<CoordError> for Status {
+    fn from(e: CoordError) -> Self {
+        bigfleet_mesh::status_from(&e)
     }
 }
 
@@ -253,6 +249,7 @@ impl Core {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use bigfleet_mesh::LEADER_HINT_METADATA;
     use tonic::Code;
 
     #[test]
@@ -263,13 +260,17 @@ mod tests {
         assert_eq!(s.code(), Code::FailedPrecondition);
         assert_eq!(s.message(), "coordinator: not leader");
         assert_eq!(
-            s.metadata().get(LEADER_HINT_KEY).unwrap().to_str().unwrap(),
+            s.metadata()
+                .get(LEADER_HINT_METADATA)
+                .unwrap()
+                .to_str()
+                .unwrap(),
             "10.0.0.2:7790"
         );
         let s = Status::from(CoordError::NotLeader {
             leader_api_addr: None,
         });
-        assert!(s.metadata().get(LEADER_HINT_KEY).is_none());
+        assert!(s.metadata().get(LEADER_HINT_METADATA).is_none());
     }
 
     #[test]
@@ -289,5 +290,23 @@ mod tests {
             Code::Unavailable
         );
         assert_eq!(Status::from(CoordError::NoSnapshot).code(), Code::NotFound);
+    }
+
+    #[test]
+    fn wire_messages_stay_and_internals_do_not_leak() {
+        let s = Status::from(CoordError::Unavailable("apply timed out".into()));
+        assert_eq!(s.message(), "coordinator: apply timed out");
+        let s = Status::from(CoordError::NoSnapshot);
+        assert_eq!(s.message(), "coordinator: no snapshot taken yet");
+        let s = Status::from(CoordError::Internal(
+            "redb: /var/lib/coord/db torn page".into(),
+        ));
+        assert_eq!(s.code(), Code::Internal);
+        assert!(
+            s.message().starts_with(bigfleet_mesh::INTERNAL_MESSAGE)
+                && !s.message().contains("redb"),
+            "{}",
+            s.message()
+        );
     }
 }

@@ -25,7 +25,7 @@ pub mod soft;
 pub mod store;
 
 pub use args::Args;
-pub use core::{JOIN_API_ADDR_KEY, LEADER_HINT_KEY};
+pub use core::JOIN_API_ADDR_KEY;
 pub use dr::{DrError, RestoreReport, SnapshotArchive, restore_snapshot};
 pub use node::{Running, StartError, start, start_with_registry};
 pub use raft_types::{node_id_of, ordinal_of};

@@ -276,16 +276,17 @@ fn decode<T: DeserializeOwned>(req: &RaftRequest) -> Result<T, Status> {
         .map_err(|e| Status::invalid_argument(format!("undecodable raft payload: {e}")))
 }
 
+/// A reply that cannot be encoded is a bug: logged, answered with a generic INTERNAL.
+fn encoding_failed(e: serde_json::Error) -> Status {
+    bigfleet_mesh::internal_status(&format_args!("encoding raft reply: {e}"))
+}
+
 fn reply<T: Serialize, E: Serialize>(
     res: Result<T, E>,
 ) -> Result<tonic::Response<RaftReply>, Status> {
     let outcome = match res {
-        Ok(v) => {
-            Outcome::Payload(serde_json::to_vec(&v).map_err(|e| Status::internal(e.to_string()))?)
-        }
-        Err(e) => {
-            Outcome::Error(serde_json::to_vec(&e).map_err(|e| Status::internal(e.to_string()))?)
-        }
+        Ok(v) => Outcome::Payload(serde_json::to_vec(&v).map_err(encoding_failed)?),
+        Err(e) => Outcome::Error(serde_json::to_vec(&e).map_err(encoding_failed)?),
     };
     Ok(tonic::Response::new(RaftReply {
         outcome: Some(outcome),

@@ -24,7 +24,7 @@ use tonic::Code;
 use tonic::metadata::MetadataValue;
 
 use crate::args::{Args, dialable, parse_listen};
-use crate::core::{Core, JOIN_API_ADDR_KEY, LEADER_HINT_KEY};
+use crate::core::{Core, JOIN_API_ADDR_KEY};
 use crate::dr::SnapshotArchive;
 use crate::metrics::Metrics;
 use crate::network::{Network, RaftService};
@@ -32,6 +32,7 @@ use crate::raft_types::{CoordNode, NodeId, Raft, node_id_of, ordinal_of};
 use crate::service::CoordinatorService;
 use crate::soft::SoftState;
 use crate::store::Store;
+use bigfleet_mesh::LEADER_HINT_METADATA;
 
 /// Leader heartbeat. Elections must not fire on a 2-core machine whose scheduler stalls a
 /// task for tens of milliseconds, so the heartbeat sits well below the election window.
@@ -598,7 +599,7 @@ async fn join_once(
         Ok(_) => Ok(()),
         Err(s) if s.code() == Code::FailedPrecondition => Err(JoinFailure::NotLeader(
             s.metadata()
-                .get(LEADER_HINT_KEY)
+                .get(LEADER_HINT_METADATA)
                 .and_then(|v| v.to_str().ok())
                 .map(str::to_owned),
         )),

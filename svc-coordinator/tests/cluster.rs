@@ -6,9 +6,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
+use bigfleet_mesh::LEADER_HINT_METADATA;
 use bigfleet_proto::v1alpha1::{self as pb, snapshot_save_chunk};
 use common::*;
-use svc_coordinator::{LEADER_HINT_KEY, SnapshotArchive, restore_snapshot};
+use svc_coordinator::{SnapshotArchive, restore_snapshot};
 use tonic::Code;
 
 const FORM: Duration = Duration::from_secs(20);
@@ -52,7 +53,7 @@ async fn bootstrap_commit_failover_and_rejoin_on_new_ports() {
     assert_eq!(err.message(), "coordinator: not leader");
     assert_eq!(
         err.metadata()
-            .get(LEADER_HINT_KEY)
+            .get(LEADER_HINT_METADATA)
             .unwrap()
             .to_str()
             .unwrap(),

@@ -2,7 +2,7 @@
 //!
 //! Every coordinator RPC is served by the Raft leader only; a follower answers
 //! FAILED_PRECONDITION "not leader" and names the leader's client address in the
-//! [`LEADER_METADATA_KEY`] metadata entry. This client retries such a call once against the
+//! [`LEADER_HINT_METADATA`] metadata entry. This client retries such a call once against the
 //! hinted leader and keeps talking to it afterwards, so a Kubernetes Service that lands on a
 //! follower costs one extra round trip, not an error. svc-inspect and the `bigfleet` CLI
 //! (reads and admin commands) share it.
@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use tonic::{Code, Status};
 
 /// Metadata key in which a follower names the leader's client address (`host:port`).
-pub const LEADER_METADATA_KEY: &str = "x-bigfleet-leader";
+pub use bigfleet_mesh::LEADER_HINT_METADATA;
 
 /// Which RPC failed, for error messages that tell people what to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -108,7 +108,7 @@ pub fn leader_hint(status: &Status) -> Option<String> {
     }
     status
         .metadata()
-        .get(LEADER_METADATA_KEY)
+        .get(LEADER_HINT_METADATA)
         .and_then(|v| v.to_str().ok())
         .map(str::trim)
         .filter(|v| !v.is_empty())
@@ -368,7 +368,7 @@ mod tests {
         let mut s = Status::failed_precondition("coordinator: not leader");
         if let Some(h) = hint {
             s.metadata_mut()
-                .insert(LEADER_METADATA_KEY, MetadataValue::try_from(h).unwrap());
+                .insert(LEADER_HINT_METADATA, MetadataValue::try_from(h).unwrap());
         }
         s
     }
@@ -382,14 +382,16 @@ mod tests {
         assert_eq!(leader_hint(&not_leader(None)), None);
         assert_eq!(leader_hint(&not_leader(Some("  "))), None);
         let mut other = Status::failed_precondition("stale fencing token");
-        other
-            .metadata_mut()
-            .insert(LEADER_METADATA_KEY, MetadataValue::try_from("x:1").unwrap());
+        other.metadata_mut().insert(
+            LEADER_HINT_METADATA,
+            MetadataValue::try_from("x:1").unwrap(),
+        );
         assert_eq!(leader_hint(&other), None, "fencing is not a leader problem");
         let mut unavailable = Status::unavailable("not leader");
-        unavailable
-            .metadata_mut()
-            .insert(LEADER_METADATA_KEY, MetadataValue::try_from("x:1").unwrap());
+        unavailable.metadata_mut().insert(
+            LEADER_HINT_METADATA,
+            MetadataValue::try_from("x:1").unwrap(),
+        );
         assert_eq!(leader_hint(&unavailable), None);
     }
 

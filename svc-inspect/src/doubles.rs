@@ -20,7 +20,7 @@ use parking_lot::{Mutex, MutexGuard};
 use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
 
-use crate::coordinator::LEADER_METADATA_KEY;
+use bigfleet_mesh::LEADER_HINT_METADATA;
 
 /// Snapshot data frames of the double are this small so reassembly is exercised.
 pub const SNAPSHOT_CHUNK: usize = 4;
@@ -98,7 +98,7 @@ impl CoordinatorDouble {
             if let Ok(v) = MetadataValue::try_from(leader.as_str())
                 && !leader.is_empty()
             {
-                status.metadata_mut().insert(LEADER_METADATA_KEY, v);
+                status.metadata_mut().insert(LEADER_HINT_METADATA, v);
             }
             return Err(status);
         }

@@ -139,7 +139,7 @@ fn json<T: Serialize>(value: &T) -> Response {
         Ok(body) => ([(header::CONTENT_TYPE, "application/json")], body).into_response(),
         Err(e) => json_error(
             StatusCode::INTERNAL_SERVER_ERROR,
-            &format!("encoding json: {e}"),
+            &bigfleet_mesh::internal_message(&format_args!("encoding json: {e}")),
         ),
     }
 }
@@ -156,11 +156,11 @@ fn page_error(status: StatusCode, title: &str, message: &str) -> Response {
     (status, Html(pages::error(title, message))).into_response()
 }
 
-fn status_of(e: &InspectError) -> StatusCode {
-    match e {
-        InspectError::InvalidArgument(_) => StatusCode::BAD_REQUEST,
-        _ => StatusCode::SERVICE_UNAVAILABLE,
-    }
+/// An error's HTTP status and message, from `bigfleet_mesh`'s one map (the same classes as
+/// the gRPC side; internal detail is logged, never sent).
+fn failure(e: &InspectError) -> (StatusCode, String) {
+    let answer = bigfleet_mesh::http_error(e);
+    (answer.status, answer.message)
 }
 
 fn html(body: String) -> Response {
@@ -217,10 +217,7 @@ async fn load_cluster(
             "cluster id must not be empty".to_owned(),
         ));
     }
-    let needs = fleet
-        .needs(id, 0)
-        .await
-        .map_err(|e| (status_of(&e), e.to_string()))?;
+    let needs = fleet.needs(id, 0).await.map_err(|e| failure(&e))?;
     Ok(cluster_needs_view(&needs, p.unmet, &p))
 }
 
@@ -280,7 +277,10 @@ async fn clusters_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) 
             &index,
             &Page::of(&index.clusters, p.page, p.page_size),
         )),
-        Err(e) => page_error(status_of(&e), "Clusters unavailable", &e.to_string()),
+        Err(e) => {
+            let (status, message) = failure(&e);
+            page_error(status, "Clusters unavailable", &message)
+        }
     }
 }
 
@@ -338,7 +338,10 @@ async fn api_clusters(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -
             shards: index.shards.clone(),
             clusters: Page::of(&index.clusters, p.page, p.page_size),
         }),
-        Err(e) => json_error(status_of(&e), &e.to_string()),
+        Err(e) => {
+            let (status, message) = failure(&e);
+            json_error(status, &message)
+        }
     }
 }
 
@@ -391,6 +394,36 @@ mod tests {
             unmet: unmet.map(Into::into),
             id: None,
         }
+    }
+
+    #[test]
+    fn errors_get_the_mesh_http_status_and_no_internal_detail() {
+        use crate::coordinator::{CoordinatorError, CoordinatorRpc};
+        let call = |status: tonic::Status| {
+            InspectError::Coordinator(CoordinatorError::Call {
+                addr: "coord:7790".into(),
+                rpc: CoordinatorRpc::ListShards,
+                status,
+            })
+        };
+        let cases = [
+            (InspectError::InvalidArgument("bad id".into()), 400),
+            (InspectError::AllShardsUnreachable("s1: down".into()), 503),
+            (call(tonic::Status::unavailable("down")), 503),
+            (call(tonic::Status::permission_denied("role")), 403),
+        ];
+        for (err, code) in cases {
+            let msg = err.to_string();
+            assert_eq!(failure(&err), (StatusCode::from_u16(code).unwrap(), msg));
+        }
+        let (status, message) = failure(&InspectError::Http(std::io::Error::other(
+            "accept: /proc/self/fd exhausted",
+        )));
+        assert_eq!(status, StatusCode::INTERNAL_SERVER_ERROR);
+        assert!(
+            message.starts_with(bigfleet_mesh::INTERNAL_MESSAGE) && !message.contains("proc"),
+            "{message}"
+        );
     }
 
     #[test]

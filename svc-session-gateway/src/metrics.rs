@@ -1,6 +1,8 @@
 //! The gateway's Prometheus metrics. Names follow the shard catalogue of the original
 //! (`bigfleet_shard_*`, ref wire-and-ops §9.2) where it has one; the rest share the prefix
-//! because the gateway is part of the shard.
+//! because the gateway is part of the shard. A name is exported by one container of the shard
+//! pod only (docs/metrics.md, checked by `tests/metrics_doc.rs`): where decide or execute keeps
+//! the catalog name, the gateway's own measurement is `bigfleet_shard_gateway_*`.
 
 use bigfleet_telemetry::{LATENCY_BUCKETS, MetricsRegistry, TelemetryError};
 use prometheus::{Histogram, IntCounter, IntCounterVec, IntGauge};
@@ -25,6 +27,7 @@ pub struct GatewayMetrics {
     pub rollups_rejected: IntCounterVec,
     pub rollups_replaced: IntCounter,
     pub rollups_throttled: IntCounter,
+    pub rollups_revalidation_skipped: IntCounter,
     pub rollup_apply_errors: IntCounter,
     pub outbox_dropped: IntCounterVec,
     pub request_bootstrap_seconds: Histogram,
@@ -81,6 +84,10 @@ impl GatewayMetrics {
                 "bigfleet_shard_rollups_throttled_total",
                 "Times a session's roll-up lane waited for the per-cluster rate limit.",
             )?,
+            rollups_revalidation_skipped: registry.int_counter(
+                "bigfleet_shard_gateway_rollups_revalidation_skipped_total",
+                "Roll-ups identical to the session's last valid one, forwarded without validating them again (ADR-0113).",
+            )?,
             rollup_apply_errors: registry.int_counter(
                 "bigfleet_shard_rollup_apply_errors_total",
                 "Valid roll-ups decide could not be reached to apply.",
@@ -91,8 +98,8 @@ impl GatewayMetrics {
                 &["reason"],
             )?,
             request_bootstrap_seconds: registry.histogram(
-                "bigfleet_shard_request_bootstrap_seconds",
-                "BootstrapRequest round trip to the operator (answered requests).",
+                "bigfleet_shard_gateway_request_bootstrap_seconds",
+                "BootstrapRequest round trip from the gateway to the operator and back (answered requests only; execute's bigfleet_shard_request_bootstrap_seconds times the whole call, timeouts included).",
                 LATENCY_BUCKETS,
             )?,
             request_bootstrap: registry.int_counter_vec(

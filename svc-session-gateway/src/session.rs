@@ -133,6 +133,8 @@ struct SessionInner {
     lane_running: bool,
     bucket: Bucket,
     bootstraps: HashMap<String, oneshot::Sender<BootstrapBlobResponse>>,
+    /// Fingerprint of the last roll-up of this session that passed validation.
+    last_valid: Option<bigfleet_conv::RollupFingerprint>,
 }
 
 /// One live (or just ended) operator session.
@@ -187,10 +189,22 @@ impl Session {
                 lane_running: false,
                 bucket: Bucket::full(rate),
                 bootstraps: HashMap::new(),
+                last_valid: None,
             }),
             metrics,
             operator_trace: OnceLock::new(),
         })
+    }
+
+    /// Whether a roll-up with fingerprint `fp` already passed validation on this session
+    /// (operators re-send unchanged demand on an interval; ADR-0113).
+    pub fn validated_before(&self, fp: bigfleet_conv::RollupFingerprint) -> bool {
+        self.inner.lock().last_valid == Some(fp)
+    }
+
+    /// Remembers that the roll-up with fingerprint `fp` passed validation.
+    pub fn mark_validated(&self, fp: bigfleet_conv::RollupFingerprint) {
+        self.inner.lock().last_valid = Some(fp);
     }
 
     /// Keeps the trace context the operator opened the session with (`traceparent` /

@@ -394,8 +394,17 @@ async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) 
             ),
         );
     }
-    if let Err(e) = bigfleet_conv::rollup_from_proto_with(&rollup, &core.settings.rollup_limits) {
-        return reject(e.reason(), e.to_string());
+    // Validated once per distinct roll-up of a session: an identical re-send (the common
+    // case) passed these exact checks already (ADR-0113).
+    let fp = bigfleet_conv::rollup_fingerprint(&rollup);
+    if session.validated_before(fp) {
+        core.metrics.rollups_revalidation_skipped.inc();
+    } else {
+        if let Err(e) = bigfleet_conv::rollup_from_proto_with(&rollup, &core.settings.rollup_limits)
+        {
+            return reject(e.reason(), e.to_string());
+        }
+        session.mark_validated(fp);
     }
     let result = core
         .decide

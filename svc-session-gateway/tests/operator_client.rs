@@ -16,6 +16,7 @@ use bigfleet_proto::mesh::v1::{
     request_bootstrap_response, shard_event,
 };
 use bigfleet_proto::v1alpha1::NodeStateUpdate;
+use bigfleet_testkit::wait_until;
 use common::*;
 
 fn fast(cluster: &str, target: &str) -> OperatorConfig {
@@ -124,11 +125,11 @@ async fn the_simulated_operator_speaks_the_whole_protocol() {
         .into_inner();
     assert!(resp.delivered);
     let m = h.gw().metrics().clone();
-    eventually("the reclaim ack", || m.reclaim_acks.get() == 1).await;
+    wait_until(WAIT, "the reclaim ack", async || m.reclaim_acks.get() == 1).await;
     assert_eq!(op.stats().reclaim_instructions, 1);
     assert_eq!(op.stats().errors(), 0, "{:?}", op.stats());
     op.shutdown().await;
-    eventually("the session to be removed", || {
+    wait_until(WAIT, "the session to be removed", async || {
         h.gw().active_sessions() == 0
     })
     .await;
@@ -288,7 +289,7 @@ async fn the_load_runner_reports_a_clean_small_run() {
     assert!(report.rollups_per_s > 20.0, "{report:?}");
     assert!(report.ack_p99_ms > 0.0 && report.ack_p99_ms >= report.ack_p50_ms);
     assert!(report.rss_mb_gateway.unwrap() > 0.0);
-    eventually("every load session to close", || {
+    wait_until(WAIT, "every load session to close", async || {
         h.gw().active_sessions() == 0
     })
     .await;

@@ -18,6 +18,7 @@ use bigfleet_proto::v1alpha1::{
     BootstrapBlobResponse, ClusterCapacityNeeds, NodeStateUpdate, ReclaimAck, operator_message,
     shard_message,
 };
+use bigfleet_testkit::wait_until;
 use common::*;
 use svc_session_gateway::{GatewaySettings, RollupRate};
 use tokio::sync::Semaphore;
@@ -95,7 +96,7 @@ async fn hello_is_acked_with_term_and_epoch_and_rehello_is_reacked() {
     s.send(hello("b")).await;
     let err = s.next().await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    eventually("the session to be removed", || {
+    wait_until(WAIT, "the session to be removed", async || {
         h.gw().active_sessions() == 0
     })
     .await;
@@ -116,7 +117,7 @@ async fn a_new_session_replaces_the_old_and_the_old_cleanup_keeps_the_new() {
     assert!(err.message().contains("replaced"), "{}", err.message());
 
     // The old session's cleanup (decide hears its close) must not evict the new one.
-    eventually("the old close to reach decide", || {
+    wait_until(WAIT, "the old close to reach decide", async || {
         h.stub.closes().iter().any(|c| c.session_id == old_id)
     })
     .await;
@@ -176,7 +177,7 @@ async fn rollups_are_replaced_in_the_lane_while_decide_is_slow() {
     .await;
     let mut s = open(&h.target(), "a").await;
     s.send(rollup("a", 1)).await;
-    eventually("decide to be busy with roll-up 1", || {
+    wait_until(WAIT, "decide to be busy with roll-up 1", async || {
         h.stub.apply_started.load(Ordering::SeqCst) == 1
     })
     .await;
@@ -184,7 +185,10 @@ async fn rollups_are_replaced_in_the_lane_while_decide_is_slow() {
         s.send(rollup("a", ts)).await;
     }
     let m = h.gw().metrics().clone();
-    eventually("all roll-ups to be read", || m.rollups_received.get() == 5).await;
+    wait_until(WAIT, "all roll-ups to be read", async || {
+        m.rollups_received.get() == 5
+    })
+    .await;
     // The pump is not blocked by the slow lane: a re-Hello is answered right away.
     s.send(hello("a")).await;
     assert_eq!(s.next_ack().await.echo, "hello");
@@ -288,6 +292,39 @@ async fn a_bad_rollup_is_rejected_whole_and_the_previous_demand_is_kept() {
 }
 
 #[tokio::test]
+async fn identical_resends_are_forwarded_without_validating_them_again() {
+    let h = Harness::start(Options::default()).await;
+    let mut s = open(&h.target(), "a").await;
+    let m = h.gw().metrics();
+    s.send(rollup("a", 1)).await;
+    assert_eq!(s.next_ack().await.echo, "rollup");
+    assert_eq!(
+        m.rollups_revalidation_skipped.get(),
+        0,
+        "first sight: validated"
+    );
+    // The same demand again (a later operator timestamp): passed these checks already.
+    for ts in 2..5 {
+        s.send(rollup("a", ts)).await;
+        assert_eq!(s.next_ack().await.echo, "rollup");
+    }
+    assert_eq!(m.rollups_revalidation_skipped.get(), 3);
+    assert_eq!(
+        h.stub.applied.load(Ordering::SeqCst),
+        4,
+        "every one forwarded"
+    );
+    // Anything different is validated in full, and a bad one still never passes.
+    let mut bad = Demand::typical().rollup("a", 6);
+    bad.needs[0].interruption_penalty_bucket = 99;
+    s.send(msg(operator_message::Payload::Rollup(bad))).await;
+    assert!(s.next_ack().await.echo.starts_with("rollup rejected: "));
+    assert_eq!(m.rollups_revalidation_skipped.get(), 3);
+    assert_eq!(h.stub.applied.load(Ordering::SeqCst), 4);
+    h.stop().await;
+}
+
+#[tokio::test]
 async fn the_per_cluster_rate_limit_delays_and_coalesces() {
     let h = Harness::start(Options {
         settings: GatewaySettings {
@@ -308,7 +345,7 @@ async fn the_per_cluster_rate_limit_delays_and_coalesces() {
         s.send(rollup("a", ts)).await;
     }
     let m = h.gw().metrics().clone();
-    eventually("the newest roll-up to be applied", || {
+    wait_until(WAIT, "the newest roll-up to be applied", async || {
         h.stub
             .rollup("a")
             .is_some_and(|r| r.timestamp_unix_nanos == 6)
@@ -386,7 +423,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
         (600, req.request_id.as_str())
     );
     let m = h.gw().metrics().clone();
-    eventually("the wrong answer to be counted", || {
+    wait_until(WAIT, "the wrong answer to be counted", async || {
         m.bootstrap_responses_unmatched.get() == 1
     })
     .await;
@@ -413,7 +450,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     };
     assert_eq!(late.request_id, r.request_id);
     s.send(answer(&late.request_id, b"too late", "")).await;
-    eventually("the late answer to be dropped", || {
+    wait_until(WAIT, "the late answer to be dropped", async || {
         m.bootstrap_responses_unmatched.get() == 2
     })
     .await;
@@ -487,7 +524,10 @@ async fn reclaim_instructions_reach_the_operator_and_acks_are_counted() {
     })))
     .await;
     let m = h.gw().metrics().clone();
-    eventually("the ack to be counted", || m.reclaim_acks.get() == 1).await;
+    wait_until(WAIT, "the ack to be counted", async || {
+        m.reclaim_acks.get() == 1
+    })
+    .await;
     let none = gw
         .send_reclaim(SendReclaimRequest {
             cluster_id: "nobody".into(),
@@ -607,7 +647,7 @@ async fn shutdown_ends_sessions_with_unavailable_and_tells_decide() {
     let err = s.next().await.unwrap_err();
     assert_eq!(err.code(), Code::Unavailable, "{err:?}");
     assert!(err.message().contains("shutting down"));
-    eventually("decide to hear the close", || {
+    wait_until(WAIT, "decide to hear the close", async || {
         h.stub.closes().iter().any(|c| c.reason == "shutdown")
     })
     .await;

@@ -16,6 +16,7 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_testkit::wait_until;
 use svc_shard_execute::doubles::{GatewayDouble, Served};
 use tonic::transport::Channel;
 
@@ -72,18 +73,14 @@ impl DecideProc {
 
     /// Waits until decide.sock answers.
     async fn ready(&self) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
+        wait_until(Duration::from_secs(20), "decide to come up", async || {
             if self.socket_dir.join("decide.sock").exists() && self.try_describe().await.is_some() {
-                return;
+                Ok(())
+            } else {
+                Err(format!("log:\n{}", self.log()))
             }
-            assert!(
-                Instant::now() < deadline,
-                "decide did not come up; log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
+        .await;
     }
 
     async fn try_describe(&self) -> Option<mesh::ShardDescription> {
@@ -248,17 +245,6 @@ fn fenced_calls(worker: &svc_shard_execute::Running) -> u64 {
         .sum::<f64>() as u64
 }
 
-async fn wait_for(what: &str, wait: Duration, mut f: impl FnMut() -> Result<(), String>) {
-    let deadline = Instant::now() + wait;
-    loop {
-        match f() {
-            Ok(()) => return,
-            Err(e) if Instant::now() > deadline => panic!("{what}: {e}"),
-            Err(_) => tokio::time::sleep(Duration::from_millis(50)).await,
-        }
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_epoch_file_does_not_fence_the_shard_out_of_its_machines() {
     let tmp = tempfile::tempdir().unwrap();
@@ -278,14 +264,18 @@ async fn a_lost_epoch_file_does_not_fence_the_shard_out_of_its_machines() {
     cfg.concurrency = 4;
     let worker = svc_shard_execute::start(cfg).await.unwrap();
     first.rollup(2).await;
-    wait_for("both machines configured", Duration::from_secs(30), || {
-        let configured = fake.ids_in_state(pb::MachineState::Configured);
-        if configured.len() == 2 {
-            Ok(())
-        } else {
-            Err(format!("{configured:?}; log:\n{}", first.log()))
-        }
-    })
+    wait_until(
+        Duration::from_secs(30),
+        "both machines configured",
+        async || {
+            let configured = fake.ids_in_state(pb::MachineState::Configured);
+            if configured.len() == 2 {
+                Ok(())
+            } else {
+                Err(format!("{configured:?}; log:\n{}", first.log()))
+            }
+        },
+    )
     .await;
     let first_epoch = first.describe().await.shard_epoch;
     first.kill();
@@ -319,10 +309,10 @@ async fn a_lost_epoch_file_does_not_fence_the_shard_out_of_its_machines() {
     // first drain's token (the same epoch, the first sequence base) would not be newer than
     // either machine's mark.
     second.rollup(0).await;
-    wait_for(
-        "a machine drained under the new epoch",
+    wait_until(
         Duration::from_secs(30),
-        || {
+        "a machine drained under the new epoch",
+        async || {
             let configured = fake.ids_in_state(pb::MachineState::Configured);
             let marks: Vec<_> = ["m0", "m1"]
                 .iter()

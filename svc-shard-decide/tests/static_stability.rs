@@ -4,22 +4,12 @@
 use bigfleet_fake_provider::{FakeProvider, spawn_uds};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
+use bigfleet_testkit::wait_until;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 use svc_shard_decide::{CoordinatorConfig, StartConfig, start};
-
-async fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = Instant::now() + deadline;
-    while Instant::now() < end {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-    f()
-}
 
 #[tokio::test]
 async fn in_process_decide_with_a_dead_coordinator_is_ready_and_cycles() {
@@ -40,14 +30,18 @@ async fn in_process_decide_with_a_dead_coordinator_is_ready_and_cycles() {
     let running = start(cfg).await.unwrap();
     assert!(running.coordinator_running());
     let d = running.decide().clone();
-    assert!(
-        wait_until(Duration::from_secs(10), || readiness.is_ready()
-            && d.cycle_count() >= 5)
-        .await,
-        "ready={} cycles={}",
-        readiness.is_ready(),
-        d.cycle_count()
-    );
+    wait_until(Duration::from_secs(10), "ready and 5 cycles", async || {
+        if readiness.is_ready() && d.cycle_count() >= 5 {
+            Ok(())
+        } else {
+            Err(format!(
+                "ready={} cycles={}",
+                readiness.is_ready(),
+                d.cycle_count()
+            ))
+        }
+    })
+    .await;
     assert_eq!(d.coordinator_term(), 0);
     let machines: u64 = d.machines_by_state().await.values().sum();
     assert_eq!(machines as usize, provider.len());
@@ -147,16 +141,14 @@ async fn the_binary_with_a_dead_coordinator_is_ready_and_cycles() {
     let port = bigfleet_testkit::free_tcp_port().unwrap();
     let clock = unix_seconds();
     let child = spawn_decide(dir.path(), &server.target(), port);
-    let ready = wait_until(Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "/readyz to turn 200", async || {
         matches!(http_get(port, "/readyz"), Some((200, _)))
     })
     .await;
-    assert!(ready, "/readyz never turned 200");
-    let cycling = wait_until(Duration::from_secs(20), || {
+    wait_until(Duration::from_secs(20), "cycles on /metrics", async || {
         http_get(port, "/metrics").is_some_and(|(_, b)| cycles_from_metrics(&b) >= 3)
     })
     .await;
-    assert!(cycling, "no cycles reported on /metrics");
     // A first start takes the wall-clock floor (ADR-0103).
     let first = read_epoch(dir.path());
     assert!(first >= clock, "epoch {first} below the clock {clock}");
@@ -165,13 +157,12 @@ async fn the_binary_with_a_dead_coordinator_is_ready_and_cycles() {
     // A restart fences strictly above the previous incarnation.
     let port = bigfleet_testkit::free_tcp_port().unwrap();
     let _child = spawn_decide(dir.path(), &server.target(), port);
-    assert!(
-        wait_until(Duration::from_secs(20), || matches!(
-            http_get(port, "/readyz"),
-            Some((200, _))
-        ))
-        .await
-    );
+    wait_until(
+        Duration::from_secs(20),
+        "/readyz after the restart",
+        async || matches!(http_get(port, "/readyz"), Some((200, _))),
+    )
+    .await;
     let second = read_epoch(dir.path());
     assert!(second > first, "epoch {second} after {first}");
     server.shutdown().await;

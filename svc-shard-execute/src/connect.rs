@@ -3,15 +3,19 @@
 //!
 //! Channels are lazy: nothing is dialled until the first call, and a broken
 //! connection is re-dialled on the next call, which is what the Work
-//! stream's reconnect loop relies on. The mesh's retrying client stack is
-//! deliberately not used: provider retries must re-stamp their fencing
-//! sequence, which only the flows can do.
+//! stream's reconnect loop relies on. Every channel goes through the mesh
+//! client stack (trace propagation, client RPC metrics) with its tower-level
+//! retries off: provider retries must re-stamp their fencing sequence, which
+//! only the flows can do (`RetryPolicy::run_with`), Transition is a
+//! compare-and-swap whose lost answer the flow must see, and the Work stream
+//! reconnects on its own.
 
 use std::time::Duration;
 
 use bigfleet_identity::TlsContext;
-use bigfleet_mesh::{ChannelConfig, ChannelError, Target};
-use tonic::transport::Channel;
+use bigfleet_mesh::{
+    ChannelConfig, ChannelError, ClientStackConfig, GrpcMetrics, MeshChannel, RetryPolicy, Target,
+};
 
 /// HTTP/2 keepalive, shorter than the mesh default: a decide that vanished
 /// without a FIN must end the Work stream quickly so its actions are
@@ -32,9 +36,14 @@ pub enum ConnectError {
     Tls(#[from] bigfleet_identity::TlsError),
 }
 
-/// A lazy channel to `addr`. With TLS configured every TCP edge uses mTLS
-/// (all-or-nothing per process); Unix sockets never do.
-pub fn channel(addr: &str, tls: Option<&TlsContext>) -> Result<Channel, ConnectError> {
+/// A lazy channel to `addr` in the mesh client stack, recording client RPC
+/// metrics into `metrics` when given. With TLS configured every TCP edge uses
+/// mTLS (all-or-nothing per process); Unix sockets never do.
+pub fn channel(
+    addr: &str,
+    tls: Option<&TlsContext>,
+    metrics: Option<&GrpcMetrics>,
+) -> Result<MeshChannel, ConnectError> {
     let wrap = |source: ChannelError| ConnectError::Channel {
         addr: addr.to_owned(),
         source,
@@ -46,7 +55,15 @@ pub fn channel(addr: &str, tls: Option<&TlsContext>) -> Result<Channel, ConnectE
         ..ChannelConfig::default()
     }
     .with_tls(tls.map(TlsContext::client_config).transpose()?);
-    bigfleet_mesh::connect_lazy(&target, &cfg).map_err(wrap)
+    let channel = bigfleet_mesh::connect_lazy(&target, &cfg).map_err(wrap)?;
+    Ok(bigfleet_mesh::client_stack(
+        channel,
+        &ClientStackConfig {
+            metrics: metrics.cloned(),
+            retry: RetryPolicy::none(),
+            attempt_timeout: None,
+        },
+    ))
 }
 
 #[cfg(test)]
@@ -55,17 +72,17 @@ mod tests {
 
     #[tokio::test]
     async fn accepts_the_three_schemes_and_rejects_others() {
-        assert!(channel("unix:///run/bigfleet/decide.sock", None).is_ok());
-        assert!(channel("http://127.0.0.1:7782", None).is_ok());
+        assert!(channel("unix:///run/bigfleet/decide.sock", None, None).is_ok());
+        assert!(channel("http://127.0.0.1:7782", None, None).is_ok());
         assert!(matches!(
-            channel("https://127.0.0.1:7782", None),
+            channel("https://127.0.0.1:7782", None, None),
             Err(ConnectError::Channel {
                 source: ChannelError::TlsRequired(_),
                 ..
             })
         ));
         for bad_addr in ["", "unix://", "tcp://x:1"] {
-            assert!(channel(bad_addr, None).is_err(), "{bad_addr}");
+            assert!(channel(bad_addr, None, None).is_err(), "{bad_addr}");
         }
     }
 }

@@ -14,11 +14,11 @@ use std::future::Future;
 use std::time::Duration;
 
 use bigfleet_conv as conv;
+use bigfleet_mesh::{Attempts, RetryPolicy};
 use bigfleet_model::{Action, ActionKind, Assignment, Machine, MachineState};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::request_bootstrap_response::Outcome as BootstrapReply;
 use bigfleet_proto::v1alpha1 as pb;
-use rand::Rng;
 use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
@@ -30,40 +30,8 @@ use crate::metrics::ExecuteMetrics;
 use crate::outcome::Outcome;
 use crate::trace;
 
-/// Backoff between re-stamped attempts of one provider call.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RetryPolicy {
-    /// Attempts per call, the first included.
-    pub max_attempts: u32,
-    pub initial_backoff: Duration,
-    pub max_backoff: Duration,
-}
-
-impl Default for RetryPolicy {
-    fn default() -> Self {
-        Self {
-            max_attempts: 4,
-            initial_backoff: Duration::from_millis(50),
-            max_backoff: Duration::from_secs(2),
-        }
-    }
-}
-
-impl RetryPolicy {
-    /// Pause before retry number `retry` (1-based): exponential, capped, with
-    /// jitter in the upper half so a fleet of workers does not retry in step.
-    pub fn backoff(&self, retry: u32) -> Duration {
-        let exp = self
-            .initial_backoff
-            .saturating_mul(1u32 << retry.saturating_sub(1).min(16))
-            .min(self.max_backoff);
-        let half = exp / 2;
-        half + rand::rng().random_range(Duration::ZERO..=half)
-    }
-}
-
 /// Timeouts and retries of the flows.
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, Clone)]
 pub struct ExecConfig {
     /// Budget of one action, independent of decide's cycles (`--action-timeout`).
     pub action_timeout: Duration,
@@ -76,6 +44,8 @@ pub struct ExecConfig {
     /// deadline passed: the machine must not be left transitional because
     /// the work ran out of time.
     pub cleanup_timeout: Duration,
+    /// Re-stamped attempts of one provider call: the mesh default (4 attempts,
+    /// 50 ms doubling to 2 s with jitter, on UNAVAILABLE and DEADLINE_EXCEEDED).
     pub retry: RetryPolicy,
 }
 
@@ -233,6 +203,25 @@ enum Interrupt {
     Deadline,
     /// The Work stream ended; decide abandoned the action.
     Abandoned,
+}
+
+/// How one attempt of a provider call failed.
+#[derive(Debug)]
+enum Attempt {
+    Status(Status),
+    /// No fencing token left to stamp it with: never retried.
+    Window(StampError),
+}
+
+impl Attempt {
+    /// The code the retry policy judges; a fenced call is never retried,
+    /// whatever the policy says.
+    fn code(&self) -> Option<Code> {
+        match self {
+            Attempt::Status(s) if s.code() != Code::FailedPrecondition => Some(s.code()),
+            Attempt::Status(_) | Attempt::Window(_) => None,
+        }
+    }
 }
 
 /// How a provider call ended without an acknowledgement.
@@ -517,54 +506,66 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         F: FnMut(Stamp, Duration) -> Fut,
         Fut: Future<Output = Result<pb::TransitionAck, Status>>,
     {
-        let policy = self.ex.cfg.retry.clone();
-        let mut attempts = 0u32;
-        loop {
-            let stamp = self.stamper.stamp().map_err(CallError::Window)?;
-            let per_call = self.ex.cfg.call_timeout.min(self.remaining());
-            let status = match self
-                .guard(tokio::time::timeout(per_call, call(stamp, per_call)))
-                .await
-            {
-                Err(why) => return Err(CallError::Interrupted(why)),
-                Ok(Ok(Ok(ack))) => return Ok(ack),
-                Ok(Ok(Err(status))) => status,
-                Ok(Err(_)) => Status::deadline_exceeded(format!(
-                    "no answer within {}",
-                    humantime::format_duration(per_call)
-                )),
-            };
-            attempts += 1;
-            match status.code() {
-                Code::FailedPrecondition => return Err(CallError::Fenced(status)),
-                Code::Unavailable | Code::DeadlineExceeded if attempts < policy.max_attempts => {
-                    self.ex
-                        .metrics
-                        .provider_retries
-                        .with_label_values(&[rpc])
-                        .inc();
-                    tracing::warn!(
-                        rpc,
-                        attempts,
-                        code = ?status.code(),
-                        error = %describe(&status),
-                        "retryable provider error; retrying with a fresh sequence number"
-                    );
-                    if let Err(why) = self
-                        .guard(tokio::time::sleep(policy.backoff(attempts)))
-                        .await
-                    {
-                        return Err(CallError::Interrupted(why));
+        let ex = self.ex;
+        let deadline = self.deadline;
+        let stamper = &mut self.stamper;
+        let attempts = ex.cfg.retry.run_with(
+            |_| {
+                let per_call = ex
+                    .cfg
+                    .call_timeout
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                let sent = stamper.stamp().map(|stamp| call(stamp, per_call));
+                async move {
+                    let sent = sent.map_err(Attempt::Window)?;
+                    match tokio::time::timeout(per_call, sent).await {
+                        Ok(answer) => answer.map_err(Attempt::Status),
+                        Err(_) => Err(Attempt::Status(Status::deadline_exceeded(format!(
+                            "no answer within {}",
+                            humantime::format_duration(per_call)
+                        )))),
                     }
                 }
-                Code::Unavailable | Code::DeadlineExceeded => {
-                    return Err(CallError::GaveUp {
-                        last: status,
-                        attempts,
-                    });
+            },
+            Attempt::code,
+            |retry, err, _wait| {
+                ex.metrics.provider_retries.with_label_values(&[rpc]).inc();
+                if let Attempt::Status(status) = err {
+                    tracing::warn!(
+                        rpc,
+                        attempts = retry,
+                        code = ?status.code(),
+                        error = %describe(status),
+                        "retryable provider error; retrying with a fresh sequence number"
+                    );
                 }
-                _ => return Err(CallError::Refused(status)),
-            }
+            },
+        );
+        // The whole retry loop, backoff sleeps included, stops when the action is
+        // abandoned or out of time.
+        let guarded = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(Interrupt::Abandoned),
+            _ = tokio::time::sleep_until(deadline) => Err(Interrupt::Deadline),
+            out = attempts => Ok(out),
+        };
+        match guarded.map_err(CallError::Interrupted)? {
+            Ok(ack) => Ok(ack),
+            Err(Attempts {
+                last: Attempt::Window(e),
+                ..
+            }) => Err(CallError::Window(e)),
+            Err(Attempts {
+                last: Attempt::Status(status),
+                attempts,
+            }) => Err(match status.code() {
+                Code::FailedPrecondition => CallError::Fenced(status),
+                code if ex.cfg.retry.is_retryable(code) => CallError::GaveUp {
+                    last: status,
+                    attempts,
+                },
+                _ => CallError::Refused(status),
+            }),
         }
     }
 

@@ -12,6 +12,7 @@
 use std::sync::Arc;
 
 use bigfleet_identity::TlsContext;
+use bigfleet_mesh::GrpcMetrics;
 use bigfleet_telemetry::Readiness;
 use tokio::sync::watch;
 use tokio_util::sync::CancellationToken;
@@ -26,6 +27,7 @@ use crate::{TRANSITION_TIMEOUT, connect};
 pub async fn follow_decide<G, P>(
     mut endpoints: watch::Receiver<Option<String>>,
     tls: Option<TlsContext>,
+    client_metrics: GrpcMetrics,
     make: impl Fn(GrpcDecide) -> Arc<Executor<GrpcDecide, G, P>>,
     cfg: PoolConfig,
     shutdown: CancellationToken,
@@ -44,7 +46,7 @@ pub async fn follow_decide<G, P>(
                 Err(_) => return,
             },
         };
-        let channel = match connect::channel(&endpoint, tls.as_ref()) {
+        let channel = match connect::channel(&endpoint, tls.as_ref(), Some(&client_metrics)) {
             Ok(c) => c,
             Err(e) => {
                 tracing::error!(endpoint = %endpoint, error = %e, "unusable decide work endpoint in etcd; waiting for another");

@@ -18,10 +18,11 @@
 //!   `bigfleet up`.
 //! * [`links`]: the small traits the flows run against ([`DecideLink`],
 //!   [`GatewayLink`], [`ProviderLink`]) and their gRPC implementations.
-//! * [`doubles`]: in-process Decide and Gateway doubles for tests and the
-//!   `execute-bench` binary.
+//! * `doubles` (feature `testing`, dev-dependencies only): in-process Decide
+//!   and Gateway doubles for tests and the `execute-bench` binary.
 
 pub mod connect;
+#[cfg(any(test, feature = "testing"))]
 pub mod doubles;
 pub mod fence;
 pub mod flows;
@@ -37,13 +38,15 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_identity::{PeerIdentity, TlsContext, TlsFlags};
+use bigfleet_mesh::GrpcMetrics;
 use bigfleet_shardlease::{EtcdConfig, EtcdShards, EtcdTls, WorkEndpointWatcher};
 use bigfleet_telemetry::{LogArgs, MetricsRegistry, Readiness};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+pub use bigfleet_mesh::RetryPolicy;
 pub use connect::ConnectError;
-pub use flows::{ExecConfig, Executor, Report, RetryPolicy};
+pub use flows::{ExecConfig, Executor, Report};
 pub use links::{DecideLink, GatewayLink, GrpcDecide, GrpcGateway, GrpcProvider, ProviderLink};
 pub use metrics::ExecuteMetrics;
 pub use outcome::Outcome;
@@ -343,10 +346,13 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         }
     }
     let tls = cfg.tls.as_ref();
+    let registry = MetricsRegistry::new();
+    let metrics = ExecuteMetrics::register(&registry)?;
+    let client_metrics = GrpcMetrics::client(&registry)?;
     // Everything that can fail on bad configuration happens before anything is spawned.
     let source = match &cfg.etcd {
         None => {
-            let channel = connect::channel(&cfg.decide_addr, tls)?;
+            let channel = connect::channel(&cfg.decide_addr, tls, Some(&client_metrics))?;
             DecideSource::Static(GrpcDecide::new(channel, TRANSITION_TIMEOUT))
         }
         Some(etcd) => {
@@ -354,11 +360,17 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
             DecideSource::Discovered(shards.watch_work_endpoint(&cfg.shard_id))
         }
     };
-    let gateway = GrpcGateway::new(connect::channel(&cfg.gateway_addr, tls)?);
-    let provider = GrpcProvider::new(connect::channel(&cfg.provider_addr, tls)?);
+    let gateway = GrpcGateway::new(connect::channel(
+        &cfg.gateway_addr,
+        tls,
+        Some(&client_metrics),
+    )?);
+    let provider = GrpcProvider::new(connect::channel(
+        &cfg.provider_addr,
+        tls,
+        Some(&client_metrics),
+    )?);
 
-    let registry = MetricsRegistry::new();
-    let metrics = ExecuteMetrics::register(&registry)?;
     let readiness = Readiness::not_ready("no work stream to decide yet");
     let ops_stop = CancellationToken::new();
     let (metrics_addr, ops) = bigfleet_telemetry::spawn_ops_server_if(
@@ -407,6 +419,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
             let pool = tokio::spawn(follow::follow_decide(
                 watcher.subscribe(),
                 cfg.tls.clone(),
+                client_metrics,
                 make,
                 pool_cfg,
                 shutdown.clone(),

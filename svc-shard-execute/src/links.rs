@@ -10,19 +10,15 @@ use std::future::Future;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bigfleet_mesh::MeshChannel;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::relay_client::RelayClient;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_telemetry::propagation::inject_current_span_into_metadata;
-use tonic::transport::Channel;
 use tonic::{Request, Status};
 use tracing::Instrument;
-
-/// Every message limit in the mesh (ref wire-and-ops §0): full-replacement
-/// payloads outgrew gRPC's 4 MiB default once.
-pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
 
 /// Decide's transition authority.
 pub trait DecideLink: Send + Sync + 'static {
@@ -151,23 +147,21 @@ fn traced<T>(msg: T, timeout: Option<Duration>) -> Request<T> {
 /// Decide over gRPC.
 #[derive(Clone, Debug)]
 pub struct GrpcDecide {
-    client: WorkClient<Channel>,
+    client: WorkClient<MeshChannel>,
     timeout: Duration,
 }
 
 impl GrpcDecide {
     /// `timeout` bounds each Transition call.
-    pub fn new(channel: Channel, timeout: Duration) -> Self {
+    pub fn new(channel: MeshChannel, timeout: Duration) -> Self {
         Self {
-            client: WorkClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            client: bigfleet_mesh::with_message_limits!(WorkClient::new(channel)),
             timeout,
         }
     }
 
     /// The client, for the Work stream.
-    pub fn client(&self) -> WorkClient<Channel> {
+    pub fn client(&self) -> WorkClient<MeshChannel> {
         self.client.clone()
     }
 }
@@ -188,15 +182,13 @@ impl DecideLink for GrpcDecide {
 /// The gateway over gRPC.
 #[derive(Clone, Debug)]
 pub struct GrpcGateway {
-    client: RelayClient<Channel>,
+    client: RelayClient<MeshChannel>,
 }
 
 impl GrpcGateway {
-    pub fn new(channel: Channel) -> Self {
+    pub fn new(channel: MeshChannel) -> Self {
         Self {
-            client: RelayClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            client: bigfleet_mesh::with_message_limits!(RelayClient::new(channel)),
         }
     }
 }
@@ -230,15 +222,13 @@ impl GatewayLink for GrpcGateway {
 /// A capacity provider over gRPC.
 #[derive(Clone, Debug)]
 pub struct GrpcProvider {
-    client: CapacityProviderClient<Channel>,
+    client: CapacityProviderClient<MeshChannel>,
 }
 
 impl GrpcProvider {
-    pub fn new(channel: Channel) -> Self {
+    pub fn new(channel: MeshChannel) -> Self {
         Self {
-            client: CapacityProviderClient::new(channel)
-                .max_decoding_message_size(MAX_MESSAGE_BYTES)
-                .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            client: bigfleet_mesh::with_message_limits!(CapacityProviderClient::new(channel)),
         }
     }
 }

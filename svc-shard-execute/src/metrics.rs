@@ -1,4 +1,7 @@
-//! The worker's Prometheus metrics (names per ref wire-and-ops §9.2).
+//! The worker's Prometheus metrics (names per ref wire-and-ops §9.2). A name is exported by
+//! one container of the shard pod only (docs/metrics.md): where decide keeps the catalog name
+//! (in-flight ledger, phase histograms over every machine), the worker's own measurement is
+//! `bigfleet_shard_execute_*`.
 
 use bigfleet_model::ActionKind;
 use bigfleet_telemetry::{MetricsRegistry, TelemetryError};
@@ -28,15 +31,15 @@ pub fn kind_label(kind: Option<ActionKind>) -> &'static str {
 /// Handles to every metric of one worker pool.
 #[derive(Clone, Debug)]
 pub struct ExecuteMetrics {
-    /// `bigfleet_shard_execute_inflight`.
+    /// `bigfleet_shard_execute_pool_inflight` (decide's ledger is `bigfleet_shard_execute_inflight`).
     pub inflight: IntGauge,
     /// `bigfleet_shard_action_execute_outcomes_total{kind,outcome}`.
     pub outcomes: IntCounterVec,
-    /// `bigfleet_shard_configure_phase_seconds`: Idle→Configuring to Configured.
+    /// `bigfleet_shard_execute_configure_phase_seconds`: Idle→Configuring to Configured.
     pub configure_phase: Histogram,
     /// `bigfleet_shard_request_bootstrap_seconds`: the blob round trip.
     pub request_bootstrap: Histogram,
-    /// `bigfleet_shard_drain_phase_seconds`: Configured→Draining to Idle.
+    /// `bigfleet_shard_execute_drain_phase_seconds`: Configured→Draining to Idle.
     pub drain_phase: Histogram,
     /// `bigfleet_shard_execute_provider_retries_total{rpc}`: re-stamped retries.
     pub provider_retries: IntCounterVec,
@@ -48,8 +51,8 @@ impl ExecuteMetrics {
     pub fn register(registry: &MetricsRegistry) -> Result<Self, TelemetryError> {
         Ok(Self {
             inflight: registry.int_gauge(
-                "bigfleet_shard_execute_inflight",
-                "Actions this worker pool is running.",
+                "bigfleet_shard_execute_pool_inflight",
+                "Actions this worker pool is running (decide's bigfleet_shard_execute_inflight counts every pool's).",
             )?,
             outcomes: registry.int_counter_vec(
                 "bigfleet_shard_action_execute_outcomes_total",
@@ -57,8 +60,8 @@ impl ExecuteMetrics {
                 &["kind", "outcome"],
             )?,
             configure_phase: registry.histogram(
-                "bigfleet_shard_configure_phase_seconds",
-                "Idle→Configuring to Configured inside a bootstrap.",
+                "bigfleet_shard_execute_configure_phase_seconds",
+                "Idle→Configuring to Configured inside a bootstrap this worker ran, when the provider configures synchronously (decide's bigfleet_shard_configure_phase_seconds sees every machine).",
                 PHASE_BUCKETS,
             )?,
             request_bootstrap: registry.histogram(
@@ -67,8 +70,8 @@ impl ExecuteMetrics {
                 PHASE_BUCKETS,
             )?,
             drain_phase: registry.histogram(
-                "bigfleet_shard_drain_phase_seconds",
-                "Configured→Draining to Idle when the provider drains synchronously.",
+                "bigfleet_shard_execute_drain_phase_seconds",
+                "Configured→Draining to Idle inside a drain this worker ran, when the provider drains synchronously (decide's bigfleet_shard_drain_phase_seconds sees every machine).",
                 PHASE_BUCKETS,
             )?,
             provider_retries: registry.int_counter_vec(
@@ -114,9 +117,9 @@ mod tests {
         m.drain_phase.observe(0.2);
         let text = registry.encode_text().unwrap();
         for needle in [
-            "bigfleet_shard_execute_inflight 3",
+            "bigfleet_shard_execute_pool_inflight 3",
             "bigfleet_shard_action_execute_outcomes_total{kind=\"Delete\",outcome=\"fenced\"} 1",
-            "bigfleet_shard_drain_phase_seconds_count 1",
+            "bigfleet_shard_execute_drain_phase_seconds_count 1",
         ] {
             assert!(text.contains(needle), "{needle} missing from\n{text}");
         }

@@ -5,6 +5,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use bigfleet_mesh::MeshChannel;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::mesh::v1::worker_message::{Credit, Hello, Msg};
@@ -14,7 +15,6 @@ use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
-use tonic::transport::Channel;
 
 use crate::flows::Executor;
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
@@ -62,7 +62,7 @@ enum StreamEnd {
 /// Runs the pool until `shutdown` fires, then drains (see
 /// [`PoolConfig::drain_timeout`]) and returns.
 pub async fn run_pool<D, G, P>(
-    client: WorkClient<Channel>,
+    client: WorkClient<MeshChannel>,
     executor: Arc<Executor<D, G, P>>,
     cfg: PoolConfig,
     shutdown: CancellationToken,
@@ -111,7 +111,7 @@ async fn drain_tasks(tasks: &mut JoinSet<()>) {
 }
 
 async fn run_stream<D, G, P>(
-    mut client: WorkClient<Channel>,
+    mut client: WorkClient<MeshChannel>,
     executor: &Arc<Executor<D, G, P>>,
     cfg: &PoolConfig,
     shutdown: &CancellationToken,

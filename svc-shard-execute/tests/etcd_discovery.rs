@@ -68,12 +68,18 @@ async fn workers_follow_the_shard_leader_through_etcd() {
     let lost = Instant::now();
     drop(gate_a);
     b.enqueue(bootstrap("idle-2", "c1"));
-    assert!(
-        b.wait_until(Duration::from_secs(ttl + 3), |d| d.done_count() >= 1)
-            .await,
-        "the worker never served decide B; streams at B: {:?}",
-        b.streams()
-    );
+    bigfleet_testkit::wait_until(
+        Duration::from_secs(ttl + 3),
+        "the worker to serve decide B",
+        async || {
+            if b.done_count() >= 1 {
+                Ok(())
+            } else {
+                Err(format!("streams at B: {:?}", b.streams()))
+            }
+        },
+    )
+    .await;
     eprintln!(
         "worker served the new leader {:?} after the old one lost its lease",
         lost.elapsed()

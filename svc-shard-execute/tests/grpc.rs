@@ -10,6 +10,7 @@ use bigfleet_fake_provider::{Completion, Injection, Mark, OpKind, ProviderConfig
 use bigfleet_model::MachineState::*;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_testkit::wait_until;
 use common::*;
 use svc_shard_execute::doubles::BlobScript;
 use svc_shard_execute::{StartError, start};
@@ -300,18 +301,16 @@ async fn a_restarted_worker_picks_up_abandoned_work() {
     );
     m.decide.enqueue(bootstrap("idle-1", "c1"));
     let first = start(m.config("w-old", 4)).await.unwrap();
-    assert!(
-        m.decide
-            .wait_until(WAIT, |_| m.gateway.bootstraps().len() == 1)
-            .await
-    );
+    wait_until(WAIT, "the bootstrap call", async || {
+        m.gateway.bootstraps().len() == 1
+    })
+    .await;
     first.abort().await;
     // Decide sees the stream end and abandons the action.
-    assert!(
-        m.decide
-            .wait_until(WAIT, |d| d.streams().first().is_some_and(|s| !s.open))
-            .await
-    );
+    wait_until(WAIT, "the stream to end", async || {
+        m.decide.streams().first().is_some_and(|s| !s.open)
+    })
+    .await;
     let old = &m.decide.streams()[0];
     assert_eq!(old.abandoned, ["act-1"]);
     assert!(
@@ -353,13 +352,15 @@ async fn the_worker_reconnects_when_decide_goes_away_and_comes_back() {
 
     // Decide ends the stream (e.g. restarting): the worker re-opens it.
     m.decide.end_streams();
-    assert!(
-        m.decide
-            .wait_until(WAIT, |d| d.streams().len() == 2 && d.streams()[1].open)
-            .await,
-        "{:?}",
-        m.decide.streams()
-    );
+    wait_until(WAIT, "a second open stream", async || {
+        let streams = m.decide.streams();
+        if streams.len() == 2 && streams[1].open {
+            Ok(())
+        } else {
+            Err(format!("{streams:?}"))
+        }
+    })
+    .await;
     m.seed(machine("idle-2", Idle, ""));
     m.decide.enqueue(bootstrap("idle-2", "c1"));
     m.wait_dones(2).await;
@@ -384,21 +385,19 @@ async fn graceful_shutdown_finishes_and_reports_running_actions() {
     );
     m.decide.enqueue(bootstrap("idle-1", "c1"));
     let running = start(m.config("w1", 4)).await.unwrap();
-    assert!(
-        m.decide
-            .wait_until(WAIT, |_| m.gateway.bootstraps().len() == 1)
-            .await
-    );
+    wait_until(WAIT, "the bootstrap call", async || {
+        m.gateway.bootstraps().len() == 1
+    })
+    .await;
     running.shutdown().await;
     let dones = m.decide.dones();
     assert_eq!(dones.len(), 1);
     assert_eq!(dones[0].outcome, "success");
     assert!(!dones[0].late);
-    assert!(
-        m.decide
-            .wait_until(WAIT, |d| d.streams().iter().all(|s| !s.open))
-            .await
-    );
+    wait_until(WAIT, "every stream to close", async || {
+        m.decide.streams().iter().all(|s| !s.open)
+    })
+    .await;
     assert!(m.decide.streams()[0].abandoned.is_empty());
     assert_eq!(m.decide_state("idle-1"), Configured);
 }
@@ -420,9 +419,22 @@ async fn metrics_endpoint_reports_outcomes_and_readiness() {
         ),
         "{text}"
     );
-    assert!(text.contains("bigfleet_shard_configure_phase_seconds_count 1"));
+    assert!(text.contains("bigfleet_shard_execute_configure_phase_seconds_count 1"));
     assert!(text.contains("bigfleet_shard_request_bootstrap_seconds_count 1"));
-    assert!(text.contains("bigfleet_shard_execute_inflight 0"));
+    assert!(text.contains("bigfleet_shard_execute_pool_inflight 0"));
+    // All three connections go through the mesh client stack: decide's Work stream (Pull) and
+    // Transition, the gateway's RequestBootstrap and the provider's Configure.
+    let client_calls: Vec<&str> = text
+        .lines()
+        .filter(|l| l.starts_with("grpc_client_started_total{"))
+        .collect();
+    for method in ["Pull", "Transition", "RequestBootstrap", "Configure"] {
+        let label = format!("grpc_method=\"{method}\"");
+        assert!(
+            client_calls.iter().any(|l| l.contains(&label)),
+            "{method}: {client_calls:#?}"
+        );
+    }
     assert!(http_get(addr, "/readyz").await.contains("200 OK"));
     running.shutdown().await;
 }

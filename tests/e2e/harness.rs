@@ -3,9 +3,8 @@
 //! and the children's logs printed when a test fails.
 
 use std::collections::BTreeMap;
-use std::future::Future;
 use std::path::PathBuf;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bigfleet::up::mesh::{FakeSeed, Mesh, MeshSpec, ProviderSpec, state_name};
 use bigfleet_loadtest::{Demand, NeedSpec, Operator, OperatorConfig, OperatorHandle};
@@ -148,29 +147,7 @@ impl Drop for Scenario {
     }
 }
 
-/// Polls `check` every 100 ms until it returns `Some`, or panics after `timeout` with
-/// `what` and the last value `describe` produced.
-pub async fn eventually<T, F, Fut>(timeout: Duration, what: &str, mut check: F) -> T
-where
-    F: FnMut() -> Fut,
-    Fut: Future<Output = Result<T, String>>,
-{
-    let deadline = Instant::now() + timeout;
-    let mut last;
-    loop {
-        match check().await {
-            Ok(v) => return v,
-            Err(e) => last = e,
-        }
-        if Instant::now() >= deadline {
-            panic!(
-                "timed out after {}s waiting for {what}; last: {last}",
-                timeout.as_secs()
-            );
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
+pub use bigfleet_testkit::wait_until;
 
 /// `id → (STATE, cluster)` of a machine list.
 pub fn states(machines: &[pb::Machine]) -> BTreeMap<String, (String, String)> {

@@ -20,7 +20,7 @@ async fn capacity_stockout_configures_what_exists_and_reports_one_shortfall() {
     let mut sc = Scenario::start("stockout.json", |_| {}).await;
     sc.operator("cluster-a", gpu_units(64, 1000));
 
-    eventually(
+    wait_until(
         Duration::from_secs(30),
         "32 machines configured",
         || async {
@@ -33,7 +33,7 @@ async fn capacity_stockout_configures_what_exists_and_reports_one_shortfall() {
         },
     )
     .await;
-    let need = eventually(
+    let need = wait_until(
         Duration::from_secs(15),
         "one unmet need of 256 GPU",
         || async {
@@ -53,7 +53,7 @@ async fn capacity_stockout_configures_what_exists_and_reports_one_shortfall() {
     );
 
     // Fleet-wide through svc-inspect (coordinator reports + fan-out): exactly one shortfall.
-    let summary = eventually(Duration::from_secs(20), "the fleet shortfall", || async {
+    let summary = wait_until(Duration::from_secs(20), "the fleet shortfall", || async {
         let s = sc.mesh().fleet_summary().await.map_err(|e| e.to_string())?;
         if s.shortfalls.len() == 1 {
             Ok(s)
@@ -83,14 +83,14 @@ async fn capacity_stockout_configures_what_exists_and_reports_one_shortfall() {
 async fn priority_inversion_hands_the_machines_to_the_higher_priority_cluster() {
     let mut sc = Scenario::start("priority.json", |_| {}).await;
     sc.operator("batch", gpu_units(4, 100_000));
-    eventually(Duration::from_secs(30), "batch holds 4", || async {
+    wait_until(Duration::from_secs(30), "batch holds 4", || async {
         let n = sc.count(S::Configured, "batch").await;
         if n == 4 { Ok(()) } else { Err(format!("{n}")) }
     })
     .await;
 
     sc.operator("train", gpu_units(4, 1_000_000));
-    eventually(
+    wait_until(
         Duration::from_secs(45),
         "train holds all 4, batch none",
         || async {
@@ -122,7 +122,7 @@ async fn training_job_gang_lands_in_one_rack() {
         "train",
         Demand::new(vec![NeedSpec::rack_gang("gang-1", 64, 8, 5000)]),
     );
-    let racks = eventually(Duration::from_secs(40), "64 configured", || async {
+    let racks = wait_until(Duration::from_secs(40), "64 configured", || async {
         let m = sc.machines().await;
         let mine: Vec<_> = m
             .iter()
@@ -172,7 +172,7 @@ async fn withdrawal_drains_back_to_idle_within_the_reclaim_cap() {
     })
     .await;
     let op = sc.operator("cluster-w", gpu_units(32, 1000));
-    eventually(Duration::from_secs(30), "32 configured", || async {
+    wait_until(Duration::from_secs(30), "32 configured", || async {
         let n = sc.count(S::Configured, "cluster-w").await;
         if n == 32 { Ok(()) } else { Err(format!("{n}")) }
     })
@@ -200,7 +200,7 @@ async fn withdrawal_drains_back_to_idle_within_the_reclaim_cap() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(seen.len() >= 4, "reclaim was gradual, saw {seen:?}");
-    eventually(Duration::from_secs(10), "all 32 idle", || async {
+    wait_until(Duration::from_secs(10), "all 32 idle", || async {
         let by = bigfleet::up::mesh::count_by_state(&sc.machines().await);
         if by["IDLE"] == 32 {
             Ok(())
@@ -264,7 +264,7 @@ async fn provider_failures_fail_only_the_machines_they_hit() {
     ]
     .into_iter()
     .collect();
-    let machines = eventually(Duration::from_secs(45), "failures confined", || async {
+    let machines = wait_until(Duration::from_secs(45), "failures confined", || async {
         let m = sc.machines().await;
         let st = states(&m);
         let ok = expected.iter().all(|(id, (state, cluster))| {
@@ -297,7 +297,7 @@ async fn provider_failures_fail_only_the_machines_they_hit() {
 async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_first_rollup() {
     let mut sc = Scenario::start("small-gpu.json", |_| {}).await;
     let op = sc.operator("cluster-a", gpu_units(4, 1000));
-    let before = eventually(Duration::from_secs(30), "4 configured", || async {
+    let before = wait_until(Duration::from_secs(30), "4 configured", || async {
         let m = sc.machines().await;
         let ids: BTreeSet<String> = m
             .iter()
@@ -325,7 +325,7 @@ async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_firs
     let c0 = sc
         .metric("shard-0-decide", "bigfleet_shard_cycles_total", &[])
         .await;
-    eventually(
+    wait_until(
         Duration::from_secs(20),
         "10 cycles without a roll-up",
         || async {
@@ -356,7 +356,7 @@ async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_firs
 
     // The operator returns: the same machines are credited, nothing new is bootstrapped.
     sc.operator("cluster-a", gpu_units(4, 1000));
-    let need = eventually(
+    let need = wait_until(
         Duration::from_secs(20),
         "the need satisfied again",
         || async {
@@ -388,14 +388,14 @@ async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_firs
 async fn provisioning_continues_while_the_coordinator_is_down() {
     let mut sc = Scenario::start("small-gpu.json", |_| {}).await;
     let op = sc.operator("cluster-a", gpu_units(2, 1000));
-    eventually(Duration::from_secs(30), "2 configured", || async {
+    wait_until(Duration::from_secs(30), "2 configured", || async {
         let n = sc.count(S::Configured, "cluster-a").await;
         if n == 2 { Ok(()) } else { Err(format!("{n}")) }
     })
     .await;
     sc.mesh_mut().kill("coordinator").await.unwrap();
     sc.operators[op].set_demand(gpu_units(6, 1000));
-    eventually(
+    wait_until(
         Duration::from_secs(30),
         "6 configured without a coordinator",
         || async {
@@ -428,7 +428,7 @@ async fn a_zombie_shards_old_epoch_execute_is_fenced() {
     })
     .await;
     sc.operator("cluster-a", gpu_units(4, 1000));
-    let ids = eventually(
+    let ids = wait_until(
         Duration::from_secs(30),
         "4 configured by the first incarnation",
         || async {
@@ -456,7 +456,7 @@ async fn a_zombie_shards_old_epoch_execute_is_fenced() {
         &second.gateway_grpc,
     );
     sc.operator_at("cluster-a", &target, Demand::empty());
-    eventually(
+    wait_until(
         Duration::from_secs(30),
         "the new incarnation drained all 4",
         || async {
@@ -472,7 +472,7 @@ async fn a_zombie_shards_old_epoch_execute_is_fenced() {
     .await;
 
     // The zombie still wants 4 machines and keeps trying: every attempt is fenced.
-    eventually(
+    wait_until(
         Duration::from_secs(30),
         "the zombie's execute fenced",
         || async {
@@ -508,7 +508,7 @@ async fn a_zombie_shards_old_epoch_execute_is_fenced() {
     // right after a fenced attempt the zombie's own inventory may still show the machine in
     // the transition it started (a local change newer than its last List), so a single read
     // can catch the need momentarily counted as claimed.
-    eventually(
+    wait_until(
         Duration::from_secs(20),
         "the zombie plans bootstraps",
         || async {

@@ -90,7 +90,7 @@ async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_pr
     })
     .await;
     sc.operator("traced", gpu_units(1, 1000));
-    eventually(Duration::from_secs(30), "the bootstrap", || async {
+    wait_until(Duration::from_secs(30), "the bootstrap", || async {
         let n = sc.count(S::Configured, "traced").await;
         if n == 1 { Ok(()) } else { Err(format!("{n}")) }
     })
@@ -103,7 +103,7 @@ async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_pr
         // The provider's own server span, not only execute's client span.
         "bigfleet-fake-provider",
     ];
-    let result = eventually(Duration::from_secs(30), "one trace across the mesh", || async {
+    let result = wait_until(Duration::from_secs(30), "one trace across the mesh", || async {
         let spans = seen.lock().clone();
         // trace → (services, has the provider call, has the roll-up hop)
         let mut by_trace: BTreeMap<String, (BTreeSet<String>, bool)> = BTreeMap::new();

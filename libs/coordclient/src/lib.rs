@@ -137,9 +137,7 @@ impl<V: ShardView> CoordClient<V> {
         CoordClient {
             cfg,
             view,
-            client: CoordinatorClient::new(channel)
-                .max_decoding_message_size(256 * 1024 * 1024)
-                .max_encoding_message_size(256 * 1024 * 1024),
+            client: bigfleet_mesh::with_message_limits!(CoordinatorClient::new(channel)),
             state: Mutex::new(State::default()),
         }
     }

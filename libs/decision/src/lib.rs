@@ -10,10 +10,11 @@
 //! idle release), sums unresolved residuals into shortfall seeds and, on
 //! request, builds per-need verdicts (ADR-0061). No I/O, no async, no clocks
 //! (`now` is an input), and the output is identical for every thread count
-//! (ADR-0020). [`synth`] generates the benchmark fleets used by `cycle-bench`.
+//! (ADR-0020). `synth` (feature `synth`) generates the benchmark fleets used by
+//! `cycle-bench` and the scale tests.
 
-mod cycle;
 mod context;
+mod cycle;
 mod demand;
 mod fleet;
 mod intern;
@@ -26,6 +27,7 @@ mod qty;
 mod same;
 mod scoring;
 mod snapshot;
+#[cfg(feature = "synth")]
 pub mod synth;
 mod verdict;
 

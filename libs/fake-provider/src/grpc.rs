@@ -23,7 +23,7 @@ use tonic::{Request, Response, Status};
 use tracing::Instrument;
 
 use crate::metrics::ProviderMetrics;
-use crate::{FakeProvider, MAX_MESSAGE_BYTES, ProviderError};
+use crate::{FakeProvider, MAX_MESSAGE_SIZE, ProviderError};
 
 const LIST_PATH: &str = "/bigfleet.v1alpha1.CapacityProvider/List";
 
@@ -146,8 +146,8 @@ impl FakeProviderService {
         let inner = CapacityProviderServer::new(
             ProviderGrpc::new(provider.clone(), metrics.clone()).with_rpc_latency(rpc_latency),
         )
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE);
         Self {
             inner,
             list: ListHandler { provider, metrics },
@@ -176,8 +176,8 @@ impl tower::Service<http::Request<Body>> for FakeProviderService {
                 async move {
                     let mut grpc = tonic::server::Grpc::new(ListCodec)
                         .apply_max_message_size_config(
-                            Some(MAX_MESSAGE_BYTES),
-                            Some(MAX_MESSAGE_BYTES),
+                            Some(MAX_MESSAGE_SIZE),
+                            Some(MAX_MESSAGE_SIZE),
                         );
                     Ok(grpc.unary(handler, req).await)
                 }

@@ -106,6 +106,6 @@ pub use store::{
     ReserveBufMut, Stats, Token, TransitionModel,
 };
 
-/// Every provider server and client here allows messages this large (the wire contract:
-/// full Lists blew the 4 MiB gRPC default in the original).
-pub const MAX_MESSAGE_BYTES: usize = 256 << 20;
+/// Every provider server and client here allows messages this large: the mesh's one
+/// limit (full Lists blew the 4 MiB gRPC default in the original).
+pub use bigfleet_mesh::MAX_MESSAGE_SIZE;

@@ -19,7 +19,7 @@ use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
 
 use crate::metrics::ProviderMetrics;
-use crate::{FakeProvider, FakeProviderService, MAX_MESSAGE_BYTES};
+use crate::{FakeProvider, FakeProviderService, MAX_MESSAGE_SIZE};
 
 /// HTTP/2 windows big enough that a 100 MB List is not throttled by flow control.
 const STREAM_WINDOW: u32 = 16 << 20;
@@ -230,8 +230,8 @@ pub fn unix_path(target: &str) -> Option<PathBuf> {
 pub async fn connect(target: &str) -> Result<CapacityProviderClient<Channel>, ConnectError> {
     let channel = channel(target).await?;
     Ok(CapacityProviderClient::new(channel)
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES))
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE))
 }
 
 /// The raw channel behind [`connect`].

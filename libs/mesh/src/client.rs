@@ -145,27 +145,62 @@ impl RetryPolicy {
     /// attempt can differ — provider calls re-stamp their fencing token with
     /// `sequence_base + n`, which the tower layer (it only sees encoded bytes) cannot do.
     /// Use a channel without tower-level retries for such calls, or attempts multiply.
-    pub async fn run<T, F, Fut>(&self, mut attempt: F) -> Result<T, Status>
+    pub async fn run<T, F, Fut>(&self, attempt: F) -> Result<T, Status>
     where
         F: FnMut(u32) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
+    {
+        self.run_with(attempt, |s: &Status| Some(s.code()), |_, _, _| {})
+            .await
+            .map_err(|e| e.last)
+    }
+
+    /// [`run`](Self::run) for callers whose attempts can fail with more than a status:
+    /// `code` names the gRPC code of an error (`None`: never retried, e.g. a local failure
+    /// to build the request), and `on_retry(retry, &error, wait)` is told about every retry
+    /// before its backoff (metrics, logs). The error says how many attempts were made, so
+    /// a caller can tell "gave up after n" from "refused at once".
+    pub async fn run_with<T, E, F, Fut>(
+        &self,
+        mut attempt: F,
+        code: impl Fn(&E) -> Option<Code>,
+        mut on_retry: impl FnMut(u32, &E, Duration),
+    ) -> Result<T, Attempts<E>>
+    where
+        F: FnMut(u32) -> Fut,
+        Fut: Future<Output = Result<T, E>>,
     {
         let mut n = 0;
         loop {
             match attempt(n).await {
                 Ok(v) => return Ok(v),
-                Err(status)
-                    if n + 1 < self.max_attempts.max(1) && self.is_retryable(status.code()) =>
+                Err(err)
+                    if n + 1 < self.max_attempts.max(1)
+                        && code(&err).is_some_and(|c| self.is_retryable(c)) =>
                 {
                     n += 1;
                     let wait = self.backoff(n);
-                    tracing::debug!(attempt = n, code = ?status.code(), ?wait, "retrying call");
+                    tracing::debug!(attempt = n, code = ?code(&err), ?wait, "retrying call");
+                    on_retry(n, &err, wait);
                     tokio::time::sleep(wait).await;
                 }
-                Err(status) => return Err(status),
+                Err(last) => {
+                    return Err(Attempts {
+                        last,
+                        attempts: n + 1,
+                    });
+                }
             }
         }
     }
+}
+
+/// How a [`RetryPolicy::run_with`] call ended without a value: its last error and the
+/// attempts made (1 when the first error was not retryable).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Attempts<E> {
+    pub last: E,
+    pub attempts: u32,
 }
 
 /// What the client stack does around a channel.
@@ -649,6 +684,49 @@ mod tests {
             })
             .await;
         assert_eq!(r.unwrap(), 2);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn run_with_reports_retries_and_attempts_and_never_retries_uncoded_errors() {
+        let p = RetryPolicy {
+            max_attempts: 3,
+            ..RetryPolicy::default()
+        };
+        let code = |e: &Result<Status, &str>| e.as_ref().ok().map(Status::code);
+        let mut retries = Vec::new();
+        let r: Result<(), _> = p
+            .run_with(
+                |_| async { Err(Ok(Status::unavailable("down"))) },
+                code,
+                |n, _, wait| retries.push((n, wait)),
+            )
+            .await;
+        let err = r.unwrap_err();
+        assert_eq!(err.attempts, 3);
+        assert_eq!(err.last.unwrap().code(), Code::Unavailable);
+        assert_eq!(retries.iter().map(|r| r.0).collect::<Vec<_>>(), [1, 2]);
+        assert!(
+            retries
+                .iter()
+                .all(|(n, w)| *w <= p.initial_backoff * 2u32.pow(*n - 1))
+        );
+
+        // An error without a code (here: a local failure) is final on the first attempt.
+        let mut calls = 0;
+        let r: Result<(), _> = p
+            .run_with(
+                |_| {
+                    calls += 1;
+                    async { Err(Err("no token left")) }
+                },
+                code,
+                |_, _, _| panic!("not retried"),
+            )
+            .await;
+        let err = r.unwrap_err();
+        assert_eq!(err.attempts, 1);
+        assert_eq!(err.last.unwrap_err(), "no token left");
+        assert_eq!(calls, 1);
     }
 
     #[tokio::test]

@@ -38,10 +38,14 @@ pub use channel::{
     ChannelConfig, ChannelError, ClientStream, Target, TargetError, connect, connect_lazy,
 };
 pub use client::{
-    AttemptHook, ClientStackConfig, MeshChannel, RetryPolicy, client_stack, dial, dial_lazy,
+    AttemptHook, Attempts, ClientStackConfig, MeshChannel, RetryPolicy, client_stack, dial,
+    dial_lazy,
 };
 pub use conn::{ConnInfo, MeshConn, PeerCert, Transport};
-pub use error::{BoxError, ClassifyError, ErrorClass, IntoStatus, MeshError, status_from};
+pub use error::{
+    BoxError, ClassifyError, ErrorClass, HttpError, INTERNAL_MESSAGE, IntoStatus,
+    LEADER_HINT_METADATA, MeshError, http_error, internal_message, internal_status, status_from,
+};
 pub use layers::{
     AuthzCheck, CheckLayer, DeadlineLayer, ErrorMapLayer, IdentityCheck, RateLimitCheck,
     RequestCheck, TraceLayer,

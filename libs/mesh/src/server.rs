@@ -28,7 +28,9 @@ use crate::metrics::GrpcMetrics;
 use crate::stack::{MeshLayer, ServerStackConfig};
 
 /// Message size limit for every server and client, both directions (256 MiB): full
-/// inventories and roll-ups of the largest fleets fit in one message.
+/// inventories and roll-ups of the largest fleets fit in one message. The one definition in
+/// the repository: decide core and the fake provider re-export it, every generated client
+/// and server takes it through [`with_message_limits!`](crate::with_message_limits).
 pub const MAX_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
 
 /// How long a shutdown waits for in-flight calls and streams before closing connections.

@@ -7,19 +7,23 @@
 //!   mesh's trace layer and clients use it so one trace spans every hop.
 //! * [`MetricsRegistry`] wraps a Prometheus registry with typed registration helpers.
 //! * [`ops_router`] / [`serve_ops`] serve `/metrics`, `/healthz` and `/readyz` (driven by a
-//!   [`Readiness`] handle) on a plain HTTP port.
+//!   [`Readiness`] handle) on a plain HTTP port; the router adds the `process_*` family and
+//!   `bigfleet_build_info{version, git_sha, service}` ([`MetricsRegistry::register_process_metrics`])
+//!   to the registry it serves, so every service exports them.
 
 mod logging;
 mod metrics;
 mod ops;
+mod process;
 pub mod propagation;
 
 pub use logging::{
     LogArgs, LogFormat, MAX_ECHOED_CHARS, OTEL_ENDPOINT_ENV, OTEL_FILTER_ENV, TelemetryConfig,
     TelemetryGuard, clip, init,
 };
-pub use metrics::{LATENCY_BUCKETS, MetricsRegistry, id_label};
+pub use metrics::{LATENCY_BUCKETS, MetricDescription, MetricsRegistry, id_label};
 pub use ops::{Readiness, ops_router, serve_ops, spawn_ops_server, spawn_ops_server_if};
+pub use process::{BUILD_INFO, GIT_SHA, VERSION, service_name, set_service_name};
 
 /// Errors setting up telemetry or registering metrics.
 #[derive(Debug, thiserror::Error)]

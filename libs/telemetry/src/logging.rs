@@ -145,6 +145,8 @@ pub fn use_colour(stderr_is_terminal: bool, no_color_set: bool) -> bool {
 /// Call once, early in `main`, inside the tokio runtime (the OTLP exporter's channel is
 /// created on it).
 pub fn init(cfg: &TelemetryConfig) -> Result<TelemetryGuard, TelemetryError> {
+    // The `service` label of `bigfleet_build_info` on this process's /metrics.
+    crate::set_service_name(&cfg.service_name);
     // Always installed, so libraries using the global propagator speak the same W3C
     // `traceparent` as our own helpers even when export is off.
     opentelemetry::global::set_text_map_propagator(TraceContextPropagator::new());

@@ -1,6 +1,10 @@
 //! A Prometheus registry with typed registration helpers.
 
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
 use prometheus::core::Collector;
+use prometheus::proto::MetricType;
 use prometheus::{
     Encoder, Gauge, GaugeVec, Histogram, HistogramOpts, HistogramVec, IntCounter, IntCounterVec,
     IntGauge, IntGaugeVec, Opts, Registry, TextEncoder,
@@ -20,6 +24,29 @@ pub const LATENCY_BUCKETS: &[f64] = &[
 #[derive(Clone, Default)]
 pub struct MetricsRegistry {
     registry: Registry,
+    /// What was registered, vectors without children included (a gather leaves those out).
+    described: Arc<Mutex<Vec<MetricDescription>>>,
+}
+
+/// One registered metric family as `docs/metrics.md` lists it.
+#[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]
+pub struct MetricDescription {
+    pub name: String,
+    /// `counter`, `gauge`, `histogram`, `summary` or `untyped`.
+    pub kind: &'static str,
+    /// Variable and constant label names, in declaration order.
+    pub labels: Vec<String>,
+    pub help: String,
+}
+
+fn kind_name(t: MetricType) -> &'static str {
+    match t {
+        MetricType::COUNTER => "counter",
+        MetricType::GAUGE => "gauge",
+        MetricType::HISTOGRAM => "histogram",
+        MetricType::SUMMARY => "summary",
+        MetricType::UNTYPED => "untyped",
+    }
 }
 
 impl std::fmt::Debug for MetricsRegistry {
@@ -40,8 +67,58 @@ impl MetricsRegistry {
 
     /// Registers any collector and hands it back.
     pub fn register<C: Collector + Clone + 'static>(&self, c: C) -> Result<C, TelemetryError> {
-        self.registry.register(Box::new(c.clone()))?;
+        self.register_boxed(Box::new(c.clone()))?;
         Ok(c)
+    }
+
+    /// Registers a collector that cannot be cloned (it is owned by the registry).
+    pub fn register_boxed(&self, c: Box<dyn Collector>) -> Result<(), TelemetryError> {
+        let kinds: HashMap<String, MetricType> = c
+            .collect()
+            .iter()
+            .map(|f| (f.name().to_owned(), f.get_field_type()))
+            .collect();
+        let described: Vec<MetricDescription> = c
+            .desc()
+            .into_iter()
+            .map(|d| MetricDescription {
+                name: d.fq_name.clone(),
+                kind: kinds.get(&d.fq_name).copied().map_or("untyped", kind_name),
+                labels: d
+                    .const_label_pairs
+                    .iter()
+                    .map(|p| p.name().to_owned())
+                    .chain(d.variable_labels.iter().cloned())
+                    .collect(),
+                help: d.help.clone(),
+            })
+            .collect();
+        self.registry.register(c)?;
+        self.described
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .extend(described);
+        Ok(())
+    }
+
+    /// Every metric family registered so far, sorted by name.
+    pub fn described(&self) -> Vec<MetricDescription> {
+        let mut v = self
+            .described
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .clone();
+        v.sort();
+        v
+    }
+
+    /// Whether a family of that name is registered.
+    pub fn has(&self, name: &str) -> bool {
+        self.described
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .iter()
+            .any(|d| d.name == name)
     }
 
     pub fn int_counter(&self, name: &str, help: &str) -> Result<IntCounter, TelemetryError> {
@@ -162,6 +239,31 @@ mod tests {
             Err(TelemetryError::Metrics(_))
         ));
         assert!(reg.int_counter("bad name", "x").is_err());
+    }
+
+    #[test]
+    fn registrations_are_described_children_or_not() {
+        let reg = MetricsRegistry::new();
+        reg.int_counter_vec("b_total", "b things", &["kind", "outcome"])
+            .unwrap();
+        reg.histogram("a_seconds", "a time", LATENCY_BUCKETS)
+            .unwrap();
+        reg.gauge("c", "c level").unwrap();
+        assert!(reg.int_counter("b_total", "again").is_err());
+        let d = reg.described();
+        let rows: Vec<_> = d
+            .iter()
+            .map(|d| (d.name.as_str(), d.kind, d.labels.join(","), d.help.as_str()))
+            .collect();
+        assert_eq!(
+            rows,
+            [
+                ("a_seconds", "histogram", String::new(), "a time"),
+                ("b_total", "counter", "kind,outcome".to_owned(), "b things"),
+                ("c", "gauge", String::new(), "c level"),
+            ]
+        );
+        assert!(reg.has("c") && !reg.has("d"));
     }
 
     #[test]

@@ -71,7 +71,13 @@ struct OpsState {
 /// `/metrics` (Prometheus text), `/healthz` (200 while the process serves HTTP at all) and
 /// `/readyz` (200 when `readiness` says so, else 503 with the reason). Merge more routes into
 /// the returned router if a service needs them.
+///
+/// Adds the `process_*` family and `bigfleet_build_info` (service: [`crate::service_name`])
+/// to `registry` unless it has them already.
 pub fn ops_router(registry: MetricsRegistry, readiness: Readiness) -> Router {
+    if let Err(e) = registry.register_process_metrics(crate::service_name()) {
+        tracing::warn!(error = %e, "process and build-info metrics not registered");
+    }
     Router::new()
         .route("/metrics", get(metrics))
         .route("/healthz", get(healthz))
@@ -209,6 +215,12 @@ mod tests {
         assert_eq!(ct.as_deref(), Some(PROMETHEUS_TEXT));
         assert!(body.contains("# TYPE cycles_total counter"), "{body}");
         assert!(body.contains("cycles_total 2"), "{body}");
+        assert!(body.contains("bigfleet_build_info{"), "{body}");
+        #[cfg(target_os = "linux")]
+        assert!(
+            body.contains("# TYPE process_cpu_seconds_total counter"),
+            "{body}"
+        );
         assert_eq!(get_path(&router, "/nope").await.0, StatusCode::NOT_FOUND);
     }
 }

@@ -1,17 +1,20 @@
 //! Test helpers: throwaway CAs and role certificates, process and sandbox helpers, and
 //! the external tools (headless Chromium, grpcurl) the end-to-end suites drive.
 //!
-//! A normal (non-dev) library on purpose: `bigfleet up --tls` uses [`TestCa`] to mint a
-//! throwaway CA and one certificate per role for a local mesh, exactly as the test suites do.
-//! It depends on nothing of ours, so every crate (including `bigfleet-identity`) can use it
-//! from its tests.
+//! Test code only: crates take it as a dev-dependency (or from a `testing` feature that
+//! only dev-dependencies enable), never into a production binary — `bigfleet up` has its
+//! own CA (`bigfleet-identity`) and port reservations (src/up/ports.rs). It depends on
+//! nothing of ours, so every crate (including `bigfleet-identity`) can use it from its
+//! tests. [`wait_until`] is the suites' one polling helper (docs/testing.md).
 
 mod ca;
 mod sandbox;
 pub mod tools;
+mod wait;
 
 pub use ca::{IssuedCert, LeafSpec, TestCa, TlsPaths, ca_params, role_file_stem};
 pub use sandbox::{PortReservation, free_tcp_port, reserve_tcp_port, temp_dir, unix_socket_path};
+pub use wait::{Progress, wait_until};
 
 /// Errors from certificate generation and writing bundles.
 #[derive(Debug, thiserror::Error)]

@@ -193,17 +193,8 @@ impl RawSession {
     }
 }
 
-/// Polls `f` until it holds (fails the test after 5 s).
-pub async fn eventually(what: &str, mut f: impl FnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while !f() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
+/// How long a test waits for the gateway to catch up.
+pub const WAIT: Duration = Duration::from_secs(5);
 
 /// The gateway's `Outbox` (decide's contract) and `Relay` (execute workers') over one
 /// Unix-socket channel, so a test can play both same-pod callers.

@@ -57,4 +57,4 @@ pub use shard::{
 
 /// gRPC message limit on every client and server (full-replacement roll-ups
 /// and 500K-machine Lists blow the 4 MiB default).
-pub const MAX_MESSAGE_SIZE: usize = 256 * 1024 * 1024;
+pub use bigfleet_mesh::MAX_MESSAGE_SIZE;

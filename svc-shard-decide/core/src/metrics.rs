@@ -108,8 +108,8 @@ impl ShardMetrics {
                 &["kind"],
             )?,
             action_execute_outcomes: r.int_counter_vec(
-                "bigfleet_shard_action_execute_outcomes_total",
-                "Executed actions by outcome.",
+                "bigfleet_shard_decide_action_outcomes_total",
+                "Actions decide saw finish, by kind and the outcome the worker reported (abandoned: the worker went away).",
                 &["kind", "outcome"],
             )?,
             actions_deferred: r.int_counter(
@@ -165,8 +165,8 @@ impl ShardMetrics {
                 &["reason"],
             )?,
             rollups_rejected: r.int_counter_vec(
-                "bigfleet_shard_rollups_rejected_total",
-                "Roll-ups rejected at decide's ingest, by cluster and fixed reason (a ConvError label).",
+                "bigfleet_shard_decide_rollups_rejected_total",
+                "Roll-ups rejected at decide's ingest, by cluster and fixed reason (a ConvError label); the gateway's bigfleet_shard_rollups_rejected_total counts these too, as reason decide or the reason decide gave.",
                 &["cluster", "reason"],
             )?,
             removals_held: r.int_gauge(
@@ -192,12 +192,12 @@ impl ShardMetrics {
                 &cycle_buckets(),
             )?,
             active_sessions: r.int_gauge(
-                "bigfleet_shard_active_sessions",
-                "Operator sessions decide knows to be live.",
+                "bigfleet_shard_decide_active_sessions",
+                "Operator sessions decide knows to be live (the gateway's count is bigfleet_shard_active_sessions).",
             )?,
             session_lifecycle: r.int_counter_vec(
-                "bigfleet_shard_session_lifecycle_total",
-                "Session events reported by the gateway.",
+                "bigfleet_shard_decide_session_lifecycle_total",
+                "Session events decide received from the gateway (the gateway's count is bigfleet_shard_session_lifecycle_total).",
                 &["event"],
             )?,
             cycles_total: r.int_counter("bigfleet_shard_cycles_total", "Decision cycles run.")?,
@@ -241,8 +241,10 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    /// The ref catalog (wire-and-ops §9.2) minus the gateway's session
-    /// security counter and the OCC / dead metrics of the reference engine.
+    /// The ref catalog (wire-and-ops §9.2) minus the OCC / dead metrics of the
+    /// reference engine and the names another container of the shard pod exports
+    /// (one name per meaning per pod, docs/metrics.md): the gateway's session and
+    /// roll-up rejection counters, execute's outcome counter and bootstrap round trip.
     const CATALOG: &[&str] = &[
         "bigfleet_shard_cycle_duration_seconds",
         "bigfleet_shard_cycle_phase_duration_seconds",
@@ -254,7 +256,6 @@ mod tests {
         "bigfleet_shard_shortfalls",
         "bigfleet_shard_shortfalls_aged",
         "bigfleet_shard_actions_total",
-        "bigfleet_shard_action_execute_outcomes_total",
         "bigfleet_shard_actions_deferred_total",
         "bigfleet_shard_actions_dropped_total",
         "bigfleet_shard_actions_deduped_total",
@@ -267,11 +268,8 @@ mod tests {
         "bigfleet_shard_actions_dryrun_total",
         "bigfleet_shard_idle_releases_total",
         "bigfleet_shard_machines_rejected_total",
-        "bigfleet_shard_rollups_rejected_total",
         "bigfleet_shard_rollups_superseded_total",
         "bigfleet_shard_removals_held",
-        "bigfleet_shard_active_sessions",
-        "bigfleet_shard_session_lifecycle_total",
     ];
 
     #[test]

@@ -6,6 +6,7 @@
 use crate::ledgers::VerdictRow;
 use crate::shard::{Decide, DecideError};
 use bigfleet_conv::{need_to_proto, resources_message};
+use bigfleet_mesh::{ClassifyError, ErrorClass};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::ingest_server::IngestServer;
 use bigfleet_proto::mesh::v1::shard_info_server::ShardInfoServer;
@@ -19,26 +20,79 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+/// Decide's errors in `bigfleet_mesh`'s one map (codes, generic INTERNAL messages).
+impl ClassifyError for DecideError {
+    fn class(&self) -> ErrorClass {
+        match self {
+            DecideError::UnknownMachine(_) => ErrorClass::NotFound,
+            DecideError::Stale(_) => ErrorClass::Aborted,
+            DecideError::Invalid(_) | DecideError::Rollup(_) => ErrorClass::InvalidArgument,
+            DecideError::AuditLog { .. } => ErrorClass::Internal,
+            DecideError::NotReady(_) => ErrorClass::Unavailable,
+        }
+    }
+}
+
 /// The one place decide's errors become gRPC statuses.
 impl From<DecideError> for Status {
     fn from(e: DecideError) -> Self {
-        match &e {
-            DecideError::UnknownMachine(_) => Status::not_found(e.to_string()),
-            DecideError::Stale(_) => Status::aborted(e.to_string()),
-            DecideError::Invalid(_) => Status::invalid_argument(e.to_string()),
-            DecideError::Rollup(conv) => {
-                // The fixed reason travels beside the message so the gateway can count the
-                // rejection by it without parsing text (ADR-0104).
-                let mut status = Status::invalid_argument(e.to_string());
-                status.metadata_mut().insert(
-                    bigfleet_conv::REJECT_REASON_METADATA,
-                    tonic::metadata::MetadataValue::from_static(conv.reason()),
-                );
-                status
-            }
-            DecideError::AuditLog { .. } => Status::internal(e.to_string()),
-            DecideError::NotReady(_) => Status::unavailable(e.to_string()),
+        let mut status = bigfleet_mesh::status_from(&e);
+        if let DecideError::Rollup(conv) = &e {
+            // The fixed reason travels beside the message so the gateway can count the
+            // rejection by it without parsing text (ADR-0104).
+            status.metadata_mut().insert(
+                bigfleet_conv::REJECT_REASON_METADATA,
+                tonic::metadata::MetadataValue::from_static(conv.reason()),
+            );
         }
+        status
+    }
+}
+
+#[cfg(test)]
+mod error_mapping_tests {
+    use super::*;
+    use tonic::Code;
+
+    #[test]
+    fn decide_errors_keep_their_codes_and_hide_internals() {
+        let cases = [
+            (DecideError::UnknownMachine("m1".into()), Code::NotFound),
+            (DecideError::Stale("state differs".into()), Code::Aborted),
+            (DecideError::Invalid("x".into()), Code::InvalidArgument),
+            (
+                DecideError::Rollup(bigfleet_conv::ConvError::EmptyClusterId),
+                Code::InvalidArgument,
+            ),
+            (DecideError::NotReady("warming".into()), Code::Unavailable),
+        ];
+        for (err, code) in cases {
+            let msg = err.to_string();
+            let status = Status::from(err);
+            assert_eq!((status.code(), status.message()), (code, msg.as_str()));
+        }
+        let status = Status::from(DecideError::Rollup(
+            bigfleet_conv::ConvError::EmptyClusterId,
+        ));
+        assert!(
+            status
+                .metadata()
+                .get(bigfleet_conv::REJECT_REASON_METADATA)
+                .is_some()
+        );
+        let status = Status::from(DecideError::AuditLog {
+            path: "/var/lib/bigfleet/audit.log".into(),
+            source: std::io::Error::other("disk full"),
+        });
+        assert_eq!(status.code(), Code::Internal);
+        assert!(
+            status
+                .message()
+                .starts_with(bigfleet_mesh::INTERNAL_MESSAGE)
+                && !status.message().contains("audit"),
+            "{}",
+            status.message()
+        );
     }
 }
 

@@ -8,6 +8,7 @@ use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::Readiness;
+use bigfleet_testkit::wait_until;
 use common::*;
 use futures::future::BoxFuture;
 use std::sync::Arc;
@@ -137,7 +138,10 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
         .await
         .unwrap();
     w.done(&item.action_id, "success").await;
-    assert!(wait_until(LONG, || decide.action_counts() == (0, 0)).await);
+    wait_until(LONG, "no action left", async || {
+        decide.action_counts() == (0, 0)
+    })
+    .await;
 
     source.release.notify_one();
     let report = cycle.await.unwrap().unwrap();

@@ -8,6 +8,7 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
+use bigfleet_testkit::wait_until;
 use common::*;
 use std::collections::HashSet;
 use std::time::Duration;
@@ -101,10 +102,10 @@ async fn a_disconnected_worker_frees_its_machine_for_rederivation() {
         .await
         .unwrap();
     drop(a);
-    assert!(
-        wait_until(LONG, || h.decide.action_counts().1 == 0).await,
-        "abandoned when the stream ends"
-    );
+    wait_until(LONG, "abandoned when the stream ends", async || {
+        h.decide.action_counts().1 == 0
+    })
+    .await;
     assert_eq!(
         h.decide
             .metrics()
@@ -224,7 +225,10 @@ async fn reconcile_skips_in_flight_machines_configuring_to_idle_race() {
         "{states:?}"
     );
     w.done(&item.action_id, "success").await;
-    assert!(wait_until(LONG, || h.decide.action_counts().1 == 0).await);
+    wait_until(LONG, "no action in flight", async || {
+        h.decide.action_counts().1 == 0
+    })
+    .await;
 }
 
 #[tokio::test]
@@ -574,14 +578,17 @@ async fn the_run_loop_wakes_on_accepted_rollups() {
         .await;
     });
     // The first tick fires at once.
-    assert!(wait_until(LONG, || h.decide.cycle_count() == 1).await);
+    wait_until(LONG, "the first cycle", async || {
+        h.decide.cycle_count() == 1
+    })
+    .await;
     h.decide
         .apply_rollup(&rollup("c1", vec![need(4, 1)]))
         .unwrap();
-    assert!(
-        wait_until(LONG, || h.decide.cycle_count() == 2).await,
-        "roll-up woke a cycle"
-    );
+    wait_until(LONG, "roll-up woke a cycle", async || {
+        h.decide.cycle_count() == 2
+    })
+    .await;
     assert_eq!(h.decide.action_counts().0, 1);
     stop.send(()).unwrap();
     task.await.unwrap();

@@ -6,7 +6,7 @@
 //!
 //! `cargo run --release -p svc-shard-execute --features bench --bin execute-bench -- --json`
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -107,7 +107,7 @@ fn speculative(id: &str) -> pb::Machine {
         capacity_type: pb::CapacityType::OnDemand as i32,
         price_per_hour: 1.2,
         resources: Some(pb::Resources {
-            resources: HashMap::from([("cpu".to_owned(), "32".to_owned())]),
+            resources: BTreeMap::from([("cpu".to_owned(), "32".to_owned())]),
         }),
         ..pb::Machine::default()
     }
@@ -168,9 +168,13 @@ async fn run_once(args: &Args, pools: usize, latency_ms: u64) -> anyhow::Result<
     for i in 0..n {
         decide.enqueue(provision(&format!("m-{i:07}")));
     }
-    let all = decide
-        .wait_until(Duration::from_secs(600), |d| d.done_count() >= n)
-        .await;
+    let mut changes = decide.changes();
+    let all = tokio::time::timeout(
+        Duration::from_secs(600),
+        changes.wait_for(|_| decide.done_count() >= n),
+    )
+    .await
+    .is_ok_and(|r| r.is_ok());
     let seconds = started.elapsed().as_secs_f64();
     anyhow::ensure!(all, "only {} of {n} actions finished", decide.done_count());
     let dones = decide.dones();

@@ -3,7 +3,6 @@
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
-use std::time::Duration;
 
 use bigfleet_conv as conv;
 use bigfleet_model::{Host, Machine, MachineState, check_transition};
@@ -13,14 +12,14 @@ use bigfleet_proto::mesh::v1::worker_message::Msg;
 use bigfleet_proto::v1alpha1 as pb;
 use parking_lot::Mutex;
 use tokio::sync::{Notify, mpsc, watch};
-use tokio::time::Instant;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status, Streaming};
 
 use super::{Served, serve_uds};
-use crate::links::{DecideLink, MAX_MESSAGE_BYTES};
+use crate::links::DecideLink;
+use bigfleet_mesh::MAX_MESSAGE_SIZE;
 
 /// Sequence numbers reserved per hand-out (the real decide's spacing).
 pub const WINDOW: i64 = 1 << 16;
@@ -240,20 +239,10 @@ impl DecideDouble {
         self.shared.state.lock().inflight.len()
     }
 
-    /// Polls `pred` after every change until it holds or `timeout` passes;
-    /// returns its last value.
-    pub async fn wait_until(&self, timeout: Duration, mut pred: impl FnMut(&Self) -> bool) -> bool {
-        let mut rx = self.shared.version.subscribe();
-        let deadline = Instant::now() + timeout;
-        loop {
-            if pred(self) {
-                return true;
-            }
-            match tokio::time::timeout_at(deadline, rx.changed()).await {
-                Ok(Ok(())) => {}
-                _ => return pred(self),
-            }
-        }
+    /// Ticks on every change to the double's records (for waits that must wake at
+    /// once, like the bench's clock; tests poll with `bigfleet_testkit::wait_until`).
+    pub fn changes(&self) -> watch::Receiver<u64> {
+        self.shared.version.subscribe()
     }
 
     /// The compare-and-swap transition authority (in memory).
@@ -284,8 +273,8 @@ impl DecideDouble {
         WorkServer::new(DecideService {
             double: self.clone(),
         })
-        .max_decoding_message_size(MAX_MESSAGE_BYTES)
-        .max_encoding_message_size(MAX_MESSAGE_BYTES)
+        .max_decoding_message_size(MAX_MESSAGE_SIZE)
+        .max_encoding_message_size(MAX_MESSAGE_SIZE)
     }
 
     /// A tonic router serving this double as `bigfleet.mesh.v1.Work`.

@@ -13,7 +13,8 @@ use tonic::transport::Server;
 use tonic::{Code, Request, Response, Status};
 
 use super::{Served, serve_uds};
-use crate::links::{GatewayLink, MAX_MESSAGE_BYTES};
+use crate::links::GatewayLink;
+use bigfleet_mesh::MAX_MESSAGE_SIZE;
 
 /// How the double answers a RequestBootstrap.
 #[derive(Debug, Clone, PartialEq)]
@@ -203,8 +204,8 @@ impl GatewayDouble {
             RelayServer::new(GatewayService {
                 double: self.clone(),
             })
-            .max_decoding_message_size(MAX_MESSAGE_BYTES)
-            .max_encoding_message_size(MAX_MESSAGE_BYTES),
+            .max_decoding_message_size(MAX_MESSAGE_SIZE)
+            .max_encoding_message_size(MAX_MESSAGE_SIZE),
         )
     }
 

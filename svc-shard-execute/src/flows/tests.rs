@@ -324,6 +324,7 @@ fn fast_config() -> ExecConfig {
             max_attempts: 4,
             initial_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(5),
+            ..RetryPolicy::default()
         },
     }
 }
@@ -958,11 +959,27 @@ async fn an_abandoned_action_stops_without_reporting() {
 }
 
 #[test]
+fn provider_retries_keep_their_policy() {
+    // Transport codes only (FAILED_PRECONDITION is fencing and never retried), four
+    // attempts, 50 ms doubling to at most 2 s.
+    let p = ExecConfig::default().retry;
+    assert_eq!(p.max_attempts, 4);
+    assert_eq!(p.initial_backoff, Duration::from_millis(50));
+    assert_eq!(p.max_backoff, Duration::from_secs(2));
+    let retried: Vec<Code> = (0..17)
+        .map(Code::from_i32)
+        .filter(|c| p.is_retryable(*c))
+        .collect();
+    assert_eq!(retried, [Code::DeadlineExceeded, Code::Unavailable]);
+}
+
+#[test]
 fn backoff_grows_caps_and_jitters() {
     let p = RetryPolicy {
         max_attempts: 5,
         initial_backoff: Duration::from_millis(100),
         max_backoff: Duration::from_millis(300),
+        ..RetryPolicy::default()
     };
     for _ in 0..50 {
         let b1 = p.backoff(1);

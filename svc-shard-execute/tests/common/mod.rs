@@ -11,6 +11,7 @@ use bigfleet_fake_provider::{FakeProvider, ProviderConfig, ServerHandle, spawn_u
 use bigfleet_model::{Machine as ModelMachine, MachineState};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_testkit::wait_until;
 use svc_shard_execute::doubles::{DecideDouble, GatewayDouble, Served};
 use svc_shard_execute::{Config, ExecConfig, RetryPolicy};
 use tempfile::TempDir;
@@ -65,6 +66,7 @@ pub fn fast_exec() -> ExecConfig {
             max_attempts: 4,
             initial_backoff: Duration::from_millis(1),
             max_backoff: Duration::from_millis(10),
+            ..RetryPolicy::default()
         },
     }
 }
@@ -104,11 +106,15 @@ impl Mesh {
     }
 
     pub async fn wait_dones(&self, n: usize) {
-        assert!(
-            self.decide.wait_until(WAIT, |d| d.done_count() >= n).await,
-            "waited for {n} dones, have {:?}",
-            self.decide.dones()
-        );
+        wait_until(WAIT, "dones", async || {
+            let have = self.decide.done_count();
+            if have >= n {
+                Ok(())
+            } else {
+                Err(format!("{have} of {n}: {:?}", self.decide.dones()))
+            }
+        })
+        .await;
     }
 }
 

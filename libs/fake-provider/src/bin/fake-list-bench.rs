@@ -99,7 +99,7 @@ async fn main() -> anyhow::Result<()> {
     let target = server.target();
     let mut client = connect(&target).await?;
     let mut raw = tonic::client::Grpc::new(channel(&target).await?)
-        .max_decoding_message_size(bigfleet_fake_provider::MAX_MESSAGE_BYTES);
+        .max_decoding_message_size(bigfleet_fake_provider::MAX_MESSAGE_SIZE);
 
     // Warm up connection, allocator and page cache.
     let warm = client.list(ListFilter::default()).await?.into_inner();

@@ -349,18 +349,6 @@ pub fn cfg_rails_off() -> DecideConfig {
     }
 }
 
-/// Polls `f` until it returns true or `deadline` passes.
-pub async fn wait_until(deadline: Duration, mut f: impl FnMut() -> bool) -> bool {
-    let end = tokio::time::Instant::now() + deadline;
-    while tokio::time::Instant::now() < end {
-        if f() {
-            return true;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    f()
-}
-
 /// An execute worker on the Work stream.
 pub struct Worker {
     pub tx: mpsc::Sender<mesh::WorkerMessage>,
