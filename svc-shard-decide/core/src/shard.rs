@@ -1,6 +1,6 @@
 //! The shard's state and its read accessors. What mutates it lives in one module per
-//! job — [`crate::intake`] (roll-ups, sessions), [`crate::sync`] (provider
-//! reconcile), [`crate::cycle`] (the decision cycle), [`crate::work`] (hand-out,
+//! job — `intake` (roll-ups, sessions), `sync` (provider
+//! reconcile), `cycle` (the decision cycle), `work` (hand-out,
 //! Done, Transition) — each over its own room, locked in the order written in
 //! [`crate::locks`] (ADR-0112).
 
