@@ -248,11 +248,11 @@ struct Managed {
 /// starts seconds after planning (shards wait for the coordinator) must not find its ports
 /// taken in the meantime.
 #[derive(Default)]
-struct PortPool(Vec<(u8, super::ports::PortReservation)>);
+struct PortPool(Vec<(u8, bigfleet_mesh::ports::PortReservation)>);
 
 impl PortPool {
     fn take(&mut self, tier: u8) -> Result<SocketAddr, UpError> {
-        let r = super::ports::reserve_loopback_port().map_err(|source| UpError::Io {
+        let r = bigfleet_mesh::ports::reserve_loopback_port().map_err(|source| UpError::Io {
             what: "reserving a loopback port".into(),
             source,
         })?;
@@ -1195,7 +1195,7 @@ impl Mesh {
 
 /// `dir/name` within the kernel's Unix socket path limit.
 fn socket_path(dir: &Path, name: &str) -> Result<PathBuf, UpError> {
-    super::ports::unix_socket_path(dir, name).map_err(|len| {
+    bigfleet_mesh::ports::unix_socket_path(dir, name).map_err(|len| {
         UpError::Config(format!(
             "unix socket path {} is {len} bytes, longer than the kernel's limit of 107; \
              pass a shorter --data-dir (Unix sockets live under it)",

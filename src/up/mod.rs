@@ -20,7 +20,6 @@ pub mod child;
 pub mod mesh;
 pub mod operators;
 pub mod pki;
-pub mod ports;
 pub mod probe;
 pub mod progress;
 

@@ -29,6 +29,7 @@ mod listen;
 mod local;
 mod metrics;
 mod peer;
+pub mod ports;
 mod rate_limit;
 mod server;
 mod stack;
