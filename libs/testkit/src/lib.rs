@@ -3,9 +3,10 @@
 //!
 //! Test code only: crates take it as a dev-dependency (or from a `testing` feature that
 //! only dev-dependencies enable), never into a production binary — `bigfleet up` has its
-//! own CA (`bigfleet-identity`) and port reservations (src/up/ports.rs). It depends on
-//! nothing of ours, so every crate (including `bigfleet-identity`) can use it from its
-//! tests. [`wait_until`] is the suites' one polling helper (docs/testing.md).
+//! own CA (`bigfleet-identity`). Port reservation is production code in
+//! `bigfleet_mesh::ports`, which `up` uses and [`reserve_tcp_port`] re-exports; cargo allows
+//! the dev-dependency cycle, so every crate (mesh and identity included) can still use the
+//! testkit from its tests. [`wait_until`] is the suites' one polling helper (docs/testing.md).
 
 mod ca;
 mod sandbox;
