@@ -15,7 +15,7 @@ pub fn reserve_tcp_port() -> std::io::Result<PortReservation> {
 /// A TCP port on 127.0.0.1 that was free a moment ago, for a child process that must be
 /// told its port up front (prefer binding `127.0.0.1:0` in-process and reading it back).
 /// Still racy against other users of this function, but not against the kernel's ephemeral
-/// allocations; see [`reserve_loopback_port`].
+/// allocations; see [`reserve_tcp_port`].
 pub fn free_tcp_port() -> std::io::Result<u16> {
     Ok(reserve_tcp_port()?.release().port())
 }
