@@ -311,19 +311,92 @@ securityContext:
   {{- toYaml .Values.podSecurityContext | nindent 2 }}
 {{- end -}}
 
-{{/* Scheduling knobs of one role; call with the role's values. */}}
+{{/*
+Scheduling of one role's pods (ADR-0121): nodeSelector, tolerations, affinity (the role's
+`affinity`, plus pod anti-affinity on kubernetes.io/hostname per `podAntiAffinity` unless
+`affinity.podAntiAffinity` is set), topologySpreadConstraints (`topologySpread`, each with the
+role's labelSelector) and priorityClassName (the role's, else the chart's PriorityClass where
+`usesChartPriority`). Call with (dict "ctx" $ "v" <role values> "selector" <matchLabels dict>
+"usesChartPriority" true|false).
+*/}}
 {{- define "bigfleet.scheduling" -}}
-{{- with .nodeSelector }}
+{{- $v := .v }}
+{{- $term := dict "labelSelector" (dict "matchLabels" .selector) "topologyKey" "kubernetes.io/hostname" }}
+{{- $affinity := deepCopy ($v.affinity | default dict) }}
+{{- $mode := $v.podAntiAffinity | default "none" }}
+{{- if and (ne $mode "none") (not (hasKey $affinity "podAntiAffinity")) }}
+{{- if eq $mode "required" }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "requiredDuringSchedulingIgnoredDuringExecution" (list $term)) }}
+{{- else }}
+{{- $_ := set $affinity "podAntiAffinity" (dict "preferredDuringSchedulingIgnoredDuringExecution" (list (dict "weight" 100 "podAffinityTerm" $term))) }}
+{{- end }}
+{{- end }}
+{{- $priority := $v.priorityClassName | default "" }}
+{{- if and (not $priority) .usesChartPriority .ctx.Values.priorityClass.create }}
+{{- $priority = include "bigfleet.priorityClassName" .ctx }}
+{{- end }}
+{{- with $priority }}
+priorityClassName: {{ . }}
+{{- end }}
+{{- with $v.nodeSelector }}
 nodeSelector:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .tolerations }}
+{{- with $v.tolerations }}
 tolerations:
   {{- toYaml . | nindent 2 }}
 {{- end }}
-{{- with .affinity }}
+{{- with $affinity }}
 affinity:
   {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- $spread := list }}
+{{- range $v.topologySpread | default list }}
+{{- $spread = append $spread (merge (dict "labelSelector" (dict "matchLabels" $.selector)) .) }}
+{{- end }}
+{{- with $spread }}
+topologySpreadConstraints:
+  {{- toYaml . | nindent 2 }}
+{{- end }}
+{{- end -}}
+
+{{- define "bigfleet.priorityClassName" -}}{{ default (include "bigfleet.fullname" .) .Values.priorityClass.name }}{{- end -}}
+
+{{- define "bigfleet.etcdTlsDir" -}}/etc/bigfleet/etcd{{- end -}}
+
+{{/* --etcd-* TLS flags of decide and the execute workers (etcd.tls, etcd mode only). */}}
+{{- define "bigfleet.etcdTlsArgs" -}}
+{{- if and .Values.etcd.endpoints .Values.etcd.tls.secretName }}
+- --etcd-ca={{ include "bigfleet.etcdTlsDir" . }}/ca.crt
+{{- if .Values.etcd.tls.clientCert }}
+- --etcd-cert={{ include "bigfleet.etcdTlsDir" . }}/tls.crt
+- --etcd-key={{ include "bigfleet.etcdTlsDir" . }}/tls.key
+{{- end }}
+{{- end }}
+{{- end -}}
+
+{{- define "bigfleet.etcdTlsMount" -}}
+{{- if and .Values.etcd.endpoints .Values.etcd.tls.secretName }}
+- name: etcd-tls
+  mountPath: {{ include "bigfleet.etcdTlsDir" . }}
+  readOnly: true
+{{- end }}
+{{- end -}}
+
+{{/* etcd.tls.secretName with its keys renamed to the file names the flags point at. */}}
+{{- define "bigfleet.etcdTlsVolume" -}}
+{{- $t := .Values.etcd.tls }}
+{{- if and .Values.etcd.endpoints $t.secretName }}
+# TLS towards etcd (--etcd-ca/--etcd-cert/--etcd-key).
+- name: etcd-tls
+  secret:
+    secretName: {{ $t.secretName }}
+    items:
+      - {key: {{ $t.caKey }}, path: ca.crt}
+      {{- if $t.clientCert }}
+      - {key: {{ $t.certKey }}, path: tls.crt}
+      - {key: {{ $t.keyKey }}, path: tls.key}
+      {{- end }}
 {{- end }}
 {{- end -}}
 
@@ -349,6 +422,22 @@ affinity:
 {{- end -}}
 {{- if and .Values.tls.certManager.enabled (not .Values.tls.certManager.issuerRef.name) -}}
 {{- fail "tls.certManager.issuerRef.name is required when tls.certManager.enabled" -}}
+{{- end -}}
+{{- if and .Values.etcd.endpoints .Values.tls.enabled (not .Values.etcd.tls.secretName) -}}
+{{- fail "etcd.endpoints with tls.enabled needs etcd.tls.secretName: decide and execute refuse plaintext etcd while the mesh runs with mTLS" -}}
+{{- end -}}
+{{- if and .Values.etcd.tls.secretName (not .Values.etcd.endpoints) -}}
+{{- fail "etcd.tls.secretName needs etcd.endpoints" -}}
+{{- end -}}
+{{- if .Values.etcd.tls.secretName -}}
+{{- range .Values.etcd.endpoints -}}
+{{- if hasPrefix "http://" (lower .) -}}
+{{- fail (printf "etcd endpoint %s is plaintext but etcd.tls.secretName is set: use https:// or host:port" .) -}}
+{{- end -}}
+{{- end -}}
+{{- end -}}
+{{- if and .Values.tests.enabled .Values.tls.enabled (not .Values.inspect.enabled) (not .Values.tests.tlsSecret) -}}
+{{- fail "tests.enabled with tls.enabled and inspect.enabled=false needs tests.tlsSecret (a client certificate from the mesh CA for the health probes), or tests.enabled=false" -}}
 {{- end -}}
 {{- with .Values.shard.auditLog -}}
 {{- if not (or (hasPrefix (printf "%s/" (include "bigfleet.logDir" $)) .) (hasPrefix (printf "%s/" (include "bigfleet.shardDataDir" $)) .)) -}}
