@@ -241,6 +241,9 @@ pub struct ShardLoadReport {
     pub cycle_phase_mean_ms: std::collections::BTreeMap<String, f64>,
     /// Identical re-sends decide recognised in the window (when it exports the counter).
     pub rollups_unchanged: Option<u64>,
+    /// Frames pushed to the operators per second besides acks: node states, capacity
+    /// hints, bootstrap requests, reclaim instructions.
+    pub pushes_per_second: f64,
     /// Actions decide emitted in the window.
     pub actions: u64,
     /// decide's unresolved shortfalls at the end.
@@ -422,6 +425,10 @@ struct Totals {
     rejected: u64,
     not_applied: u64,
     dropped: u64,
+    node_updates: u64,
+    available_updates: u64,
+    bootstrap_requests: u64,
+    reclaim_instructions: u64,
 }
 
 impl Totals {
@@ -435,8 +442,18 @@ impl Totals {
             t.rejected += s.rollups_rejected;
             t.not_applied += s.rollups_not_applied;
             t.dropped += s.responses_dropped;
+            t.node_updates += s.node_updates;
+            t.available_updates += s.available_updates;
+            t.bootstrap_requests += s.bootstrap_requests;
+            t.reclaim_instructions += s.reclaim_instructions;
         }
         t
+    }
+
+    /// Frames the shard pushed to operators besides acks (node states, capacity hints,
+    /// bootstrap requests, reclaim instructions).
+    fn pushes(&self) -> u64 {
+        self.node_updates + self.available_updates + self.bootstrap_requests + self.reclaim_instructions
     }
 
     fn errors(&self) -> u64 {
@@ -905,10 +922,11 @@ async fn measure(
         let t = Totals::of(ops);
         let dt = last.1.elapsed().as_secs_f64().max(1e-6);
         progress(&format!(
-            "measure t={:.0}s connected={}/{n} acks/s={:.0} ack_p99={:.1}ms errors={}",
+            "measure t={:.0}s connected={}/{n} acks/s={:.0} pushes/s={:.0} ack_p99={:.1}ms errors={}",
             start.elapsed().as_secs_f64(),
             t.connected,
             (t.acks - last.0.acks) as f64 / dt,
+            (t.pushes() - last.0.pushes()) as f64 / dt,
             latency.quantile_ms(0.99),
             t.errors()
         ));
@@ -968,6 +986,7 @@ async fn measure(
         cycles: count(&cycle),
         cycle_phase_mean_ms: phase_means(&d0, &d1),
         rollups_unchanged: unchanged,
+        pushes_per_second: round3((t1.pushes() - t0.pushes()) as f64 / wall.max(1e-9)),
         actions: (d1.sum(ACTIONS_METRIC) - d0.sum(ACTIONS_METRIC)).max(0.0) as u64,
         shortfalls_at_end: d1
             .has(SHORTFALLS_METRIC)
@@ -1098,6 +1117,7 @@ mod tests {
             cycles: 30,
             cycle_phase_mean_ms: Default::default(),
             rollups_unchanged: None,
+            pushes_per_second: 0.0,
             actions: 0,
             shortfalls_at_end: Some(0),
             decide_cpu_cores: Some(0.3),
