@@ -8,7 +8,7 @@
 //! The `bigfleet.v1alpha1.Coordinator` service and its messages are compiled
 //! only with the `coordinator` cargo feature. Crates on the shard's hot path
 //! leave it off, which makes "the cycle never touches the coordinator" a
-//! property the compiler checks (ARCHITECTURE.md §5, rule 1).
+//! property the compiler checks (and `tests/architecture.rs` keeps).
 
 /// Public package `bigfleet.v1alpha1`: capacity, provider, shard, shardread
 /// and (with the `coordinator` feature) coordinator.

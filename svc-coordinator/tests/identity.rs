@@ -1,4 +1,4 @@
-//! The coordinator's identity matrix under mTLS (wire-and-ops §6, §11.2), against an
+//! The coordinator's identity matrix under mTLS (`docs/security.md`, ADR-0100), against an
 //! in-process single-replica coordinator.
 
 use std::path::Path;

@@ -1,5 +1,5 @@
 //! Who may use the dashboard and JSON API, and how much of the fleet they may ask for
-//! (issue 15 §7).
+//! (ADR-0102, `docs/security.md`).
 //!
 //! Every page fans out to every shard (behind the short answer cache), so the HTTP port is
 //! bounded however it is exposed: a global request rate (429 past it) and a cap on requests

@@ -1,5 +1,5 @@
 //! The gateway's Prometheus metrics. Names follow the shard catalogue of the original
-//! (`bigfleet_shard_*`, ref wire-and-ops §9.2) where it has one; the rest share the prefix
+//! (`bigfleet_shard_*`, `docs/metrics.md`) where it has one; the rest share the prefix
 //! because the gateway is part of the shard. A name is exported by one container of the shard
 //! pod only (docs/metrics.md, checked by `tests/metrics_doc.rs`): where decide or execute keeps
 //! the catalog name, the gateway's own measurement is `bigfleet_shard_gateway_*`.

@@ -1,4 +1,4 @@
-//! The worker's Prometheus metrics (names per ref wire-and-ops §9.2). A name is exported by
+//! The worker's Prometheus metrics (names as in `docs/metrics.md`). A name is exported by
 //! one container of the shard pod only (docs/metrics.md): where decide keeps the catalog name
 //! (in-flight ledger, phase histograms over every machine), the worker's own measurement is
 //! `bigfleet_shard_execute_*`.

@@ -1,4 +1,4 @@
-//! The paper scenarios (`ref/decision-engine.md` §11, `ref/wire-and-ops.md` §11.3) through
+//! The original's published end-to-end scenarios (`docs/compatibility.md` lists where we differ) through
 //! the real binaries: a coordinator, a shard (gateway + decide + execute), a fake provider
 //! and svc-inspect as separate processes, simulated operators in the test. Every assertion
 //! reads provider state (`List`) or `InspectNeeds`.

@@ -10,7 +10,7 @@
 //! Every `report_interval` the client sends `ReportShard` (summary, top
 //! shortfalls, the acks of earlier instructions, the advertise address — the
 //! coordinator self-registers the shard from it) and handles the returned
-//! instructions with the fencing of ref wire-and-ops §5:
+//! instructions with the shard's instruction fencing:
 //!
 //! * a reply whose term is below the high-water mark is dropped whole (it is
 //!   redelivered by the real leader);

@@ -2,7 +2,8 @@
 //! tests. Deterministic for a seed; machines come out sorted by id, as the
 //! shard's inventory hands them over.
 //!
-//! Rungs (the shapes of the reference's scale ladder, ref performance.md §1.3–1.4):
+//! Rungs (the shapes of the original's scale ladder, whose timings `docs/benchmarks.md`
+//! compares against):
 //!
 //! - `aggregated-500k`: 500,000 machines, 50 clusters, 16 needs per cluster
 //!   (800). 10% Configured (1,000 per cluster, one block per need, stamped),

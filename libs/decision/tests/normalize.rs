@@ -1,4 +1,5 @@
-//! NormalizeDemand (ADR-0041) scenarios (ref §4, §11 "NormalizeDemand").
+//! NormalizeDemand (ADR-0041) scenarios: the original's published NormalizeDemand cases,
+//! each asserted on the engine's output.
 
 mod common;
 use bigfleet_decision::normalize_demand;

@@ -1,4 +1,5 @@
-//! Phase 1 scenarios pinned by the reference (ref §5.9, §11 "Phase 1").
+//! Phase 1 scenarios: the original's published acquisition cases (ADR-0020's precedence
+//! order), each asserted on the engine's output.
 
 mod common;
 use bigfleet_model::{Action, ActionKind::*, MachineState::*, PenaltyBucket, WhenUnsatisfiable};

@@ -1,4 +1,5 @@
-//! Phase 2 scenarios (ref §6, §11 "Phase 2").
+//! Phase 2 scenarios: the original's published preemption cases (victim scoring, grace,
+//! ADR-0024's spared machines), each asserted on the engine's output.
 
 mod common;
 use bigfleet_decision::UnmetReason;

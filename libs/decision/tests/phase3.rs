@@ -1,5 +1,5 @@
 //! Phase 3 scenarios: shrink-only reclaim, first-rollup gate, idle release
-//! (ref §7, §11 "Phase 3").
+//! (ADR-0023; the first-roll-up gate is the original's ADR-0036).
 
 mod common;
 use bigfleet_decision::{CycleInput, CycleOptions, RECLAIM_GRACE};

@@ -8,7 +8,7 @@
 //! | `POST /admin/fail-machine` | `{"id", "reason"}` | FAILED now |
 //! | `POST /admin/fail-next` | `{"id", "op", "style"?, "code"?, "message"?}` | next `op` call fails (`style` `reject` with `code` (default `internal`) or `fail`) |
 //! | `POST /admin/complete` | `{"id"}` or `{"all": true}` | finish staged transitions |
-//! | `POST /admin/ready` | `{"id"}` | node Ready (ADR-0056 hold ends) |
+//! | `POST /admin/ready` | `{"id"}` | node Ready (the original's ADR-0056 hold ends) |
 //! | `POST /admin/require-readiness` | `{"id"}` | hold the next Configure |
 //! | `POST /admin/remove` | `{"id"}` | machine vanishes |
 //! | `POST /admin/shed-speculative` | `{"fraction"}` | drop Speculative slots |

@@ -68,7 +68,7 @@ pub struct Args {
     /// (repeatable: create, configure, drain, delete).
     #[arg(long, env = "BIGFLEET_STAGED", value_delimiter = ',')]
     pub staged: Vec<OpKind>,
-    /// ADR-0056: hold every Configure in CONFIGURING until the admin API marks it ready.
+    /// The original's ADR-0056: hold every Configure in CONFIGURING until the admin API marks it ready.
     #[arg(long, env = "BIGFLEET_READINESS_HOLD")]
     pub readiness_hold: bool,
     /// Every mutating call (Create, Configure, Drain, Delete) waits this long before it is

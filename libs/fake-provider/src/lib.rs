@@ -2,7 +2,7 @@
 //! mesh and the load tests talk to, plus the conformance suite any provider can be held to.
 //!
 //! * [`FakeProvider`] is the whole provider as a plain in-memory store, usable in-process
-//!   (`Arc<FakeProvider>`) and behind gRPC. It follows `ref/wire-and-ops.md` §3: async or
+//!   (`Arc<FakeProvider>`) and behind gRPC. It follows the provider contract of `docs/provider-guide.md`: async or
 //!   instant transitions ([`TransitionModel`]), idempotency on (machine, operation) with
 //!   stable `op-<n>` ids, fencing high-water marks per (shard, machine) checked before
 //!   anything else (optionally persisted, [`FakeProvider::open_fence_file`]),
@@ -15,7 +15,7 @@
 //!   ([`connect`]). List is written straight to the wire from pre-encoded templates so a
 //!   500K-machine List stays cheap.
 //! * [`admin`] is a small HTTP API over the test hooks for end-to-end tests.
-//! * [`conformance`] is the provider conformance suite (`ref/wire-and-ops.md` §11.1) as
+//! * [`conformance`] is the provider conformance suite (`docs/provider-guide.md`) as
 //!   async functions over a connected client; the `provider-conformance` binary runs it
 //!   against any address.
 //! * [`cli`] is the `bigfleet-fake-provider` command line ([`cli::Args`], [`run`]).

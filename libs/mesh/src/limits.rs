@@ -1,4 +1,4 @@
-//! Connection- and HTTP/2-level limits for every server, in one place (issue 15 §5): what a
+//! Connection- and HTTP/2-level limits for every server, in one place (ADR-0102): what a
 //! single TCP peer may cost a server before the first byte reaches a handler.
 
 use std::time::Duration;

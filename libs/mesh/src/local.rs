@@ -1,4 +1,4 @@
-//! Unix sockets: the directory they live in and who may connect (issue 15 §6).
+//! Unix sockets: the directory they live in and who may connect (`docs/security.md`, ADR-0102).
 //!
 //! A Unix-socket caller is trusted like a process of the same pod, so the socket must only
 //! be reachable by such processes: the directory is private to our uid (0750, never group-

@@ -1,4 +1,5 @@
-//! The shard metric catalog (ref wire-and-ops §9.2), registered once per process.
+//! The shard metric catalog (`docs/metrics.md`; names as the original's), registered once
+//! per process.
 
 use bigfleet_telemetry::{MetricsRegistry, TelemetryError};
 use prometheus::{Histogram, HistogramVec, IntCounter, IntCounterVec, IntGauge, IntGaugeVec};

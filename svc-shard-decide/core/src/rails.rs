@@ -323,7 +323,7 @@ pub enum Admission {
 }
 
 impl Admission {
-    /// Whether this roll-up opens the cluster's first-roll-up gate (ADR-0036).
+    /// Whether this roll-up opens the cluster's first-roll-up gate (the original's ADR-0036).
     /// A held roll-up opens it only when an earlier roll-up of this process is
     /// in force: right after a restart the NeedsTable has no demand for the
     /// cluster, so opening the gate on a held drop would let Phase 3 reclaim

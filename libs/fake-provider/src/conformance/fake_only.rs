@@ -2,7 +2,7 @@
 
 use super::*;
 
-/// ADR-0056 (needs the in-process fake as the node): CONFIGURING is held until the node
+/// The original's ADR-0056 (needs the in-process fake as the node): CONFIGURING is held until the node
 /// reports Ready and never shows CONFIGURED early.
 pub async fn node_readiness_adr0056(mut client: Client, provider: &FakeProvider) -> Outcome {
     let ctx = Ctx::new("readiness");

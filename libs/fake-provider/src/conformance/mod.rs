@@ -1,4 +1,4 @@
-//! The provider conformance suite (`ref/wire-and-ops.md` §11.1): what any
+//! The provider conformance suite (`docs/provider-guide.md`): what any
 //! `bigfleet.v1alpha1.CapacityProvider` must do for a shard to drive it safely.
 //!
 //! Every test is an async function over a connected client. The target must be pre-seeded

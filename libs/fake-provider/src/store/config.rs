@@ -173,7 +173,7 @@ pub struct ProviderConfig {
     /// `HostRef.provider` of hosts created by this provider.
     pub provider_name: String,
     pub transitions: TransitionModel,
-    /// ADR-0056: every Configure holds CONFIGURING until [`FakeProvider::mark_ready`].
+    /// The original's ADR-0056: every Configure holds CONFIGURING until [`FakeProvider::mark_ready`].
     /// (Single machines can be held with [`FakeProvider::require_readiness`].)
     pub hold_configuring_until_ready: bool,
     /// A machine still in a transition this long after it started lands in FAILED.

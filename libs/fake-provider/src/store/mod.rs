@@ -492,7 +492,7 @@ impl FakeProvider {
         pending.len()
     }
 
-    /// ADR-0056: hold this machine's next Configure in CONFIGURING until
+    /// The original's ADR-0056: hold this machine's next Configure in CONFIGURING until
     /// [`FakeProvider::mark_ready`], whatever the global setting.
     pub fn require_readiness(&self, id: &str) -> Result<(), ProviderError> {
         self.with_record(id, |g, slot| {
