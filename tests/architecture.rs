@@ -101,14 +101,7 @@ const RULES: &[Rule] = &[
 
 /// Violations tolerated for now: `(rule, crate)`. Each entry must name the work that removes
 /// it; an entry that no longer matches a violation fails the test, so the list only shrinks.
-const KNOWN_EXCEPTIONS: &[(&str, &str)] = &[
-    // Issue 19 item 5 is removing the testkit from production: bigfleet-loadtest links it as a
-    // normal dependency (loadtest/Cargo.toml), and the CLI `bigfleet` links bigfleet-loadtest
-    // (and took its ports for `bigfleet up` from the testkit, src/up). Delete these two lines
-    // when that lands; the test fails while they excuse nothing.
-    ("no-testkit-in-production", "bigfleet"),
-    ("no-testkit-in-production", "bigfleet-loadtest"),
-];
+const KNOWN_EXCEPTIONS: &[(&str, &str)] = &[];
 
 /// One forbidden edge: `from` reaches `to` through `path` (from … to).
 #[derive(Debug, Clone, PartialEq, Eq, PartialOrd, Ord)]

@@ -1,37 +1,29 @@
 //! Certificates for load tests under mTLS: one cluster certificate per simulated operator.
 //!
 //! A TLS directory holds `ca.crt` and either ready-made `cluster-<id>.crt`/`.key` pairs
-//! (file names as `bigfleet_testkit::role_file_stem` writes them) or the CA's key
-//! `ca.key`, from which missing cluster certificates are minted on the fly.
-//! `bigfleet_testkit::TestCa` cannot be rebuilt from files, so minting from a stored CA key
-//! is done here with rcgen, with the same leaf shape testkit issues (one identity URI SAN,
-//! loopback names, server + client EKUs).
+//! (file stems as [`role_file_stem`] names them) or the CA's key `ca.key`, from which
+//! missing cluster certificates are minted on the fly with the production CA
+//! ([`bigfleet_identity::ca`]: one identity URI SAN, loopback names, server + client
+//! usages), so the load tools link no test code.
 
 use std::fs;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bigfleet_identity::ca::{CaError, CertificateAuthority, DEFAULT_CA_VALIDITY, LeafRequest};
 use bigfleet_identity::{TlsContext, TlsFiles};
-use bigfleet_testkit::{LeafSpec, ca_params, role_file_stem};
-use rcgen::{CertifiedIssuer, Issuer, KeyPair};
 
 /// Errors preparing certificates.
 #[derive(Debug, thiserror::Error)]
 pub enum CertError {
-    #[error("reading {path}: {source}")]
-    Read {
-        path: PathBuf,
-        #[source]
-        source: std::io::Error,
-    },
     #[error("writing {path}: {source}")]
     Write {
         path: PathBuf,
         #[source]
         source: std::io::Error,
     },
-    #[error("certificate generation: {0}")]
-    Rcgen(#[from] rcgen::Error),
+    #[error("certificate authority: {0}")]
+    Ca(#[from] CaError),
     #[error("{dir}: no certificate for cluster {cluster} ({stem}.crt) and no ca.key to mint one")]
     Missing {
         dir: PathBuf,
@@ -42,68 +34,69 @@ pub enum CertError {
     Tls(#[from] bigfleet_identity::TlsError),
 }
 
+/// A file-name-safe stem for a role, as the test and deployment tooling names bundles:
+/// `bigfleet://shard/s1/execute` ⇒ `shard-s1-execute`.
+pub fn role_file_stem(role: &str) -> String {
+    role.strip_prefix("bigfleet://")
+        .unwrap_or(role)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
 /// A CA loaded from (or created into) a TLS directory.
 pub struct DirCa {
     dir: PathBuf,
-    issuer: Option<Issuer<'static, KeyPair>>,
+    ca: Option<CertificateAuthority>,
 }
 
 impl std::fmt::Debug for DirCa {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("DirCa")
             .field("dir", &self.dir)
-            .field("can_mint", &self.issuer.is_some())
+            .field("can_mint", &self.ca.is_some())
             .finish()
     }
-}
-
-fn read(path: &Path) -> Result<String, CertError> {
-    fs::read_to_string(path).map_err(|source| CertError::Read {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-fn write(path: &Path, content: &str, mode: u32) -> Result<(), CertError> {
-    use std::os::unix::fs::PermissionsExt;
-    let err = |source| CertError::Write {
-        path: path.to_path_buf(),
-        source,
-    };
-    fs::write(path, content).map_err(err)?;
-    fs::set_permissions(path, fs::Permissions::from_mode(mode)).map_err(err)
 }
 
 impl DirCa {
     /// Opens `dir`; minting is possible when `ca.key` is present.
     pub fn open(dir: &Path) -> Result<Self, CertError> {
         let key_path = dir.join("ca.key");
-        let issuer = if key_path.exists() {
-            let key = KeyPair::from_pem(&read(&key_path)?)?;
-            Some(Issuer::from_ca_cert_pem(&read(&dir.join("ca.crt"))?, key)?)
+        let ca = if key_path.exists() {
+            Some(CertificateAuthority::load(&dir.join("ca.crt"), &key_path)?)
         } else {
             None
         };
         Ok(Self {
             dir: dir.to_path_buf(),
-            issuer,
+            ca,
         })
     }
 
     /// Creates a fresh CA in `dir` (`ca.crt`, `ca.key`) plus a loopback server certificate
     /// `<server_role stem>.crt/.key` for the gateway (e.g. role `shard/shard-0`).
     pub fn create(dir: &Path, server_role: &str) -> Result<Self, CertError> {
-        fs::create_dir_all(dir).map_err(|source| CertError::Write {
+        let io = |source| CertError::Write {
             path: dir.to_path_buf(),
             source,
-        })?;
-        let key = KeyPair::generate()?;
-        let key_pem = key.serialize_pem();
-        let ca = CertifiedIssuer::self_signed(ca_params("bigfleet load-test ca"), key)?;
-        write(&dir.join("ca.crt"), &ca.pem(), 0o644)?;
-        write(&dir.join("ca.key"), &key_pem, 0o600)?;
-        let ca = Self::open(dir)?;
-        ca.mint(&LeafSpec::role(server_role), &role_file_stem(server_role))?;
+        };
+        fs::create_dir_all(dir).map_err(io)?;
+        let ca = CertificateAuthority::create("bigfleet load-test ca", DEFAULT_CA_VALIDITY)?;
+        ca.write_ca(dir)?;
+        let key_path = dir.join("ca.key");
+        write_private(&key_path, &ca.key_pem())?;
+        let ca = Self {
+            dir: dir.to_path_buf(),
+            ca: Some(ca),
+        };
+        ca.mint(server_role, &role_file_stem(server_role))?;
         Ok(ca)
     }
 
@@ -116,17 +109,10 @@ impl DirCa {
         let stem = role_file_stem(role);
         let cert = self.dir.join(format!("{stem}.crt"));
         let key = self.dir.join(format!("{stem}.key"));
-        if !(cert.exists() && key.exists()) {
-            if self.issuer.is_none() {
-                return Err(CertError::Missing {
-                    dir: self.dir.clone(),
-                    cluster: role.to_owned(),
-                    stem,
-                });
-            }
-            self.mint(&LeafSpec::role(role), &stem)?;
+        if cert.exists() && key.exists() {
+            return Ok(TlsFiles::new(cert, key, self.ca_path()));
         }
-        Ok(TlsFiles::new(cert, key, self.ca_path()))
+        self.mint(role, &stem)
     }
 
     /// A client config presenting `cluster`'s certificate.
@@ -138,23 +124,33 @@ impl DirCa {
         Ok(TlsContext::load(&files)?.client_config()?)
     }
 
-    fn mint(&self, spec: &LeafSpec, stem: &str) -> Result<(), CertError> {
-        let issuer = self.issuer.as_ref().ok_or_else(|| CertError::Missing {
+    fn mint(&self, role: &str, stem: &str) -> Result<TlsFiles, CertError> {
+        let ca = self.ca.as_ref().ok_or_else(|| CertError::Missing {
             dir: self.dir.clone(),
-            cluster: spec.common_name.clone(),
+            cluster: role.to_owned(),
             stem: stem.to_owned(),
         })?;
-        let params = spec.params()?;
-        let key = KeyPair::generate()?;
-        let cert = params.signed_by(&key, issuer)?;
-        write(&self.dir.join(format!("{stem}.crt")), &cert.pem(), 0o644)?;
-        write(
-            &self.dir.join(format!("{stem}.key")),
-            &key.serialize_pem(),
-            0o600,
-        )?;
-        Ok(())
+        let request = LeafRequest::new(role)?.with_loopback();
+        Ok(ca.issue_bundle(&request, &self.dir, stem)?)
     }
+}
+
+/// Writes a private key readable by its owner only.
+fn write_private(path: &Path, pem: &str) -> Result<(), CertError> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let err = |source| CertError::Write {
+        path: path.to_path_buf(),
+        source,
+    };
+    let mut f = fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .map_err(err)?;
+    f.write_all(pem.as_bytes()).map_err(err)
 }
 
 #[cfg(test)]
@@ -177,6 +173,30 @@ mod tests {
         // handshake tests; here the issuer must at least load).
         let again = DirCa::open(dir.path()).unwrap();
         assert!(again.role_files("cluster/c-8").is_ok());
+    }
+
+    #[test]
+    fn private_keys_are_readable_by_their_owner_only() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = tempfile::tempdir().unwrap();
+        let ca = DirCa::create(dir.path(), "shard/shard-0").unwrap();
+        ca.role_files("cluster/c-1").unwrap();
+        for key in ["ca.key", "shard-shard-0.key", "cluster-c-1.key"] {
+            let mode = fs::metadata(dir.path().join(key))
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o777, 0o600, "{key}: {mode:o}");
+        }
+    }
+
+    #[test]
+    fn role_file_stems_are_file_name_safe() {
+        assert_eq!(
+            role_file_stem("bigfleet://shard/s1/execute"),
+            "shard-s1-execute"
+        );
+        assert_eq!(role_file_stem("cluster/a.b"), "cluster-a-b");
     }
 
     #[test]

@@ -453,7 +453,10 @@ impl Totals {
     /// Frames the shard pushed to operators besides acks (node states, capacity hints,
     /// bootstrap requests, reclaim instructions).
     fn pushes(&self) -> u64 {
-        self.node_updates + self.available_updates + self.bootstrap_requests + self.reclaim_instructions
+        self.node_updates
+            + self.available_updates
+            + self.bootstrap_requests
+            + self.reclaim_instructions
     }
 
     fn errors(&self) -> u64 {
@@ -472,13 +475,17 @@ fn io(what: impl Into<String>) -> impl FnOnce(std::io::Error) -> ShardLoadError 
     move |source| ShardLoadError::Io { what, source }
 }
 
-fn reserve() -> Result<bigfleet_testkit::PortReservation, ShardLoadError> {
-    bigfleet_testkit::reserve_tcp_port().map_err(io("reserving a loopback port"))
+fn reserve() -> Result<bigfleet_mesh::ports::PortReservation, ShardLoadError> {
+    bigfleet_mesh::ports::reserve_loopback_port().map_err(io("reserving a loopback port"))
 }
 
 fn socket(dir: &Path, name: &str) -> Result<PathBuf, ShardLoadError> {
-    bigfleet_testkit::unix_socket_path(dir, name)
-        .map_err(|e| ShardLoadError::Config(format!("{e}; pass a shorter --run-dir")))
+    bigfleet_mesh::ports::unix_socket_path(dir, name).map_err(|len| {
+        ShardLoadError::Config(format!(
+            "unix socket path {} is {len} bytes, over the kernel's limit; pass a shorter --run-dir",
+            dir.join(name).display()
+        ))
+    })
 }
 
 /// CPU seconds per role (summed over its processes) and of this process.
@@ -597,7 +604,9 @@ pub async fn run(
             (d.clone(), None)
         }
         None => {
-            let t = bigfleet_testkit::temp_dir("shard-load-")
+            let t = tempfile::Builder::new()
+                .prefix("shard-load-")
+                .tempdir()
                 .map_err(io("creating a run directory"))?;
             (t.path().to_owned(), Some(t))
         }

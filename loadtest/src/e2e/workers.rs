@@ -88,7 +88,7 @@ impl std::fmt::Debug for WorkerProcesses {
 
 /// A loopback port nobody listens on right now (the child binds it a moment later).
 fn free_port() -> std::io::Result<SocketAddr> {
-    Ok(bigfleet_testkit::reserve_tcp_port()?.release())
+    Ok(bigfleet_mesh::ports::reserve_loopback_port()?.release())
 }
 
 impl WorkerProcesses {
