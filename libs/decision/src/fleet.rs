@@ -134,7 +134,7 @@ pub struct Fleet {
     /// after a mutation and reused by every cycle until the next one.
     pub(crate) base: OnceLock<Box<crate::snapshot::Base>>,
     /// A base that records replaced since were built against, with what it saw
-    /// of them: the next snapshot patches it instead of rebuilding (ADR-0029).
+    /// of them: the next snapshot patches it instead of rebuilding (ADR-0133).
     pub(crate) stale: StaleBase,
 }
 
