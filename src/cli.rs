@@ -1,16 +1,31 @@
-//! The command line of `bigfleet` (clap derive). Every global flag also reads an environment
-//! variable, so a shell can point the CLI at a fleet once.
+//! The command line of `bigfleet` (clap derive). Every connection flag also reads an
+//! environment variable, so a shell can point the CLI at a fleet once.
+//!
+//! [`command`] is the full command: the derive plus the examples every subcommand shows
+//! under `--help` (kept in one table, [`EXAMPLES`], and checked to parse by the tests).
 
 use std::path::PathBuf;
 use std::time::Duration;
 
-use clap::{Args, Parser, Subcommand, ValueEnum};
+use clap::{Args, CommandFactory, FromArgMatches, Parser, Subcommand};
+
+pub use crate::output::OutputFormat;
+
+/// `bigfleet --version`: the package version and the git commit it was built from
+/// (`unknown` when built outside a git checkout), with `dirty tree` when tracked files
+/// differed from that commit.
+pub const VERSION: &str = concat!(
+    env!("CARGO_PKG_VERSION"),
+    " (git ",
+    env!("BIGFLEET_GIT_DESCRIBE"),
+    ")"
+);
 
 /// `bigfleet`: read and administer a BigFleet mesh.
 #[derive(Debug, Clone, Parser)]
 #[command(
     name = "bigfleet",
-    version,
+    version = VERSION,
     about = "Read and administer a BigFleet fleet.",
     propagate_version = true
 )]
@@ -73,27 +88,50 @@ pub struct GlobalArgs {
     /// Output format.
     #[arg(short = 'o', long, global = true, env = "BIGFLEET_OUTPUT", value_enum, default_value_t = OutputFormat::Table)]
     pub output: OutputFormat,
+
+    /// Table and wide output: print data rows only (no header row, summary or notices).
+    #[arg(long, global = true)]
+    pub no_headers: bool,
 }
 
-/// How results are printed.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
-pub enum OutputFormat {
-    /// Aligned columns for people.
-    Table,
-    /// One JSON document for tools.
-    Json,
+impl GlobalArgs {
+    pub fn output_options(&self) -> crate::output::OutputOptions {
+        crate::output::OutputOptions {
+            format: self.output,
+            no_headers: self.no_headers,
+        }
+    }
+}
+
+/// `--watch` on read commands.
+#[derive(Debug, Clone, Copy, Args)]
+pub struct WatchArgs {
+    /// Keep polling and print the result again whenever it changes (Ctrl-C ends).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// How often `--watch` polls.
+    #[arg(long, default_value = "2s", value_parser = positive_duration, requires = "watch")]
+    pub watch_interval: Duration,
+}
+
+fn positive_duration(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d.is_zero() => Err("must be more than zero".to_owned()),
+        Ok(d) => Ok(d),
+        Err(e) => Err(e.to_string()),
+    }
 }
 
 #[derive(Debug, Clone, Subcommand)]
 pub enum Command {
     /// Registered shards: reachability, machines by state, sessions, needs.
-    Shards,
+    Shards(ShardsArgs),
     /// One cluster's needs with the last cycle's verdicts.
     Needs(NeedsArgs),
     /// Unmet demand across the fleet, oldest first.
     Shortfalls(ShortfallsArgs),
     /// Topology domains pinned to shards.
-    Domains,
+    Domains(DomainsArgs),
     /// Change the fleet (needs an admin certificate under mTLS).
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -112,6 +150,27 @@ pub enum Command {
     /// by `bigfleet up`. Dispatched before the CLI parses its own flags (see `main`).
     #[command(hide = true)]
     Svc(SvcArgs),
+    /// Print a shell completion script (bash, zsh, fish, elvish, powershell).
+    Completion(CompletionArgs),
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct CompletionArgs {
+    /// The shell to complete for.
+    #[arg(value_enum)]
+    pub shell: clap_complete::Shell,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ShardsArgs {
+    #[command(flatten)]
+    pub watch: WatchArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct DomainsArgs {
+    #[command(flatten)]
+    pub watch: WatchArgs,
 }
 
 /// `bigfleet svc <service> [service flags]` (handled by [`crate::svc`]).
@@ -134,6 +193,8 @@ pub struct NeedsArgs {
     /// At most this many rows (0: all).
     #[arg(long, default_value_t = 0)]
     pub limit: usize,
+    #[command(flatten)]
+    pub watch: WatchArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -141,6 +202,8 @@ pub struct ShortfallsArgs {
     /// At most this many rows.
     #[arg(long, default_value_t = 100)]
     pub limit: usize,
+    #[command(flatten)]
+    pub watch: WatchArgs,
 }
 
 #[derive(Debug, Clone, Subcommand)]
@@ -190,6 +253,165 @@ pub enum SnapshotCommand {
     },
 }
 
+/// Examples shown under `--help`, by subcommand path (`""` is `bigfleet` itself). Every
+/// visible subcommand has an entry; every `bigfleet ...` line parses (both are tested).
+pub const EXAMPLES: &[(&str, &str)] = &[
+    (
+        "",
+        "  bigfleet up                          # run a local mesh; later commands find it
+  bigfleet shards
+  bigfleet needs --cluster c-0 --unmet -o wide
+  bigfleet shortfalls -o yaml
+  source <(bigfleet completion bash)",
+    ),
+    (
+        "shards",
+        "  bigfleet shards
+  bigfleet shards -o wide
+  bigfleet shards -o name --no-headers
+  bigfleet shards --watch --watch-interval 5s
+  bigfleet shards --inspect http://127.0.0.1:7795 -o json",
+    ),
+    (
+        "needs",
+        "  bigfleet needs --cluster c-0
+  bigfleet needs --cluster c-0 --unmet --limit 20 -o wide
+  bigfleet needs --cluster c-0 -o yaml
+  bigfleet needs --cluster c-0 --unmet -w",
+    ),
+    (
+        "shortfalls",
+        "  bigfleet shortfalls
+  bigfleet shortfalls --limit 10 -o json
+  bigfleet shortfalls --no-headers
+  bigfleet shortfalls --watch",
+    ),
+    (
+        "domains",
+        "  bigfleet domains
+  bigfleet domains -o name
+  bigfleet domains -o yaml --watch",
+    ),
+    (
+        "admin",
+        "  bigfleet admin assign-domain --key topology.kubernetes.io/zone --value us-east-1a --shard shard-0
+  bigfleet admin snapshot save coordinator.snap",
+    ),
+    (
+        "admin assign-domain",
+        "  bigfleet admin assign-domain --key topology.kubernetes.io/zone --value us-east-1a --shard shard-0
+  bigfleet admin assign-domain --key rack --value r7 --shard shard-1 -o json",
+    ),
+    (
+        "admin unassign-domain",
+        "  bigfleet admin unassign-domain --key rack --value r7",
+    ),
+    (
+        "admin remove-shard",
+        "  bigfleet admin remove-shard --shard shard-3",
+    ),
+    (
+        "admin snapshot",
+        "  bigfleet admin snapshot save coordinator.snap
+  bigfleet admin snapshot restore --data-dir /var/lib/bigfleet --node-id coord-0 --raft-advertise coord-0:7791 coordinator.snap",
+    ),
+    (
+        "admin snapshot save",
+        "  bigfleet admin snapshot save coordinator.snap
+  bigfleet admin snapshot save coordinator.snap --tls-cert admin.crt --tls-key admin.key --tls-ca ca.crt",
+    ),
+    (
+        "admin snapshot restore",
+        "  # with coord-0 stopped; start it, then the other replicas with empty data directories
+  bigfleet admin snapshot restore --data-dir /var/lib/bigfleet --node-id coord-0 --raft-advertise coord-0:7791 coordinator.snap",
+    ),
+    (
+        "pki",
+        "  bigfleet pki issue --ca-cert ca.crt --ca-key ca.key --identity bigfleet://readonly --out-dir ./certs
+  bigfleet pki crl --ca-cert ca.crt --ca-key ca.key --revoke certs/old.crt --out ca.crl",
+    ),
+    (
+        "pki install-secrets",
+        "  # in the chart's hook Job (service-account credentials from the pod)
+  bigfleet pki install-secrets --prefix bigfleet --coordinators 3 --shards 2
+  bigfleet pki install-secrets --prefix bigfleet --coordinators 3 --shards 2 --dry-run -o json",
+    ),
+    (
+        "pki issue",
+        "  bigfleet pki issue --ca-cert ca.crt --ca-key ca.key --identity bigfleet://admin --out-dir ./certs
+  bigfleet pki issue --ca-cert ca.crt --ca-key ca.key --identity bigfleet://shard/shard-0 --dns shard-0.bigfleet --validity 720h --out-dir ./certs",
+    ),
+    (
+        "pki crl",
+        "  bigfleet pki crl --ca-cert ca.crt --ca-key ca.key --out ca.crl
+  bigfleet pki crl --ca-cert ca.crt --ca-key ca.key --revoke certs/admin.crt --out ca.crl",
+    ),
+    (
+        "up",
+        "  bigfleet up
+  bigfleet up --shards 3 --clusters 20 --tls
+  bigfleet up --duration 2m --chaos --chaos-seed 7",
+    ),
+    (
+        "lab",
+        "  bigfleet lab kill shard-0-decide
+  bigfleet lab restart shard-0-decide",
+    ),
+    ("lab kill", "  bigfleet lab kill coordinator"),
+    ("lab restart", "  bigfleet lab restart provider-0"),
+    (
+        "completion",
+        "  source <(bigfleet completion bash)
+  bigfleet completion zsh > \"${fpath[1]}/_bigfleet\"
+  bigfleet completion fish > ~/.config/fish/completions/bigfleet.fish",
+    ),
+];
+
+fn with_examples(mut cmd: clap::Command, path: &str) -> clap::Command {
+    if let Some((_, text)) = EXAMPLES.iter().find(|(p, _)| *p == path) {
+        cmd = cmd.after_help(format!("Examples:\n{text}"));
+    }
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|c| c.get_name().to_owned())
+        .collect();
+    for name in names {
+        let sub = if path.is_empty() {
+            name.clone()
+        } else {
+            format!("{path} {name}")
+        };
+        cmd = cmd.mut_subcommand(&name, |c| with_examples(c, &sub));
+    }
+    cmd
+}
+
+/// The whole command line, examples included (for parsing, `--help` and completions).
+pub fn command() -> clap::Command {
+    with_examples(Cli::command(), "")
+}
+
+/// Parses `argv` (exits with usage, `--help` or `--version` text as clap does).
+pub fn parse_from<I, T>(argv: I) -> Cli
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
+    let matches = command().get_matches_from(argv);
+    Cli::from_arg_matches(&matches).unwrap_or_else(|e| e.exit())
+}
+
+/// Writes the completion script for `shell`.
+pub fn completion(
+    shell: clap_complete::Shell,
+    out: &mut dyn std::io::Write,
+) -> std::io::Result<()> {
+    // Generated into memory first: clap_complete panics on a failed write (`| head`).
+    let mut script = Vec::new();
+    clap_complete::generate(shell, &mut command(), "bigfleet", &mut script);
+    out.write_all(&script)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,6 +439,115 @@ mod tests {
             Command::Needs(n) => assert!(n.unmet && n.cluster == "c1" && n.limit == 0),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// Every visible subcommand path, e.g. `admin snapshot save`.
+    fn paths(cmd: &clap::Command, prefix: &str, out: &mut Vec<String>) {
+        for c in cmd.get_subcommands().filter(|c| !c.is_hide_set()) {
+            if c.get_name() == "help" {
+                continue;
+            }
+            let p = if prefix.is_empty() {
+                c.get_name().to_owned()
+            } else {
+                format!("{prefix} {}", c.get_name())
+            };
+            paths(c, &p, out);
+            out.push(p);
+        }
+    }
+
+    #[test]
+    fn every_subcommand_shows_examples_that_parse() {
+        let mut all = vec![String::new()];
+        paths(&Cli::command(), "", &mut all);
+        assert!(all.len() > 15, "{all:?}");
+        let mut cmd = command();
+        cmd.build();
+        for path in &all {
+            let mut c = &cmd;
+            for part in path.split_whitespace() {
+                c = c.find_subcommand(part).unwrap();
+            }
+            let help = c
+                .get_after_help()
+                .map(ToString::to_string)
+                .unwrap_or_default();
+            assert!(help.starts_with("Examples:\n"), "{path:?} has no examples");
+            let lines: Vec<&str> = help
+                .lines()
+                .map(str::trim)
+                .filter(|l| l.starts_with("bigfleet "))
+                .collect();
+            assert!(!lines.is_empty(), "{path:?}: {help}");
+            for line in lines {
+                // Only the command: not a trailing comment, redirection or pipe.
+                let argv = line
+                    .split(['#', '>', '|'])
+                    .next()
+                    .unwrap()
+                    .split_whitespace();
+                if let Err(e) = command().try_get_matches_from(argv) {
+                    panic!("{path:?}: example {line:?} does not parse: {e}");
+                }
+                assert!(
+                    line.starts_with(&format!("bigfleet {path}").trim_end().to_owned())
+                        || path.is_empty(),
+                    "{path:?}: example {line:?} is about another command"
+                );
+            }
+        }
+        let stale: Vec<_> = EXAMPLES
+            .iter()
+            .filter(|(p, _)| !all.iter().any(|a| a == p))
+            .collect();
+        assert!(stale.is_empty(), "examples for no command: {stale:?}");
+    }
+
+    #[test]
+    fn version_names_the_commit() {
+        let v = command().render_version();
+        let git = v
+            .split("(git ")
+            .nth(1)
+            .and_then(|r| r.split([',', ')']).next())
+            .unwrap();
+        assert!(
+            git == "unknown"
+                || ((7..=40).contains(&git.len()) && git.bytes().all(|b| b.is_ascii_hexdigit())),
+            "{v}"
+        );
+    }
+
+    #[test]
+    fn watch_flags_parse_on_reads_only() {
+        let cli =
+            Cli::try_parse_from(["bigfleet", "shards", "-w", "--watch-interval", "5s"]).unwrap();
+        match cli.command {
+            Command::Shards(a) => {
+                assert!(a.watch.watch);
+                assert_eq!(a.watch.watch_interval, Duration::from_secs(5));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &["bigfleet", "domains", "--watch-interval", "5s"][..],
+            &["bigfleet", "domains", "-w", "--watch-interval", "0s"],
+            &[
+                "bigfleet",
+                "admin",
+                "remove-shard",
+                "--shard",
+                "s",
+                "--watch",
+            ],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
+        let cli =
+            Cli::try_parse_from(["bigfleet", "domains", "-o", "yaml", "--no-headers"]).unwrap();
+        assert_eq!(cli.global.output, OutputFormat::Yaml);
+        assert!(cli.global.no_headers);
     }
 
     #[test]

@@ -130,6 +130,8 @@ pub enum CliError {
     Output(#[from] std::io::Error),
     #[error("encoding json: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("encoding yaml: {0}")]
+    Yaml(String),
 }
 
 impl CliError {

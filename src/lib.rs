@@ -6,7 +6,10 @@
 //!   `--inspect`, else straight from the coordinator and the shards.
 //! * [`admin`] — `admin assign-domain | unassign-domain | remove-shard | snapshot save |
 //!   snapshot restore`.
-//! * [`output`] — human tables and `-o json`.
+//! * [`output`] — one output layer: `-o table|wide|json|yaml|name`, `--no-headers`
+//!   (ADR-0122); read commands also take `--watch`.
+//! * [`cli`] also prints shell completions (`bigfleet completion bash|zsh|fish`) and
+//!   stamps `--version` with the git commit.
 //! * [`pki`] — `pki install-secrets` (the chart's CA hook Job, ADR-0110) and `pki issue`.
 //!
 //! Coordinator calls follow the leader hint of a follower once; refusals say which role the
@@ -34,7 +37,8 @@ use svc_inspect::fleet::{Fleet, FleetConfig};
 
 pub use error::{CliError, RemoteError};
 
-use crate::cli::{AdminCommand, Cli, Command, GlobalArgs, OutputFormat, SnapshotCommand};
+use crate::cli::{AdminCommand, Cli, Command, GlobalArgs, SnapshotCommand, WatchArgs};
+use crate::output::{OutputFormat, OutputOptions, Render};
 
 /// Where and how the CLI connects.
 #[derive(Debug, Clone)]
@@ -155,12 +159,115 @@ fn warn(err: &mut dyn Write, warnings: &[String]) -> Result<(), CliError> {
     Ok(())
 }
 
-/// Runs one command: results go to `out`, warnings to `err`.
+/// Runs one command: results go to `out`, warnings to `err`. `--watch` runs until the
+/// process is killed; see [`run_until`].
 pub async fn run(
     cli: Cli,
     out: &mut (dyn Write + Send),
     err: &mut (dyn Write + Send),
 ) -> Result<(), CliError> {
+    run_until(cli, out, err, std::future::pending()).await
+}
+
+/// A read command's answer: the document and the warnings for stderr.
+type Answer<T> = Result<(T, Vec<String>), CliError>;
+
+/// One read command: once, or with `--watch` until `stop` resolves.
+///
+/// Watching reprints the whole answer whenever its rendering changes (JSON documents
+/// follow each other, YAML documents are separated by `---`, tables by a blank line), and
+/// warnings only when they change. An error on the first poll ends the command; later ones
+/// are reported on stderr and polling goes on, so a watch outlives a leader change.
+async fn read_command<T, F, Fut>(
+    opts: OutputOptions,
+    watch: WatchArgs,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+    stop: impl Future<Output = ()>,
+    mut fetch: F,
+) -> Result<(), CliError>
+where
+    T: Render,
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Answer<T>>,
+{
+    tokio::pin!(stop);
+    // Polled once now so a Ctrl-C handler is in place before anything is printed: an
+    // interrupt right after the first answer must still end the watch cleanly.
+    if watch.watch && futures::FutureExt::now_or_never(&mut stop).is_some() {
+        return Ok(());
+    }
+    let (doc, warnings) = fetch().await?;
+    warn(err, &warnings)?;
+    let mut last = output::render(&doc, opts)?;
+    let first = if watch.watch && opts.format == OutputFormat::Yaml {
+        format!("---\n{last}")
+    } else {
+        last.clone()
+    };
+    out.write_all(first.as_bytes())?;
+    out.flush()?;
+    if !watch.watch {
+        return Ok(());
+    }
+    let mut last_warnings = warnings;
+    let mut last_error: Option<String> = None;
+    let mut tick = tokio::time::interval(watch.watch_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            () = &mut stop => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        let answer = tokio::select! {
+            () = &mut stop => return Ok(()),
+            a = fetch() => a,
+        };
+        match answer {
+            Ok((doc, warnings)) => {
+                last_error = None;
+                if warnings != last_warnings {
+                    warn(err, &warnings)?;
+                    last_warnings = warnings;
+                }
+                let text = output::render(&doc, opts)?;
+                if text == last {
+                    continue;
+                }
+                let sep = match opts.format {
+                    OutputFormat::Yaml => "---\n",
+                    OutputFormat::Table | OutputFormat::Wide => "\n",
+                    OutputFormat::Json | OutputFormat::Name => "",
+                };
+                out.write_all(sep.as_bytes())?;
+                out.write_all(text.as_bytes())?;
+                out.flush()?;
+                last = text;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if last_error.as_deref() != Some(msg.as_str()) {
+                    writeln!(err, "warning: {msg} (still watching)")?;
+                    last_error = Some(msg);
+                }
+            }
+        }
+    }
+}
+
+/// Runs one command; a `--watch` read ends cleanly when `stop` resolves (the binary
+/// passes Ctrl-C).
+pub async fn run_until(
+    cli: Cli,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+    stop: impl Future<Output = ()>,
+) -> Result<(), CliError> {
+    let opts = cli.global.output_options();
+    if let Command::Completion(a) = &cli.command {
+        return Ok(cli::completion(a.shell, out)?);
+    }
     // The offline restore needs no connection (nor TLS files).
     if let Command::Admin(AdminCommand::Snapshot(SnapshotCommand::Restore {
         data_dir,
@@ -170,7 +277,7 @@ pub async fn run(
     })) = &cli.command
     {
         let outcome = admin::snapshot_restore(data_dir, node_id, raft_advertise, file).await?;
-        return print_outcome(cli.global.output, out, &outcome);
+        return print_outcome(opts.format, out, &outcome);
     }
     // Neither does `pki`: it talks to the Kubernetes API or only to files.
     if let Command::Pki(cmd) = &cli.command {
@@ -184,10 +291,7 @@ pub async fn run(
         if let pki::PkiOutput::Installed(report) = &output {
             warn(err, &report.warnings)?;
         }
-        return match cli.global.output {
-            OutputFormat::Json => output::json(out, &output),
-            OutputFormat::Table => Ok(out.write_all(output.render().as_bytes())?),
-        };
+        return output::document(out, opts.format, &output, || output.render());
     }
     // `lab` talks to the running `up` through its run directory, not over the network.
     if let Command::Lab(cmd) = &cli.command {
@@ -195,43 +299,39 @@ pub async fn run(
         return Ok(out.write_all(answer.as_bytes())?);
     }
     let ctx = Context::from_args(&cli.global)?;
-    let json = ctx.output == OutputFormat::Json;
+    let ctx = &ctx;
     match &cli.command {
-        Command::Shards => {
-            let o = read::shards(&ctx).await?;
-            warn(err, &read::shard_warnings(&o))?;
-            if json {
-                output::json(out, &o)?;
-            } else {
-                out.write_all(read::render_shards(&o).as_bytes())?;
-            }
+        Command::Shards(a) => {
+            read_command(opts, a.watch, out, err, stop, || async move {
+                let o = read::shards(ctx).await?;
+                let w = read::shard_warnings(&o);
+                Ok((o, w))
+            })
+            .await?;
         }
         Command::Needs(a) => {
-            let o = read::needs(&ctx, &a.cluster, a.unmet, a.limit).await?;
-            warn(err, &read::needs_warnings(&o))?;
-            if json {
-                output::json(out, &o)?;
-            } else {
-                out.write_all(read::render_needs(&o).as_bytes())?;
-            }
+            read_command(opts, a.watch, out, err, stop, || async move {
+                let o = read::needs(ctx, &a.cluster, a.unmet, a.limit).await?;
+                let w = read::needs_warnings(&o);
+                Ok((o, w))
+            })
+            .await?;
         }
         Command::Shortfalls(a) => {
-            let rows = read::shortfalls(&ctx, a.limit).await?;
-            if json {
-                output::json(out, &rows)?;
-            } else {
-                out.write_all(read::render_shortfalls(&rows).as_bytes())?;
-            }
+            read_command(opts, a.watch, out, err, stop, || async move {
+                Ok((read::shortfalls(ctx, a.limit).await?, Vec::new()))
+            })
+            .await?;
         }
-        Command::Domains => {
-            let rows = read::domains(&ctx).await?;
-            if json {
-                output::json(out, &rows)?;
-            } else {
-                out.write_all(read::render_domains(&rows).as_bytes())?;
-            }
+        Command::Domains(a) => {
+            read_command(opts, a.watch, out, err, stop, || async move {
+                Ok((read::domains(ctx).await?, Vec::new()))
+            })
+            .await?;
         }
-        Command::Pki(_) | Command::Lab(_) => unreachable!("handled above"),
+        Command::Pki(_) | Command::Lab(_) | Command::Completion(_) => {
+            unreachable!("handled above")
+        }
         Command::Up(_) | Command::Svc(_) => {
             // Process-level commands: `main` runs them (`up::main`, `svc::main`) before
             // this function is reached.
@@ -242,14 +342,14 @@ pub async fn run(
         Command::Admin(cmd) => {
             let outcome = match cmd {
                 AdminCommand::AssignDomain { key, value, shard } => {
-                    admin::assign_domain(&ctx, key, value, shard).await?
+                    admin::assign_domain(ctx, key, value, shard).await?
                 }
                 AdminCommand::UnassignDomain { key, value } => {
-                    admin::unassign_domain(&ctx, key, value).await?
+                    admin::unassign_domain(ctx, key, value).await?
                 }
-                AdminCommand::RemoveShard { shard } => admin::remove_shard(&ctx, shard).await?,
+                AdminCommand::RemoveShard { shard } => admin::remove_shard(ctx, shard).await?,
                 AdminCommand::Snapshot(SnapshotCommand::Save { file }) => {
-                    admin::snapshot_save(&ctx, file).await?
+                    admin::snapshot_save(ctx, file).await?
                 }
                 AdminCommand::Snapshot(SnapshotCommand::Restore {
                     data_dir,
@@ -258,7 +358,7 @@ pub async fn run(
                     file,
                 }) => admin::snapshot_restore(data_dir, node_id, raft_advertise, file).await?,
             };
-            print_outcome(ctx.output, out, &outcome)?;
+            print_outcome(opts.format, out, &outcome)?;
         }
     }
     Ok(())
@@ -269,11 +369,5 @@ fn print_outcome(
     out: &mut dyn Write,
     outcome: &admin::AdminOutcome,
 ) -> Result<(), CliError> {
-    match format {
-        OutputFormat::Json => output::json(out, outcome),
-        OutputFormat::Table => {
-            writeln!(out, "{}", outcome.message)?;
-            Ok(())
-        }
-    }
+    output::document(out, format, outcome, || format!("{}\n", outcome.message))
 }

@@ -1,5 +1,3 @@
-use clap::Parser;
-
 // The same allocator as the per-service binaries (ADR-0031): `bigfleet svc decide`
 // must behave like `bigfleet-shard-decide`.
 #[global_allocator]
@@ -13,7 +11,7 @@ async fn main() -> std::process::ExitCode {
     if bigfleet::svc::is_svc_invocation(&argv) {
         return bigfleet::svc::main(argv).await;
     }
-    let cli = bigfleet::cli::Cli::parse();
+    let cli = bigfleet::cli::parse_from(argv);
     // Quiet by default: a CLI prints results, not service logs (RUST_LOG overrides).
     let telemetry =
         bigfleet_telemetry::TelemetryConfig::from_lookup("bigfleet", Default::default(), |k| {
@@ -26,7 +24,12 @@ async fn main() -> std::process::ExitCode {
         return bigfleet::up::main(args).await;
     }
     let (mut out, mut err) = (std::io::stdout(), std::io::stderr());
-    match bigfleet::run(cli, &mut out, &mut err).await {
+    // Ctrl-C ends a `--watch` cleanly; other commands never wait on it (the signal is
+    // only hooked once a watch starts waiting).
+    let ctrl_c = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    match bigfleet::run_until(cli, &mut out, &mut err, ctrl_c).await {
         Ok(()) => std::process::ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("bigfleet: {e}");

@@ -16,7 +16,7 @@ use tonic::Status;
 
 use crate::Context;
 use crate::error::{CliError, RemoteError};
-use crate::output::{Table, or_dash};
+use crate::output::{Column, Listing, Render, or_dash};
 
 /// `bigfleet shards`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -131,92 +131,104 @@ pub async fn shards(ctx: &Context) -> Result<ShardsOutput, CliError> {
     })
 }
 
-pub fn render_shards(o: &ShardsOutput) -> String {
-    let mut t = Table::new(&[
-        "SHARD",
-        "ADDRESS",
-        "STATUS",
-        "LAST REPORT",
-        "CYCLE",
-        "MACHINES",
-        "CONFIGURED",
-        "IDLE",
-        "FAILED",
-        "SESSIONS",
-        "NEEDS",
-        "UNMET",
-    ])
-    .numeric(&[
-        "CYCLE",
-        "MACHINES",
-        "CONFIGURED",
-        "IDLE",
-        "FAILED",
-        "SESSIONS",
-        "NEEDS",
-        "UNMET",
-    ]);
-    for s in &o.shards {
-        let counted = s.reachable && s.source == "shard-info";
-        let state = |name: &str| {
-            if counted {
-                s.machines_by_state
-                    .get(name)
-                    .copied()
-                    .unwrap_or(0)
-                    .to_string()
-            } else {
-                "-".to_owned()
-            }
-        };
-        let machines = if counted {
-            s.machines_by_state.values().sum::<i32>().to_string()
-        } else {
-            s.reported_total_machines
-                .map_or("-".to_owned(), |n| format!("~{n}"))
-        };
-        let live = |v: String| if s.reachable { v } else { "-".to_owned() };
-        t.row(vec![
-            s.shard_id.clone(),
-            s.address.clone(),
-            if s.reachable {
-                "ok".to_owned()
-            } else {
-                "UNREACHABLE".to_owned()
-            },
-            if s.last_report_age_ms < 0 {
-                "never".to_owned()
-            } else {
-                format!(
-                    "{} ago",
-                    humantime::format_duration(std::time::Duration::from_secs(
-                        u64::try_from(s.last_report_age_ms / 1000).unwrap_or(0)
-                    ))
-                )
-            },
-            live(s.cycle.to_string()),
-            machines,
-            state("MACHINE_STATE_CONFIGURED"),
-            state("MACHINE_STATE_IDLE"),
-            state("MACHINE_STATE_FAILED"),
-            live(s.sessions.to_string()),
-            live(s.needs.to_string()),
-            live(if s.unmet_needs < 0 {
-                "?".to_owned()
-            } else {
-                s.unmet_needs.to_string()
-            }),
-        ]);
+fn age_text(ms: i64) -> String {
+    if ms < 0 {
+        return "never".to_owned();
     }
-    let mut out = if t.is_empty() {
-        "no shard has registered with the coordinator yet\n".to_owned()
-    } else {
-        t.render()
-    };
-    for s in o.shards.iter().filter(|s| !s.reachable) {
-        out.push_str(&format!("{} is unreachable: {}\n", s.shard_id, s.error));
+    format!(
+        "{} ago",
+        humantime::format_duration(std::time::Duration::from_secs(
+            u64::try_from(ms / 1000).unwrap_or(0)
+        ))
+    )
+}
+
+impl Render for ShardsOutput {
+    fn listing(&self) -> Listing {
+        let mut t = Listing::new(
+            "shard",
+            vec![
+                Column::text("SHARD"),
+                Column::text("ADDRESS"),
+                Column::text("STATUS"),
+                Column::text("LAST REPORT"),
+                Column::number("CYCLE"),
+                Column::number("MACHINES"),
+                Column::number("CONFIGURED"),
+                Column::number("IDLE"),
+                Column::number("FAILED"),
+                Column::number("SESSIONS"),
+                Column::number("NEEDS"),
+                Column::number("UNMET"),
+                Column::text("REPORTED TOTAL/FREE").wide(),
+                Column::text("SOURCE").wide(),
+                Column::text("ERROR").wide(),
+            ],
+        )
+        .when_empty("no shard has registered with the coordinator yet");
+        for s in &self.shards {
+            let counted = s.reachable && s.source == "shard-info";
+            let state = |name: &str| {
+                if counted {
+                    s.machines_by_state
+                        .get(name)
+                        .copied()
+                        .unwrap_or(0)
+                        .to_string()
+                } else {
+                    "-".to_owned()
+                }
+            };
+            let machines = if counted {
+                s.machines_by_state.values().sum::<i32>().to_string()
+            } else {
+                s.reported_total_machines
+                    .map_or("-".to_owned(), |n| format!("~{n}"))
+            };
+            let live = |v: String| if s.reachable { v } else { "-".to_owned() };
+            let reported = match (s.reported_total_machines, s.reported_free_machines) {
+                (None, None) => "-".to_owned(),
+                (t, f) => format!(
+                    "{}/{}",
+                    t.map_or("-".to_owned(), |n| n.to_string()),
+                    f.map_or("-".to_owned(), |n| n.to_string())
+                ),
+            };
+            t.row(
+                s.shard_id.clone(),
+                vec![
+                    s.shard_id.clone(),
+                    s.address.clone(),
+                    if s.reachable {
+                        "ok".to_owned()
+                    } else {
+                        "UNREACHABLE".to_owned()
+                    },
+                    age_text(s.last_report_age_ms),
+                    live(s.cycle.to_string()),
+                    machines,
+                    state("MACHINE_STATE_CONFIGURED"),
+                    state("MACHINE_STATE_IDLE"),
+                    state("MACHINE_STATE_FAILED"),
+                    live(s.sessions.to_string()),
+                    live(s.needs.to_string()),
+                    live(if s.unmet_needs < 0 {
+                        "?".to_owned()
+                    } else {
+                        s.unmet_needs.to_string()
+                    }),
+                    reported,
+                    or_dash(s.source.clone()),
+                    or_dash(s.error.clone()),
+                ],
+            );
+        }
+        for s in self.shards.iter().filter(|s| !s.reachable) {
+            t.footer
+                .push(format!("{} is unreachable: {}", s.shard_id, s.error));
+        }
+        t
     }
-    out
 }
 
 /// Warnings a read wants printed on stderr.
@@ -355,104 +367,119 @@ fn reason_label(reason: &str) -> &str {
     }
 }
 
-pub fn render_needs(o: &NeedsOutput) -> String {
-    let mut out = String::new();
-    if o.cycle == 0 && o.needs.is_empty() {
-        out.push_str(&format!(
-            "cluster {}: no verdicts yet (no decision cycle has run on a shard holding it)\n",
-            o.cluster_id
-        ));
-        return out;
-    }
-    let unmet = o.needs.iter().filter(|n| !n.satisfied).count();
-    out.push_str(&format!(
-        "cluster {}: {} needs on the shards; showing {} ({} unmet); verdicts from cycle {}{}\n",
-        o.cluster_id,
-        o.total_needs,
-        o.needs.len(),
-        unmet,
-        o.cycle,
-        match svc_inspect_timestamp(o.computed_at_unix_nanos) {
-            Some(t) => format!(" at {t}"),
-            None => String::new(),
-        }
-    ));
-    if o.needs.is_empty() {
-        return out;
-    }
-    // Through svc-inspect the shard of a row is not known: no empty column then.
-    let with_shard = o.needs.iter().any(|n| n.shard_id.is_some());
-    let mut headers = vec![
-        "#",
-        "PRIO",
-        "STATUS",
-        "REASON",
-        "DEMAND",
-        "DEFICIT",
-        "CLAIMED",
-        "SUPPLY I/C/S",
-        "PREEMPT",
-        "SAME-DOMAIN",
-        "UNMET CYCLES",
-    ];
-    if with_shard {
-        headers.push("SHARD");
-    }
-    let mut t = Table::new(&headers).numeric(&["#", "PRIO", "CLAIMED", "UNMET CYCLES"]);
-    for (i, n) in o.needs.iter().enumerate() {
-        let supply = n.matching_supply.as_ref().map_or(String::new(), |m| {
-            format!(
-                "{}/{}/{}{}",
-                m.idle,
-                m.configured,
-                m.speculative,
-                if m.capped { "+" } else { "" }
-            )
-        });
-        let preempt = n.preemption.as_ref().map_or(String::new(), |p| {
-            format!(
-                "{} victims, {}",
-                p.victims_found,
-                resources_text(&p.capacity_freed)
-            )
-        });
-        let mut same = n.same_domain.clone();
-        if let Some(best) = n.same_candidates.first()
-            && same.is_empty()
-        {
-            same = format!("best {} {}‰", best.domain, best.coverage_per_mille);
-        }
-        if n.acquisition_parked {
-            same.push_str(" (parked)");
-        }
-        let mut row = vec![
-            (i + 1).to_string(),
-            n.priority.to_string(),
-            if n.satisfied {
-                "satisfied".to_owned()
-            } else {
-                "UNMET".to_owned()
-            },
-            if n.satisfied {
-                "-".to_owned()
-            } else {
-                reason_label(&n.unmet_reason).to_owned()
-            },
-            or_dash(resources_text(&n.aggregate_resources)),
-            or_dash(resources_text(&n.residual_deficit)),
-            n.claimed_machine_count.to_string(),
-            or_dash(supply),
-            or_dash(preempt),
-            or_dash(same.trim().to_owned()),
-            n.age_cycles_unmet.to_string(),
+impl Render for NeedsOutput {
+    fn listing(&self) -> Listing {
+        // Through svc-inspect the shard of a row is not known: no empty column then.
+        let with_shard = self.needs.iter().any(|n| n.shard_id.is_some());
+        let mut columns = vec![
+            Column::number("#"),
+            Column::number("PRIO"),
+            Column::text("STATUS"),
+            Column::text("REASON"),
+            Column::text("DEMAND"),
+            Column::text("DEFICIT"),
+            Column::number("CLAIMED"),
+            Column::text("SUPPLY I/C/S"),
+            Column::text("PREEMPT"),
+            Column::text("SAME-DOMAIN"),
+            Column::number("UNMET CYCLES"),
         ];
         if with_shard {
-            row.push(or_dash(n.shard_id.clone().unwrap_or_default()));
+            columns.push(Column::text("SHARD"));
         }
-        t.row(row);
+        columns.extend([
+            Column::text("ARRIVED").wide(),
+            Column::text("GROUP").wide(),
+            Column::text("REQUIREMENTS").wide(),
+            Column::text("FINGERPRINT").wide(),
+        ]);
+        let mut t = Listing::new("need", columns);
+        if self.cycle == 0 && self.needs.is_empty() {
+            t.empty = format!(
+                "cluster {}: no verdicts yet (no decision cycle has run on a shard holding it)",
+                self.cluster_id
+            );
+            return t;
+        }
+        let unmet = self.needs.iter().filter(|n| !n.satisfied).count();
+        t.preamble.push(format!(
+            "cluster {}: {} needs on the shards; showing {} ({} unmet); verdicts from cycle {}{}",
+            self.cluster_id,
+            self.total_needs,
+            self.needs.len(),
+            unmet,
+            self.cycle,
+            match svc_inspect_timestamp(self.computed_at_unix_nanos) {
+                Some(t) => format!(" at {t}"),
+                None => String::new(),
+            }
+        ));
+        for (i, n) in self.needs.iter().enumerate() {
+            let supply = n.matching_supply.as_ref().map_or(String::new(), |m| {
+                format!(
+                    "{}/{}/{}{}",
+                    m.idle,
+                    m.configured,
+                    m.speculative,
+                    if m.capped { "+" } else { "" }
+                )
+            });
+            let preempt = n.preemption.as_ref().map_or(String::new(), |p| {
+                format!(
+                    "{} victims, {}",
+                    p.victims_found,
+                    resources_text(&p.capacity_freed)
+                )
+            });
+            let mut same = n.same_domain.clone();
+            if let Some(best) = n.same_candidates.first()
+                && same.is_empty()
+            {
+                same = format!("best {} {}‰", best.domain, best.coverage_per_mille);
+            }
+            if n.acquisition_parked {
+                same.push_str(" (parked)");
+            }
+            let mut row = vec![
+                (i + 1).to_string(),
+                n.priority.to_string(),
+                if n.satisfied {
+                    "satisfied".to_owned()
+                } else {
+                    "UNMET".to_owned()
+                },
+                if n.satisfied {
+                    "-".to_owned()
+                } else {
+                    reason_label(&n.unmet_reason).to_owned()
+                },
+                or_dash(resources_text(&n.aggregate_resources)),
+                or_dash(resources_text(&n.residual_deficit)),
+                n.claimed_machine_count.to_string(),
+                or_dash(supply),
+                or_dash(preempt),
+                or_dash(same.trim().to_owned()),
+                n.age_cycles_unmet.to_string(),
+            ];
+            if with_shard {
+                row.push(or_dash(n.shard_id.clone().unwrap_or_default()));
+            }
+            row.extend([
+                svc_inspect_timestamp(n.arrival_unix_nanos).unwrap_or_else(|| "-".to_owned()),
+                or_dash(n.group.clone()),
+                or_dash(n.requirements.join("; ")),
+                or_dash(n.profile_fingerprint.clone()),
+            ]);
+            // A need is known by its cluster and profile fingerprint (ADR-0116).
+            let name = if n.profile_fingerprint.is_empty() {
+                format!("{}/{}", n.cluster_id, i + 1)
+            } else {
+                format!("{}/{}", n.cluster_id, n.profile_fingerprint)
+            };
+            t.row(name, row);
+        }
+        t
     }
-    out.push_str(&t.render());
-    out
 }
 
 fn svc_inspect_timestamp(nanos: i64) -> Option<String> {
@@ -481,73 +508,110 @@ pub fn needs_warnings(o: &NeedsOutput) -> Vec<String> {
     w
 }
 
+/// `bigfleet shortfalls`: serialised as a plain list.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Shortfalls(pub Vec<ShortfallView>);
+
+/// `bigfleet domains`: serialised as a plain list.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Domains(pub Vec<DomainView>);
+
 /// The fleet's shortfalls, oldest first.
-pub async fn shortfalls(ctx: &Context, limit: usize) -> Result<Vec<ShortfallView>, CliError> {
+pub async fn shortfalls(ctx: &Context, limit: usize) -> Result<Shortfalls, CliError> {
     if let Some(addr) = &ctx.inspect {
         let max = u32::try_from(limit.max(1)).unwrap_or(u32::MAX);
         let s = fleet_summary(ctx, addr, max).await?;
-        return Ok(s.shortfalls.iter().map(ShortfallView::from_proto).collect());
+        return Ok(Shortfalls(
+            s.shortfalls.iter().map(ShortfallView::from_proto).collect(),
+        ));
     }
     let o = ctx.fleet()?.overview().await;
     if let Some(e) = &o.coordinator_failure {
         return Err(CliError::coordinator(e.clone(), Some(ctx.timeout)));
     }
-    Ok(o.shortfalls
-        .iter()
-        .take(limit.max(1))
-        .map(ShortfallView::from_proto)
-        .collect())
+    Ok(Shortfalls(
+        o.shortfalls
+            .iter()
+            .take(limit.max(1))
+            .map(ShortfallView::from_proto)
+            .collect(),
+    ))
 }
 
-pub fn render_shortfalls(rows: &[ShortfallView]) -> String {
-    if rows.is_empty() {
-        return "no shard reports unmet demand\n".to_owned();
+impl Render for Shortfalls {
+    fn listing(&self) -> Listing {
+        let mut t = Listing::new(
+            "shortfall",
+            vec![
+                Column::number("AGE (CYCLES)"),
+                Column::number("PRIO"),
+                Column::text("SHARD"),
+                Column::text("CLUSTER"),
+                Column::text("DEFICIT"),
+                Column::text("REQUIREMENTS"),
+                Column::text("INTERRUPTION").wide(),
+            ],
+        )
+        .when_empty("no shard reports unmet demand");
+        for (i, s) in self.0.iter().enumerate() {
+            // Shortfalls have no identity of their own: shard, cluster and rank.
+            let cluster = if s.cluster_id.is_empty() {
+                "-"
+            } else {
+                &s.cluster_id
+            };
+            t.row(
+                format!("{}/{cluster}/{}", s.shard_id, i + 1),
+                vec![
+                    s.age_cycles.to_string(),
+                    s.priority.to_string(),
+                    s.shard_id.clone(),
+                    or_dash(s.cluster_id.clone()),
+                    or_dash(resources_text(&s.deficit)),
+                    or_dash(s.requirements.join("; ")),
+                    or_dash(s.interruption_penalty_bucket.clone()),
+                ],
+            );
+        }
+        t
     }
-    let mut t = Table::new(&[
-        "AGE (CYCLES)",
-        "PRIO",
-        "SHARD",
-        "CLUSTER",
-        "DEFICIT",
-        "REQUIREMENTS",
-    ])
-    .numeric(&["AGE (CYCLES)", "PRIO"]);
-    for s in rows {
-        t.row(vec![
-            s.age_cycles.to_string(),
-            s.priority.to_string(),
-            s.shard_id.clone(),
-            or_dash(s.cluster_id.clone()),
-            or_dash(resources_text(&s.deficit)),
-            or_dash(s.requirements.join("; ")),
-        ]);
-    }
-    t.render()
 }
 
 /// Topology domains pinned to shards (always from the coordinator).
-pub async fn domains(ctx: &Context) -> Result<Vec<DomainView>, CliError> {
+pub async fn domains(ctx: &Context) -> Result<Domains, CliError> {
     let c = ctx.coordinator_client(Some(ctx.timeout))?;
     let list = c
         .list_domain_assignments()
         .await
         .map_err(|e| CliError::coordinator(e, Some(ctx.timeout)))?;
-    Ok(list.iter().map(DomainView::from_proto).collect())
+    Ok(Domains(list.iter().map(DomainView::from_proto).collect()))
 }
 
-pub fn render_domains(rows: &[DomainView]) -> String {
-    if rows.is_empty() {
-        return "no domain is pinned to a shard\n".to_owned();
+impl Render for Domains {
+    fn listing(&self) -> Listing {
+        let mut t = Listing::new(
+            "domain",
+            vec![
+                Column::text("KEY"),
+                Column::text("VALUE"),
+                Column::text("SHARD"),
+            ],
+        )
+        .when_empty("no domain is pinned to a shard");
+        for d in &self.0 {
+            t.row(
+                format!("{}={}", d.topology_key, d.topology_value),
+                vec![
+                    d.topology_key.clone(),
+                    d.topology_value.clone(),
+                    d.shard_id.clone(),
+                ],
+            );
+        }
+        t
     }
-    let mut t = Table::new(&["KEY", "VALUE", "SHARD"]);
-    for d in rows {
-        t.row(vec![
-            d.topology_key.clone(),
-            d.topology_value.clone(),
-            d.shard_id.clone(),
-        ]);
-    }
-    t.render()
 }
 
 #[cfg(test)]
@@ -592,6 +656,10 @@ mod tests {
         }
     }
 
+    fn table() -> crate::output::OutputOptions {
+        crate::output::OutputOptions::new(crate::output::OutputFormat::Table)
+    }
+
     #[test]
     fn needs_tables_show_verdicts() {
         let o = NeedsOutput {
@@ -603,7 +671,7 @@ mod tests {
             coordinator_error: String::new(),
             needs: vec![row(false, "NO_MATCHING_SUPPLY"), row(true, "")],
         };
-        let text = render_needs(&o);
+        let text = crate::output::render(&o, table()).unwrap();
         assert!(
             text.starts_with(
                 "cluster c: 2 needs on the shards; showing 2 (1 unmet); verdicts from cycle 7\n"
@@ -622,6 +690,10 @@ mod tests {
             needs: vec![],
             ..o
         };
-        assert!(render_needs(&empty).contains("no verdicts yet"));
+        assert!(
+            crate::output::render(&empty, table())
+                .unwrap()
+                .contains("no verdicts yet")
+        );
     }
 }

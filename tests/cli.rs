@@ -97,7 +97,7 @@ impl Fleet {
                 unmet_needs: 2,
                 ..Default::default()
             }),
-            delay: None,
+            ..Default::default()
         };
         let s2 = ShardDouble {
             shard_id: "s2".into(),

@@ -10,7 +10,7 @@
 //! * [`mesh`] — the harness (also used by the end-to-end tests): plan, start, supervise.
 //! * [`child`] — one child process and its log.
 //! * [`chaos`] — `--chaos`: seeded kills and the invariants they must not break.
-//! * [`progress`] — the progress view and the `--duration` summary.
+//! * [`progress`] — the progress view (in place on a terminal) and the `--duration` summary.
 //! * [`operators`] — the simulated operators' demand.
 //! * [`pki`] — `--tls` certificates.
 //! * [`probe`] — `/readyz` and `/metrics` over plain HTTP.
@@ -591,6 +591,18 @@ async fn supervise(
     mut chaos: Option<&mut chaos::Chaos>,
 ) -> (Supervision, Option<Snapshot>) {
     let deadline = args.duration.map(|d| Instant::now() + d);
+    // Dropped on return: the last progress line stays on screen.
+    let view = if args.quiet {
+        progress::ProgressView::plain()
+    } else {
+        progress::ProgressView::new()
+    };
+    // Messages scroll above the live progress line instead of being drawn over.
+    macro_rules! say {
+        ($($t:tt)*) => {
+            view.println(&format!($($t)*))
+        };
+    }
     let mut seen = Supervision::default();
     let mut history: std::collections::BTreeMap<String, ChildHistory> = Default::default();
     let mut manual_down: std::collections::BTreeSet<String> = Default::default();
@@ -602,7 +614,7 @@ async fn supervise(
     loop {
         let stop = tokio::select! {
             () = &mut signal => {
-                eprintln!("bigfleet up: stopping");
+                say!("bigfleet up: stopping");
                 true
             }
             _ = tick.tick() => false,
@@ -614,7 +626,7 @@ async fn supervise(
                 None => Err("not a request (kill <child> | restart <child>)".to_owned()),
                 Some(crate::lab::Request::Kill(name)) => match mesh.kill(&name).await {
                     Ok(_) => {
-                        eprintln!("bigfleet up: {name} killed on request; it stays down");
+                        say!("bigfleet up: {name} killed on request; it stays down");
                         manual_down.insert(name.clone());
                         Ok(format!("killed {name}\n"))
                     }
@@ -622,7 +634,7 @@ async fn supervise(
                 },
                 Some(crate::lab::Request::Restart(name)) => match mesh.restart(&name).await {
                     Ok(()) => {
-                        eprintln!("bigfleet up: {name} restarted on request");
+                        say!("bigfleet up: {name} restarted on request");
                         manual_down.remove(&name);
                         history.remove(&name);
                         Ok(format!("restarted {name}\n"))
@@ -635,10 +647,10 @@ async fn supervise(
         let now = Instant::now();
         let mut looping = false;
         for c in mesh.crashes() {
-            eprintln!("bigfleet up: {c}");
+            say!("bigfleet up: {c}");
             let h = history.entry(c.name.clone()).or_default();
             if h.crashed(now) {
-                eprintln!(
+                say!(
                     "bigfleet up: {} crashed {CRASH_LOOP_LIMIT} times within {}s; stopping everything",
                     c.name,
                     CRASH_LOOP_WINDOW.as_secs()
@@ -646,14 +658,14 @@ async fn supervise(
                 seen.gave_up.push(c.name.clone());
                 looping = true;
             } else if args.restart {
-                eprintln!(
+                say!(
                     "bigfleet up: restarting {} in {:?}",
                     c.name,
                     h.backoff.unwrap_or_default()
                 );
             } else {
                 h.due = None;
-                eprintln!(
+                say!(
                     "bigfleet up: {} stays down (--restart=false); the rest keeps running",
                     c.name
                 );
@@ -667,11 +679,11 @@ async fn supervise(
                     match mesh.restart(name).await {
                         Ok(()) => {
                             seen.restarts += 1;
-                            eprintln!("bigfleet up: {name} restarted");
+                            say!("bigfleet up: {name} restarted");
                         }
                         // Counted like a crash: it will be retried with a longer backoff.
                         Err(e) => {
-                            eprintln!("bigfleet up: restarting {name} failed: {e}");
+                            say!("bigfleet up: restarting {name} failed: {e}");
                             if h.crashed(Instant::now()) {
                                 seen.gave_up.push(name.clone());
                                 looping = true;
@@ -705,7 +717,7 @@ async fn supervise(
                 chaos::Step::Nothing => {}
                 chaos::Step::Kill(victim) => match mesh.kill(&victim).await {
                     Ok(_) => {
-                        eprintln!("bigfleet up: chaos: killed {victim} (SIGKILL)");
+                        say!("bigfleet up: chaos: killed {victim} (SIGKILL)");
                         let was_leader = leader.as_deref() == Some(victim.as_str());
                         c.killed(
                             &victim,
@@ -714,7 +726,7 @@ async fn supervise(
                             was_leader,
                         );
                     }
-                    Err(e) => eprintln!("bigfleet up: chaos: killing {victim} failed: {e}"),
+                    Err(e) => say!("bigfleet up: chaos: killing {victim} failed: {e}"),
                 },
                 // `lab kill` in the meantime: it stays down as asked.
                 chaos::Step::Restart(victim) if manual_down.contains(&victim) => {
@@ -723,12 +735,12 @@ async fn supervise(
                 chaos::Step::Restart(victim) => match mesh.restart(&victim).await {
                     Ok(()) => {
                         c.restarted(&victim, Instant::now(), true);
-                        eprintln!("bigfleet up: chaos: {victim} is back");
+                        say!("bigfleet up: chaos: {victim} is back");
                     }
                     // Left to supervision, like a crash: retried with backoff.
                     Err(e) => {
                         c.restarted(&victim, Instant::now(), false);
-                        eprintln!("bigfleet up: chaos: restarting {victim} failed: {e}");
+                        say!("bigfleet up: chaos: restarting {victim} failed: {e}");
                         if history
                             .entry(victim.clone())
                             .or_default()
@@ -775,7 +787,7 @@ async fn supervise(
                         line.push_str(&format!(" (last {v})"));
                     }
                 }
-                eprintln!("{line}");
+                view.show(&line);
             }
             let last = snap.clone();
             previous = Some((snap, Instant::now()));

@@ -1,10 +1,21 @@
-//! What `bigfleet up` shows every second and prints at the end: machines by state (the
-//! providers' `List`), needs met (each shard's `InspectNeeds`), shortfalls (decide's
-//! `bigfleet_shard_shortfalls`) and executed actions (execute's outcome counters).
+//! What `bigfleet up` shows every second and prints at the end, and how it is drawn.
+//!
+//! Every figure is read over the mesh's gRPC except one: machines by state and configured
+//! machines per cluster come from the providers' `List`; needs, needs met, unmet needs
+//! and cycles from each shard's `ShardInfo.Describe`. Executed actions are counted only
+//! by execute's outcome counter (`bigfleet_shard_action_execute_outcomes_total`): no RPC
+//! carries them (decide forgets an action once it is done), so that one figure still
+//! comes from execute's `/metrics`.
+//!
+//! On a terminal the line is redrawn in place (indicatif); otherwise, for scripts and
+//! tests that parse it, each sample is one plain line on stderr.
 
 use std::collections::BTreeMap;
+use std::io::IsTerminal;
 use std::time::Duration;
 
+use bigfleet_proto::mesh::v1 as meshpb;
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
 use super::mesh::{Mesh, count_by_state};
@@ -19,7 +30,8 @@ pub struct Snapshot {
     /// Demand rows held by the shards and how many the last cycle satisfied.
     pub needs: u64,
     pub needs_satisfied: u64,
-    /// Unresolved shortfalls (decide's gauge, summed over shards).
+    /// Demand rows the shards' last cycles left unmet (`Describe`'s `unmet_needs`,
+    /// summed over shards).
     pub shortfalls: u64,
     /// Actions the execute workers finished (any outcome).
     pub actions_executed: u64,
@@ -54,19 +66,9 @@ pub async fn sample(mesh: &Mesh) -> Snapshot {
             Ok(m) => all.extend(m),
             Err(e) => snap.problems.push(format!("provider of shard-{i}: {e}")),
         }
-        match mesh.inspect_needs(i, "").await {
-            Ok((_, needs)) => {
-                snap.needs += needs.len() as u64;
-                snap.needs_satisfied += needs.iter().filter(|n| n.satisfied).count() as u64;
-            }
-            Err(e) => snap.problems.push(format!("shard-{i} InspectNeeds: {e}")),
-        }
-        match mesh.metrics(&format!("shard-{i}-decide")).await {
-            Ok(m) => {
-                snap.shortfalls += super::probe::sum(&m, "bigfleet_shard_shortfalls", &[]) as u64;
-                snap.cycles += super::probe::sum(&m, "bigfleet_shard_cycles_total", &[]) as u64;
-            }
-            Err(e) => snap.problems.push(format!("shard-{i}-decide: {e}")),
+        match mesh.describe(i).await {
+            Ok(d) => snap.add_description(&d),
+            Err(e) => snap.problems.push(format!("shard-{i} Describe: {e}")),
         }
         match mesh.metrics(&format!("shard-{i}-execute")).await {
             Ok(m) => {
@@ -88,6 +90,90 @@ pub async fn sample(mesh: &Mesh) -> Snapshot {
         }
     }
     snap
+}
+
+impl Snapshot {
+    /// Adds one shard's `Describe`. A shard that has not finished a cycle yet (a fresh or
+    /// restarted decide) has judged none of its rows, so none of them counts as met.
+    fn add_description(&mut self, d: &meshpb::ShardDescription) {
+        let count = |n: i32| u64::try_from(n).unwrap_or(0);
+        let (needs, unmet) = (count(d.needs), count(d.unmet_needs));
+        self.needs += needs;
+        if d.cycle > 0 {
+            self.needs_satisfied += needs.saturating_sub(unmet);
+        }
+        self.shortfalls += unmet;
+        self.cycles += u64::try_from(d.cycle).unwrap_or(0);
+    }
+}
+
+/// Where progress lines go: redrawn in place on a terminal, plain lines otherwise. Other
+/// messages go through [`ProgressView::println`] so they scroll above the live line
+/// instead of being overwritten by it.
+#[derive(Debug)]
+pub struct ProgressView {
+    bar: Option<ProgressBar>,
+}
+
+impl ProgressView {
+    /// In place when stderr (where progress goes) is a terminal.
+    pub fn new() -> Self {
+        Self::with_terminal(std::io::stderr().is_terminal())
+    }
+
+    /// Plain lines whatever stderr is (`--quiet`: only messages, no live line to keep).
+    pub fn plain() -> Self {
+        Self::with_terminal(false)
+    }
+
+    fn with_terminal(terminal: bool) -> Self {
+        let bar = terminal.then(|| {
+            let bar = ProgressBar::with_draw_target(None, ProgressDrawTarget::stderr());
+            bar.set_style(ProgressStyle::with_template("{msg}").expect("static template"));
+            bar
+        });
+        Self { bar }
+    }
+
+    /// Whether lines are redrawn in place.
+    pub fn in_place(&self) -> bool {
+        self.bar.is_some()
+    }
+
+    /// Shows the current progress line.
+    pub fn show(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.set_message(line.to_owned()),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// Prints a message that stays (above the live line on a terminal).
+    pub fn println(&self, line: &str) {
+        match &self.bar {
+            Some(bar) => bar.suspend(|| eprintln!("{line}")),
+            None => eprintln!("{line}"),
+        }
+    }
+
+    /// Leaves the last progress line on screen and stops redrawing.
+    pub fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.abandon();
+        }
+    }
+}
+
+impl Default for ProgressView {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Drop for ProgressView {
+    fn drop(&mut self) {
+        self.finish();
+    }
 }
 
 /// One progress line: `elapsed`, the snapshot, actions per second since `previous`.
@@ -186,5 +272,38 @@ mod tests {
         assert!(line.contains("actions 10.0/s (30 total)"), "{line}");
         assert!(line.contains("operators 2/3"), "{line}");
         assert_eq!(b.configured(), 3);
+    }
+
+    #[test]
+    fn describe_feeds_needs_shortfalls_and_cycles() {
+        let mut s = Snapshot::default();
+        s.add_description(&meshpb::ShardDescription {
+            cycle: 12,
+            needs: 5,
+            unmet_needs: 2,
+            ..Default::default()
+        });
+        // A decide that has not cycled yet has met nothing, whatever it holds.
+        s.add_description(&meshpb::ShardDescription {
+            cycle: 0,
+            needs: 4,
+            unmet_needs: 0,
+            ..Default::default()
+        });
+        assert_eq!((s.needs, s.needs_satisfied), (9, 3));
+        assert_eq!(s.shortfalls, 2);
+        assert_eq!(s.cycles, 12);
+    }
+
+    #[test]
+    fn a_pipe_gets_plain_lines_and_a_terminal_an_in_place_line() {
+        assert!(!ProgressView::with_terminal(false).in_place());
+        let tty = ProgressView::with_terminal(true);
+        assert!(tty.in_place());
+        tty.show("[    1s] machines 0");
+        assert_eq!(
+            tty.bar.as_ref().map(|b| b.message()).as_deref(),
+            Some("[    1s] machines 0")
+        );
     }
 }

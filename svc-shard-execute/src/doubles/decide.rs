@@ -269,8 +269,8 @@ impl DecideDouble {
 
     /// The `bigfleet.mesh.v1.Work` service of this double, to add to a
     /// server of your own (e.g. one with TLS).
-    pub fn service(&self) -> WorkServer<DecideService> {
-        WorkServer::new(DecideService {
+    pub fn service(&self) -> WorkServer<WorkDoubleService> {
+        WorkServer::new(WorkDoubleService {
             double: self.clone(),
         })
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
@@ -582,12 +582,12 @@ impl DecideLink for DecideDouble {
 
 /// The gRPC face of a [`DecideDouble`].
 #[derive(Debug)]
-pub struct DecideService {
+pub struct WorkDoubleService {
     double: DecideDouble,
 }
 
 #[tonic::async_trait]
-impl Work for DecideService {
+impl Work for WorkDoubleService {
     type PullStream = ReceiverStream<Result<mesh::WorkItem, Status>>;
 
     async fn pull(

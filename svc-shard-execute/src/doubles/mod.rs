@@ -17,7 +17,7 @@ mod gateway;
 
 use std::path::{Path, PathBuf};
 
-pub use decide::{DecideDouble, DecideService, DoneRecord, StreamRecord, TransitionRecord};
+pub use decide::{DecideDouble, DoneRecord, StreamRecord, TransitionRecord, WorkDoubleService};
 pub use gateway::{BlobScript, BootstrapCall, GatewayDouble, ReclaimCall};
 
 use tokio::net::UnixListener;

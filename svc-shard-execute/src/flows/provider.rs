@@ -1,0 +1,247 @@
+//! Provider mutations: each attempt stamped from the item's fencing window,
+//! retried only on transport codes (never when fenced), classified when it
+//! fails, and its acknowledgement read as the machine's next state.
+
+use std::future::Future;
+use std::time::Duration;
+
+use bigfleet_conv as conv;
+use bigfleet_mesh::Attempts;
+use bigfleet_model::MachineState;
+use bigfleet_proto::v1alpha1 as pb;
+use tokio::time::Instant;
+use tonic::{Code, Status};
+
+use super::steps::{Interrupt, describe};
+use super::{Fail, Run};
+use crate::fence::{Stamp, StampError};
+use crate::links::{DecideLink, GatewayLink, ProviderLink};
+use crate::outcome::Outcome;
+
+/// How one attempt of a provider call failed.
+#[derive(Debug)]
+enum Attempt {
+    Status(Status),
+    /// No fencing token left to stamp it with: never retried.
+    Window(StampError),
+}
+
+impl Attempt {
+    /// The code the retry policy judges; a fenced call is never retried,
+    /// whatever the policy says.
+    fn code(&self) -> Option<Code> {
+        match self {
+            Attempt::Status(s) if s.code() != Code::FailedPrecondition => Some(s.code()),
+            Attempt::Status(_) | Attempt::Window(_) => None,
+        }
+    }
+}
+
+/// How a provider call ended without an acknowledgement.
+#[derive(Debug)]
+pub(super) enum CallError {
+    Fenced(Status),
+    Refused(Status),
+    GaveUp { last: Status, attempts: u32 },
+    Window(StampError),
+    Interrupted(Interrupt),
+}
+
+/// A provider's view of the machine from an acknowledgement, validated like
+/// any provider record.
+pub(super) struct AckView {
+    /// The provider's operation id (for the logs of an unfinished transition).
+    pub(super) operation_id: String,
+    pub(super) state: MachineState,
+    pub(super) last_error: String,
+    pub(super) host: Option<pb::HostRef>,
+    pub(super) raw: pb::Machine,
+}
+
+/// What a provider mutation's acknowledgement says next.
+pub(super) enum Answer {
+    /// The machine as the provider now reports it.
+    View(Box<AckView>),
+    /// The provider finishes asynchronously; reconcile completes the transition.
+    Async(String),
+}
+
+impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
+    /// A provider mutation with fencing, per-attempt stamping and retries
+    /// on transport codes (all four mutations are idempotent on
+    /// (machine, target), so a retry after a lost answer is safe).
+    pub(super) async fn provider_call<F, Fut>(
+        &mut self,
+        rpc: &'static str,
+        mut call: F,
+    ) -> Result<pb::TransitionAck, CallError>
+    where
+        F: FnMut(Stamp, Duration) -> Fut,
+        Fut: Future<Output = Result<pb::TransitionAck, Status>>,
+    {
+        let ex = self.ex;
+        let deadline = self.deadline;
+        let stamper = &mut self.stamper;
+        let attempts = ex.cfg.retry.run_with(
+            |_| {
+                let per_call = ex
+                    .cfg
+                    .call_timeout
+                    .min(deadline.saturating_duration_since(Instant::now()));
+                let sent = stamper.stamp().map(|stamp| call(stamp, per_call));
+                async move {
+                    let sent = sent.map_err(Attempt::Window)?;
+                    match tokio::time::timeout(per_call, sent).await {
+                        Ok(answer) => answer.map_err(Attempt::Status),
+                        Err(_) => Err(Attempt::Status(Status::deadline_exceeded(format!(
+                            "no answer within {}",
+                            humantime::format_duration(per_call)
+                        )))),
+                    }
+                }
+            },
+            Attempt::code,
+            |retry, err, _wait| {
+                ex.metrics.provider_retries.with_label_values(&[rpc]).inc();
+                if let Attempt::Status(status) = err {
+                    tracing::warn!(
+                        rpc,
+                        attempts = retry,
+                        code = ?status.code(),
+                        error = %describe(status),
+                        "retryable provider error; retrying with a fresh sequence number"
+                    );
+                }
+            },
+        );
+        // The whole retry loop, backoff sleeps included, stops when the action is
+        // abandoned or out of time.
+        let guarded = tokio::select! {
+            biased;
+            _ = self.cancel.cancelled() => Err(Interrupt::Abandoned),
+            _ = tokio::time::sleep_until(deadline) => Err(Interrupt::Deadline),
+            out = attempts => Ok(out),
+        };
+        match guarded.map_err(CallError::Interrupted)? {
+            Ok(ack) => Ok(ack),
+            Err(Attempts {
+                last: Attempt::Window(e),
+                ..
+            }) => Err(CallError::Window(e)),
+            Err(Attempts {
+                last: Attempt::Status(status),
+                attempts,
+            }) => Err(match status.code() {
+                Code::FailedPrecondition => CallError::Fenced(status),
+                code if ex.cfg.retry.is_retryable(code) => CallError::GaveUp {
+                    last: status,
+                    attempts,
+                },
+                _ => CallError::Refused(status),
+            }),
+        }
+    }
+
+    /// Classifies a failed provider call and reports the machine Failed
+    /// (except for an abandoned action, which decide re-derives).
+    pub(super) async fn call_failed(
+        &self,
+        from: MachineState,
+        prefix: &str,
+        err: CallError,
+        on_error: Outcome,
+    ) -> Fail {
+        let (outcome, last_error) = match err {
+            CallError::Interrupted(Interrupt::Abandoned) => {
+                return self.interrupted(Interrupt::Abandoned, prefix);
+            }
+            CallError::Interrupted(Interrupt::Deadline) => {
+                let f = self.interrupted(Interrupt::Deadline, prefix);
+                (f.outcome, f.detail)
+            }
+            CallError::Fenced(status) => {
+                tracing::error!(
+                    machine = %self.machine_id,
+                    action_id = %self.action_id,
+                    rpc = prefix,
+                    error = %describe(&status),
+                    "zombie-shard incident: the provider refused our fencing token, a newer \
+                     incarnation of this shard has acted on the machine"
+                );
+                (
+                    Outcome::Fenced,
+                    format!("{prefix}: fenced: {}", describe(&status)),
+                )
+            }
+            CallError::Refused(status) if status.code() == Code::Unimplemented => (
+                on_error,
+                format!(
+                    "{prefix}: not supported by the provider (contract violation): {}",
+                    describe(&status)
+                ),
+            ),
+            CallError::Refused(status) => (on_error, format!("{prefix}: {}", describe(&status))),
+            CallError::GaveUp { last, attempts } => (
+                on_error,
+                format!(
+                    "{prefix}: {} (gave up after {attempts} attempts)",
+                    describe(&last)
+                ),
+            ),
+            CallError::Window(e) => (Outcome::Other, format!("{prefix}: {e}")),
+        };
+        self.mark_failed(from, outcome, last_error).await
+    }
+
+    /// Reads a mutation's answer: the machine as the provider now reports it, or a note
+    /// that the provider finishes asynchronously (reconcile completes the transition). A
+    /// failed call or an unusable acknowledgement fails the action from `from`.
+    pub(super) async fn read_answer(
+        &self,
+        from: MachineState,
+        rpc: &'static str,
+        result: Result<pb::TransitionAck, CallError>,
+        on_error: Outcome,
+    ) -> Result<Answer, Fail> {
+        let ack = match result {
+            Ok(ack) => ack,
+            Err(e) => return Err(self.call_failed(from, rpc, e, on_error).await),
+        };
+        let op = ack.operation_id.clone();
+        match self.ack_view(rpc, ack) {
+            Ok(Some(view)) => Ok(Answer::View(Box::new(view))),
+            Ok(None) => Ok(Answer::Async(format!(
+                "{rpc} accepted as {op:?}; reconcile completes it"
+            ))),
+            Err(e) => Err(self.mark_failed(from, on_error, e).await),
+        }
+    }
+
+    /// Validates an acknowledgement's machine snapshot through the provider
+    /// ingest rules. `Ok(None)`: the provider sent no snapshot.
+    pub(super) fn ack_view(
+        &self,
+        prefix: &str,
+        ack: pb::TransitionAck,
+    ) -> Result<Option<AckView>, String> {
+        let operation_id = ack.operation_id;
+        let Some(raw) = ack.machine else {
+            return Ok(None);
+        };
+        let m = conv::machine_from_proto(&raw)
+            .map_err(|e| format!("{prefix}: invalid acknowledgement: {e}"))?;
+        if m.id != self.machine_id {
+            return Err(format!(
+                "{prefix}: acknowledgement is for machine {:?}",
+                m.id
+            ));
+        }
+        Ok(Some(AckView {
+            operation_id,
+            state: m.state,
+            last_error: m.last_error,
+            host: raw.host.clone(),
+            raw,
+        }))
+    }
+}

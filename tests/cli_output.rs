@@ -1,0 +1,481 @@
+//! The CLI's output contract (ADR-0122): byte-exact goldens for every `-o` format and
+//! `--no-headers` against a real coordinator double, a real shard double and svc-inspect's
+//! fan-out; shards (whose addresses and ages vary) through the output layer with fixed
+//! records; `--watch`, completions, `--help` examples and `--version` of the binary.
+//!
+//! Regenerate the goldens after a deliberate format change with
+//! `BIGFLEET_BLESS=1 cargo nextest run -p bigfleet --test cli_output` and review the diff.
+
+use std::io::{BufRead, BufReader, Write};
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use bigfleet::cli::{Cli, OutputFormat};
+use bigfleet::output::{OutputOptions, render};
+use bigfleet::read::{NeedsOutput, ShardsOutput};
+use bigfleet_mesh::RunningServer;
+use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_proto::v1alpha1::UnmetReason;
+use clap::Parser;
+use svc_inspect::doubles::{
+    CoordinatorDouble, CoordinatorState, ShardDouble, need, registry_entry,
+};
+use svc_inspect::view::ShardView;
+
+const FORMATS: &[(&str, &[&str])] = &[
+    ("table", &[]),
+    ("table-no-headers", &["--no-headers"]),
+    ("wide", &["-o", "wide"]),
+    ("wide-no-headers", &["-o", "wide", "--no-headers"]),
+    ("json", &["-o", "json"]),
+    ("yaml", &["-o", "yaml"]),
+    ("name", &["-o", "name"]),
+];
+
+fn golden_path(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/golden/cli")
+        .join(name)
+}
+
+/// Compares `actual` with the golden file byte for byte (or writes it when blessing).
+fn golden(name: &str, actual: &str) {
+    let path = golden_path(name);
+    if std::env::var_os("BIGFLEET_BLESS").is_some() {
+        std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+        std::fs::write(&path, actual).unwrap();
+        return;
+    }
+    let want = std::fs::read_to_string(&path)
+        .unwrap_or_else(|e| panic!("{}: {e} (bless with BIGFLEET_BLESS=1)", path.display()));
+    assert!(
+        want == actual,
+        "{name} differs from {}\n--- want\n{want}--- got\n{actual}---",
+        path.display()
+    );
+}
+
+/// One shard double and a coordinator double with a shortfall report and two domains.
+struct Fleet {
+    coordinator: CoordinatorDouble,
+    coordinator_server: RunningServer,
+    shard: RunningServer,
+}
+
+impl Fleet {
+    async fn start() -> Self {
+        let s1 = ShardDouble {
+            shard_id: "s1".into(),
+            header: pb::InspectNeedsHeader {
+                cycle: 12,
+                computed_at_unix_nanos: 1_700_000_000_000_000_000,
+                total_needs: 0,
+            },
+            needs: vec![
+                need(
+                    "c-a",
+                    100,
+                    1_690_000_000_000_000_000,
+                    Some(UnmetReason::PriorityStarved),
+                ),
+                need("c-a", 5, 1_690_000_060_000_000_000, None),
+                need("c-b", 1, 1, Some(UnmetReason::NoMatchingSupply)),
+            ],
+            ..Default::default()
+        };
+        let shard = s1.serve(None).await.unwrap();
+        let coordinator = CoordinatorDouble::new(CoordinatorState {
+            shards: vec![registry_entry("s1", shard.tcp_addr().unwrap())],
+            reports: vec![pb::ShardReportSnapshot {
+                shard_id: "s1".into(),
+                cycle: 3,
+                received_at_unix_ns: 1,
+                summary: None,
+                shortfalls: vec![
+                    pb::Shortfall {
+                        deficit: Some(pb::Resources {
+                            resources: [("nvidia.com/gpu".to_owned(), "256".to_owned())].into(),
+                        }),
+                        priority: 100,
+                        age_cycles: 9,
+                        ..Default::default()
+                    },
+                    pb::Shortfall {
+                        deficit: Some(pb::Resources {
+                            resources: [
+                                ("cpu".to_owned(), "64".to_owned()),
+                                ("memory".to_owned(), "256Gi".to_owned()),
+                            ]
+                            .into(),
+                        }),
+                        priority: 7,
+                        age_cycles: 2,
+                        ..Default::default()
+                    },
+                ],
+            }],
+            domains: vec![
+                domain("rack", "r1", "s1"),
+                domain("topology.kubernetes.io/zone", "eu-west-1a", "s1"),
+            ],
+            ..Default::default()
+        });
+        let coordinator_server = coordinator.serve(None).await.unwrap();
+        Self {
+            coordinator,
+            coordinator_server,
+            shard,
+        }
+    }
+
+    fn argv(&self, args: &[&str]) -> Vec<String> {
+        let mut argv: Vec<String> = vec!["bigfleet".into()];
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        argv.extend([
+            "--coordinator".to_owned(),
+            format!("http://{}", self.coordinator_server.tcp_addr().unwrap()),
+            "--timeout".into(),
+            "5s".into(),
+        ]);
+        argv
+    }
+
+    async fn run(&self, args: &[&str]) -> String {
+        let cli = Cli::try_parse_from(self.argv(args)).unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        bigfleet::run(cli, &mut out, &mut err)
+            .await
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        String::from_utf8(out).unwrap()
+    }
+
+    async fn shutdown(self) {
+        self.coordinator_server.shutdown().await.unwrap();
+        self.shard.shutdown().await.unwrap();
+    }
+}
+
+fn domain(key: &str, value: &str, shard: &str) -> pb::DomainAssignment {
+    pb::DomainAssignment {
+        topology_key: key.into(),
+        topology_value: value.into(),
+        shard_id: shard.into(),
+    }
+}
+
+#[tokio::test]
+async fn read_commands_match_their_goldens_in_every_format() {
+    let f = Fleet::start().await;
+    let commands: &[(&str, &[&str])] = &[
+        ("domains", &["domains"]),
+        ("shortfalls", &["shortfalls"]),
+        ("needs", &["needs", "--cluster", "c-a"]),
+    ];
+    for (name, cmd) in commands {
+        for (format, flags) in FORMATS {
+            let mut args = cmd.to_vec();
+            args.extend_from_slice(flags);
+            let out = f.run(&args).await;
+            golden(&format!("{name}.{format}"), &out);
+        }
+    }
+
+    // The YAML is the JSON document, field for field.
+    let json = f.run(&["needs", "--cluster", "c-a", "-o", "json"]).await;
+    let yaml = f.run(&["needs", "--cluster", "c-a", "-o", "yaml"]).await;
+    let from_json: NeedsOutput = serde_json::from_str(&json).unwrap();
+    let from_yaml: NeedsOutput = serde_norway::from_str(&yaml).unwrap();
+    assert_eq!(from_json, from_yaml);
+    assert_eq!(from_json.needs.len(), 2);
+    f.shutdown().await;
+}
+
+#[tokio::test]
+async fn no_headers_drops_the_header_line_and_keeps_every_row() {
+    let f = Fleet::start().await;
+    for (cmd, header) in [
+        (&["domains"][..], "KEY"),
+        (&["shortfalls"][..], "AGE (CYCLES)"),
+        (&["needs", "--cluster", "c-a"][..], "#"),
+    ] {
+        for wide in [false, true] {
+            let mut args = cmd.to_vec();
+            if wide {
+                args.extend(["-o", "wide"]);
+            }
+            let with = f.run(&args).await;
+            args.push("--no-headers");
+            let without = f.run(&args).await;
+            let header_lines = |s: &str| {
+                s.lines()
+                    .filter(|l| l.trim_start().starts_with(header))
+                    .count()
+            };
+            assert_eq!(header_lines(&with), 1, "{cmd:?}: {with}");
+            assert_eq!(header_lines(&without), 0, "{cmd:?}: {without}");
+            // Data rows only: as many lines as `-o name` has records.
+            let names = f.run(&[cmd, &["-o", "name"][..]].concat()).await;
+            assert_eq!(without.lines().count(), names.lines().count(), "{without}");
+            assert!(names.lines().count() >= 2, "{names}");
+        }
+    }
+    f.shutdown().await;
+}
+
+fn shard(id: &str, reachable: bool) -> ShardView {
+    ShardView {
+        shard_id: id.into(),
+        address: format!("{id}.bigfleet:7780"),
+        reachable,
+        error: if reachable {
+            String::new()
+        } else {
+            "unavailable: connection refused".into()
+        },
+        registered_at_unix_ns: 1,
+        last_report_age_ms: if reachable { 2_500 } else { -1 },
+        cycle: if reachable { 41 } else { 0 },
+        machines_by_state: if reachable {
+            [
+                ("MACHINE_STATE_CONFIGURED".to_owned(), 120),
+                ("MACHINE_STATE_IDLE".to_owned(), 7),
+                ("MACHINE_STATE_FAILED".to_owned(), 1),
+            ]
+            .into()
+        } else {
+            Default::default()
+        },
+        sessions: if reachable { 12 } else { 0 },
+        needs: if reachable { 30 } else { 0 },
+        unmet_needs: if reachable { 2 } else { 0 },
+        shard_epoch: 3,
+        actions_in_flight: 0,
+        reported_total_machines: Some(130),
+        reported_free_machines: if reachable { Some(7) } else { None },
+        source: if reachable {
+            "shard-info".into()
+        } else {
+            String::new()
+        },
+    }
+}
+
+#[test]
+fn shards_match_their_goldens_in_every_format() {
+    let doc = ShardsOutput {
+        coordinator_reachable: true,
+        coordinator_error: String::new(),
+        shards: vec![shard("shard-0", true), shard("shard-1", false)],
+    };
+    for (format, flags) in FORMATS {
+        let cli = Cli::try_parse_from([&["bigfleet", "shards"][..], flags].concat()).unwrap();
+        let out = render(&doc, cli.global.output_options()).unwrap();
+        golden(&format!("shards.{format}"), &out);
+    }
+    let empty = ShardsOutput {
+        shards: vec![],
+        ..doc
+    };
+    let opts = OutputOptions::new(OutputFormat::Table);
+    golden("shards-empty.table", &render(&empty, opts).unwrap());
+}
+
+/// A `Write` the test can read while the command still runs.
+#[derive(Clone, Default)]
+struct Shared(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Shared {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Shared {
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// Polls `cond` until it holds; a generous bound keeps a broken build from hanging.
+async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
+    for _ in 0..3000 {
+        if cond() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("never happened: {what}");
+}
+
+#[tokio::test]
+async fn watch_reprints_only_changes_and_stops_cleanly() {
+    let f = Fleet::start().await;
+    let cli = Cli::try_parse_from(f.argv(&[
+        "domains",
+        "--watch",
+        "--watch-interval",
+        "20ms",
+        "-o",
+        "name",
+    ]))
+    .unwrap();
+    let (out, err) = (Shared::default(), Shared::default());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = {
+        let (mut out, mut err) = (out.clone(), err.clone());
+        tokio::spawn(async move {
+            bigfleet::run_until(cli, &mut out, &mut err, async {
+                let _ = stop_rx.await;
+            })
+            .await
+        })
+    };
+    let first = "domain/rack=r1\ndomain/topology.kubernetes.io/zone=eu-west-1a\n";
+    eventually("the first answer", || out.text() == first).await;
+
+    // Unchanged answers are not printed again, however many polls run.
+    let calls = |c: &CoordinatorDouble| c.state().calls.len();
+    let before = calls(&f.coordinator);
+    eventually("five more polls", || calls(&f.coordinator) >= before + 5).await;
+    assert_eq!(out.text(), first);
+
+    f.coordinator
+        .state()
+        .domains
+        .push(domain("rack", "r2", "s1"));
+    let second = format!(
+        "{first}domain/rack=r1\ndomain/rack=r2\ndomain/topology.kubernetes.io/zone=eu-west-1a\n"
+    );
+    eventually("the changed answer", || out.text() == second).await;
+
+    // A failing poll is a warning, not the end of the watch.
+    f.coordinator.state().follower_of = Some(String::new());
+    eventually("a warning", || err.text().contains("(still watching)")).await;
+    f.coordinator.state().follower_of = None;
+
+    stop_tx.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    assert_eq!(out.text(), second);
+    assert_eq!(
+        err.text().matches("(still watching)").count(),
+        1,
+        "{}",
+        err.text()
+    );
+    f.shutdown().await;
+}
+
+fn bigfleet(args: &[&str]) -> (String, String) {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_bigfleet"))
+        .args(args)
+        .env_remove("BIGFLEET_OUTPUT")
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{args:?}: {out:?}");
+    (
+        String::from_utf8(out.stdout).unwrap(),
+        String::from_utf8(out.stderr).unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn the_binary_watches_until_ctrl_c_and_exits_zero() {
+    let f = Fleet::start().await;
+    let argv = f.argv(&["domains", "--watch", "--watch-interval", "50ms"]);
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_bigfleet"))
+        .args(&argv[1..])
+        .env_remove("BIGFLEET_OUTPUT")
+        .env("BIGFLEET_CONTEXT", "/nonexistent/context.json")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let stdout = child.stdout.take().unwrap();
+    let header = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    assert!(header.starts_with("KEY"), "{header}");
+    let pid = rustix::process::Pid::from_raw(i32::try_from(child.id()).unwrap()).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::INT).unwrap();
+    let status = tokio::task::spawn_blocking(move || child.wait().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(status.code(), Some(0), "Ctrl-C ends a watch cleanly");
+    f.shutdown().await;
+}
+
+#[test]
+fn completion_scripts_name_the_subcommands() {
+    for shell in ["bash", "zsh", "fish"] {
+        let (script, _) = bigfleet(&["completion", shell]);
+        assert!(script.len() > 1000, "{shell}: {script}");
+        for sub in [
+            "shards",
+            "needs",
+            "shortfalls",
+            "domains",
+            "admin",
+            "assign-domain",
+            "completion",
+            // Flags without their dashes: fish spells them `-l no-headers`.
+            "no-headers",
+            "watch-interval",
+        ] {
+            assert!(script.contains(sub), "{shell} completion lacks {sub}");
+        }
+        // The output formats are offered as values of -o.
+        assert!(
+            script.contains("yaml") && script.contains("wide"),
+            "{shell}"
+        );
+    }
+    let (bash, _) = bigfleet(&["completion", "bash"]);
+    assert!(bash.contains("complete -F _bigfleet"), "{bash}");
+}
+
+#[test]
+fn version_carries_the_git_commit() {
+    let (v, _) = bigfleet(&["--version"]);
+    let v = v.trim_end();
+    let rest = v
+        .strip_prefix(concat!("bigfleet ", env!("CARGO_PKG_VERSION"), " (git "))
+        .and_then(|r| r.strip_suffix(')'))
+        .unwrap_or_else(|| panic!("{v}"));
+    let sha = rest.strip_suffix(", dirty tree").unwrap_or(rest);
+    assert!(
+        sha == "unknown"
+            || ((7..=40).contains(&sha.len()) && sha.bytes().all(|b| b.is_ascii_hexdigit())),
+        "{v}"
+    );
+    // Subcommands report the same version.
+    let (sub, _) = bigfleet(&["shards", "--version"]);
+    assert_eq!(sub.trim_end(), v.replacen("bigfleet", "bigfleet-shards", 1));
+}
+
+#[test]
+fn help_shows_examples() {
+    for args in [
+        &["--help"][..],
+        &["shards", "--help"],
+        &["needs", "--help"],
+        &["admin", "snapshot", "restore", "--help"],
+        &["pki", "issue", "--help"],
+        &["completion", "--help"],
+    ] {
+        let (help, _) = bigfleet(args);
+        let examples = help
+            .split("Examples:\n")
+            .nth(1)
+            .unwrap_or_else(|| panic!("{args:?}: {help}"));
+        assert!(examples.contains("  bigfleet "), "{args:?}: {help}");
+    }
+}
