@@ -45,8 +45,9 @@ pub struct GlobalArgs {
     #[arg(long, global = true, env = "BIGFLEET_COORDINATOR", value_name = "URI")]
     pub coordinator: Option<String>,
 
-    /// svc-inspect gRPC address. When set, `shards`, `needs` and `shortfalls` read through
-    /// it; otherwise the CLI asks the coordinator and the shards itself.
+    /// svc-inspect gRPC address. When set, `shards`, `needs`, `shortfalls`, `actions` and
+    /// `machines` read through it; otherwise the CLI asks the coordinator and the shards
+    /// itself.
     #[arg(long, global = true, env = "BIGFLEET_INSPECT", value_name = "URI")]
     pub inspect: Option<String>,
 
@@ -132,6 +133,10 @@ pub enum Command {
     Shortfalls(ShortfallsArgs),
     /// Topology domains pinned to shards.
     Domains(DomainsArgs),
+    /// What BigFleet did: recent actions with their reason and outcome, newest first.
+    Actions(ActionsArgs),
+    /// Machines as their shards see them, in id order.
+    Machines(MachinesArgs),
     /// Change the fleet (needs an admin certificate under mTLS).
     #[command(subcommand)]
     Admin(AdminCommand),
@@ -202,6 +207,50 @@ pub struct ShortfallsArgs {
     /// At most this many rows.
     #[arg(long, default_value_t = 100)]
     pub limit: usize,
+    #[command(flatten)]
+    pub watch: WatchArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct ActionsArgs {
+    /// Only actions of this cluster.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Only actions decided by this shard.
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// Only actions finished within this long (e.g. 15m, 1h); default: all recorded.
+    #[arg(long, value_parser = positive_duration)]
+    pub since: Option<Duration>,
+    /// At most this many actions per answer (the shards keep a bounded history).
+    #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
+    pub limit: u32,
+    /// Keep polling and print only actions that finished since (oldest first; Ctrl-C ends).
+    #[arg(short = 'w', long)]
+    pub watch: bool,
+    /// How often `--watch` polls.
+    #[arg(long, default_value = "2s", value_parser = positive_duration, requires = "watch")]
+    pub watch_interval: Duration,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct MachinesArgs {
+    /// Only machines bound to this cluster.
+    #[arg(long)]
+    pub cluster: Option<String>,
+    /// Only machines of this shard.
+    #[arg(long)]
+    pub shard: Option<String>,
+    /// Only machines in these states (comma-separated: speculative, creating, idle,
+    /// configuring, configured, draining, deleting, failed).
+    #[arg(long, value_delimiter = ',', value_parser = crate::read::parse_machine_state)]
+    pub state: Vec<bigfleet_proto::v1alpha1::MachineState>,
+    /// At most this many machines (0: all).
+    #[arg(long, default_value_t = 500)]
+    pub limit: usize,
+    /// Machines asked for per call while paging.
+    #[arg(long, default_value_t = 500, value_parser = clap::value_parser!(u32).range(1..=5000))]
+    pub chunk_size: u32,
     #[command(flatten)]
     pub watch: WatchArgs,
 }
@@ -291,6 +340,20 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "  bigfleet domains
   bigfleet domains -o name
   bigfleet domains -o yaml --watch",
+    ),
+    (
+        "actions",
+        "  bigfleet actions --since 1h
+  bigfleet actions --cluster c-0 --since 15m -o wide
+  bigfleet actions --shard shard-1 --limit 20 -o json
+  bigfleet actions --cluster c-0 --watch          # new actions as they finish",
+    ),
+    (
+        "machines",
+        "  bigfleet machines
+  bigfleet machines --state idle,configured -o wide
+  bigfleet machines --cluster c-0 -o name
+  bigfleet machines --shard shard-0 --limit 0 -o yaml",
     ),
     (
         "admin",
@@ -548,6 +611,49 @@ mod tests {
             Cli::try_parse_from(["bigfleet", "domains", "-o", "yaml", "--no-headers"]).unwrap();
         assert_eq!(cli.global.output, OutputFormat::Yaml);
         assert!(cli.global.no_headers);
+    }
+
+    #[test]
+    fn actions_and_machines_flags_parse() {
+        let cli = Cli::try_parse_from([
+            "bigfleet",
+            "actions",
+            "--cluster",
+            "c",
+            "--since",
+            "1h",
+            "--limit",
+            "5",
+            "-w",
+        ])
+        .unwrap();
+        match cli.command {
+            Command::Actions(a) => {
+                assert_eq!(a.cluster.as_deref(), Some("c"));
+                assert_eq!(a.since, Some(Duration::from_secs(3600)));
+                assert_eq!(a.limit, 5);
+                assert!(a.watch);
+            }
+            other => panic!("{other:?}"),
+        }
+        let cli =
+            Cli::try_parse_from(["bigfleet", "machines", "--state", "idle,Configured"]).unwrap();
+        match cli.command {
+            Command::Machines(m) => {
+                use bigfleet_proto::v1alpha1::MachineState;
+                assert_eq!(m.state, vec![MachineState::Idle, MachineState::Configured]);
+                assert_eq!((m.limit, m.chunk_size), (500, 500));
+            }
+            other => panic!("{other:?}"),
+        }
+        for bad in [
+            &["bigfleet", "machines", "--state", "busy"][..],
+            &["bigfleet", "machines", "--chunk-size", "0"],
+            &["bigfleet", "actions", "--limit", "0"],
+            &["bigfleet", "actions", "--since", "0s"],
+        ] {
+            assert!(Cli::try_parse_from(bad).is_err(), "{bad:?}");
+        }
     }
 
     #[test]

@@ -2,8 +2,8 @@
 //! mesh with `bigfleet up`).
 //!
 //! * [`cli`] — the command line (clap); global flags have `BIGFLEET_*` variables.
-//! * [`read`] — `shards`, `needs`, `shortfalls`, `domains`: through svc-inspect with
-//!   `--inspect`, else straight from the coordinator and the shards.
+//! * [`read`] — `shards`, `needs`, `shortfalls`, `domains`, `actions`, `machines`: through
+//!   svc-inspect with `--inspect`, else straight from the coordinator and the shards.
 //! * [`admin`] — `admin assign-domain | unassign-domain | remove-shard | snapshot save |
 //!   snapshot restore`.
 //! * [`output`] — one output layer: `-o table|wide|json|yaml|name`, `--no-headers`
@@ -37,7 +37,7 @@ use svc_inspect::fleet::{Fleet, FleetConfig};
 
 pub use error::{CliError, RemoteError};
 
-use crate::cli::{AdminCommand, Cli, Command, GlobalArgs, SnapshotCommand, WatchArgs};
+use crate::cli::{ActionsArgs, AdminCommand, Cli, Command, GlobalArgs, SnapshotCommand, WatchArgs};
 use crate::output::{OutputFormat, OutputOptions, Render};
 
 /// Where and how the CLI connects.
@@ -256,6 +256,76 @@ where
     }
 }
 
+/// `bigfleet actions`: once like any read, or with `--watch` append-only — each poll asks
+/// for actions finished since the newest one printed and prints only those not seen yet.
+async fn actions_command(
+    ctx: &Context,
+    a: &ActionsArgs,
+    opts: OutputOptions,
+    out: &mut (dyn Write + Send),
+    err: &mut (dyn Write + Send),
+    stop: impl Future<Output = ()>,
+) -> Result<(), CliError> {
+    let since = a.since.map_or(0, |d| {
+        svc_inspect::fleet::now_unix_nanos()
+            .saturating_sub(i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))
+    });
+    let mut req = bigfleet_proto::mesh::v1::RecentActionsRequest {
+        cluster_id: a.cluster.clone().unwrap_or_default(),
+        since_unix_nanos: since,
+        limit: a.limit,
+        after_seq: 0,
+        shard_id: a.shard.clone().unwrap_or_default(),
+    };
+    if !a.watch {
+        let (doc, warnings) = read::actions(ctx, &req).await?;
+        warn(err, &warnings)?;
+        out.write_all(output::render(&doc, opts)?.as_bytes())?;
+        return Ok(());
+    }
+    tokio::pin!(stop);
+    if futures::FutureExt::now_or_never(&mut stop).is_some() {
+        return Ok(());
+    }
+    let (doc, warnings) = read::actions(ctx, &req).await?;
+    warn(err, &warnings)?;
+    let mut seen = read::SeenActions::default();
+    read::print_actions(out, opts, seen.admit(doc.0), true)?;
+    let mut last_warnings = warnings;
+    let mut last_error: Option<String> = None;
+    let mut tick = tokio::time::interval(a.watch_interval);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    tick.tick().await;
+    loop {
+        tokio::select! {
+            () = &mut stop => return Ok(()),
+            _ = tick.tick() => {}
+        }
+        req.since_unix_nanos = req.since_unix_nanos.max(seen.newest());
+        let answer = tokio::select! {
+            () = &mut stop => return Ok(()),
+            a = read::actions(ctx, &req) => a,
+        };
+        match answer {
+            Ok((doc, warnings)) => {
+                last_error = None;
+                if warnings != last_warnings {
+                    warn(err, &warnings)?;
+                    last_warnings = warnings;
+                }
+                read::print_actions(out, opts, seen.admit(doc.0), false)?;
+            }
+            Err(e) => {
+                let msg = e.to_string();
+                if last_error.as_deref() != Some(msg.as_str()) {
+                    writeln!(err, "warning: {msg} (still watching)")?;
+                    last_error = Some(msg);
+                }
+            }
+        }
+    }
+}
+
 /// Runs one command; a `--watch` read ends cleanly when `stop` resolves (the binary
 /// passes Ctrl-C).
 pub async fn run_until(
@@ -326,6 +396,22 @@ pub async fn run_until(
         Command::Domains(a) => {
             read_command(opts, a.watch, out, err, stop, || async move {
                 Ok((read::domains(ctx).await?, Vec::new()))
+            })
+            .await?;
+        }
+        Command::Actions(a) => actions_command(ctx, a, opts, out, err, stop).await?,
+        Command::Machines(a) => {
+            let filter = bigfleet_proto::mesh::v1::ListMachinesRequest {
+                cluster_id: a.cluster.clone().unwrap_or_default(),
+                states: a.state.iter().map(|s| *s as i32).collect(),
+                limit: 0,
+                after_machine_id: String::new(),
+                shard_id: a.shard.clone().unwrap_or_default(),
+            };
+            let filter = &filter;
+            let chunk = usize::try_from(a.chunk_size).unwrap_or(500);
+            read_command(opts, a.watch, out, err, stop, || async move {
+                read::machines(ctx, filter, a.limit, chunk).await
             })
             .await?;
         }

@@ -1,4 +1,4 @@
-//! Read commands: `shards`, `needs`, `shortfalls`, `domains`.
+//! Read commands: `shards`, `needs`, `shortfalls`, `domains`, `actions`, `machines`.
 //!
 //! With `--inspect` they read through svc-inspect (one call, its cache); without it the CLI
 //! does the same fan-out itself — the coordinator's `ListShards`, then every shard's read
@@ -11,7 +11,10 @@ use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
 use serde::{Deserialize, Serialize};
 use svc_inspect::InspectError;
 use svc_inspect::grpc::{COORDINATOR_ERROR_METADATA_KEY, UNREACHABLE_SHARDS_METADATA_KEY};
-use svc_inspect::view::{DomainView, NeedRow, ShardView, ShortfallView, resources_text};
+use svc_inspect::view::{
+    ActionView, DomainView, MachineView, NeedRow, ShardView, ShortfallView, resources_text,
+    short_state,
+};
 use tonic::Status;
 
 use crate::Context;
@@ -614,6 +617,368 @@ impl Render for Domains {
     }
 }
 
+/// `bigfleet actions`: a plain list, newest first (oldest first under `--watch`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Actions(pub Vec<ActionView>);
+
+/// Warnings for shards a fan-out could not ask: their records are missing, not empty.
+fn unreachable_warnings(what: &str, unreachable: &[mesh::ShardError]) -> Vec<String> {
+    unreachable
+        .iter()
+        .map(|s| {
+            format!(
+                "shard {} did not answer ({}); its {what} are missing",
+                s.shard_id, s.error
+            )
+        })
+        .collect()
+}
+
+/// Recent actions (newest first) and a warning per shard that did not answer.
+pub async fn actions(
+    ctx: &Context,
+    req: &mesh::RecentActionsRequest,
+) -> Result<(Actions, Vec<String>), CliError> {
+    let resp = match &ctx.inspect {
+        Some(addr) => {
+            let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
+            let err = |s: Status| inspect_error(ctx, addr, "RecentActions", s);
+            match tokio::time::timeout(ctx.timeout, client.recent_actions(req.clone())).await {
+                Ok(r) => r.map_err(err)?.into_inner(),
+                Err(_) => return Err(err(Status::deadline_exceeded("timed out"))),
+            }
+        }
+        None => ctx
+            .fleet()?
+            .recent_actions(req)
+            .await
+            .map_err(|e| fleet_error(ctx, e))?,
+    };
+    Ok((
+        Actions(resp.actions.iter().map(ActionView::from_proto).collect()),
+        unreachable_warnings("actions", &resp.unreachable),
+    ))
+}
+
+/// A compact duration for tables: `850ms`, `4.2s`, `3m12s`, `5h4m`, `3d2h`.
+pub fn short_duration(nanos: i64) -> String {
+    let nanos = nanos.max(0);
+    let ms = nanos / 1_000_000;
+    if ms < 1000 {
+        return format!("{ms}ms");
+    }
+    let secs = nanos / 1_000_000_000;
+    if secs < 60 {
+        return format!("{}.{}s", secs, (ms % 1000) / 100);
+    }
+    let (m, h, d) = (secs / 60, secs / 3600, secs / 86_400);
+    if h == 0 {
+        format!("{m}m{}s", secs % 60)
+    } else if d == 0 {
+        format!("{h}h{}m", m % 60)
+    } else {
+        format!("{d}d{}h", h % 24)
+    }
+}
+
+impl Render for Actions {
+    fn listing(&self) -> Listing {
+        let mut t = Listing::new(
+            "action",
+            vec![
+                Column::text("FINISHED"),
+                Column::text("SHARD"),
+                Column::text("CLUSTER"),
+                Column::text("KIND"),
+                Column::text("MACHINE"),
+                Column::text("OUTCOME"),
+                Column::text("REASON"),
+                Column::number("PRIO").wide(),
+                Column::number("CYCLE").wide(),
+                Column::text("NEED").wide(),
+                Column::text("GROUP").wide(),
+                Column::text("WAITED").wide(),
+                Column::text("RAN").wide(),
+                Column::text("ACTION ID").wide(),
+            ],
+        )
+        .when_empty("no recorded action matches");
+        for a in &self.0 {
+            // Queueing: from the cycle's decision until a worker took the action.
+            let waited = if a.started_at_unix_nanos > 0 && a.decided_at_unix_nanos > 0 {
+                short_duration(a.started_at_unix_nanos - a.decided_at_unix_nanos)
+            } else {
+                "-".to_owned()
+            };
+            t.row(
+                // seq is unique within one decide process of a shard.
+                format!("{}/{}", a.shard_id, a.seq),
+                vec![
+                    svc_inspect_timestamp(a.finished_at_unix_nanos)
+                        .unwrap_or_else(|| "-".to_owned()),
+                    a.shard_id.clone(),
+                    or_dash(a.cluster_id.clone()),
+                    a.kind.clone(),
+                    or_dash(a.machine_id.clone()),
+                    or_dash(a.outcome.clone()),
+                    or_dash(a.reason.clone()),
+                    a.priority.to_string(),
+                    a.cycle.to_string(),
+                    or_dash(a.need_fingerprint.clone()),
+                    or_dash(a.group.clone()),
+                    waited,
+                    if a.started_at_unix_nanos > 0 {
+                        short_duration(a.run_nanos)
+                    } else {
+                        "-".to_owned()
+                    },
+                    or_dash(a.action_id.clone()),
+                ],
+            );
+        }
+        t
+    }
+}
+
+/// The actions a watch has printed: the newest finish time and which records finished
+/// exactly then (the next poll asks from that time on, so those come again).
+#[derive(Debug, Default)]
+pub struct SeenActions {
+    newest: i64,
+    at_newest: std::collections::HashSet<(String, u64)>,
+}
+
+impl SeenActions {
+    /// The newest finish time admitted so far (0: none).
+    pub fn newest(&self) -> i64 {
+        self.newest
+    }
+
+    /// Keeps the records not printed yet, oldest first, and remembers them.
+    pub fn admit(&mut self, mut batch: Vec<ActionView>) -> Vec<ActionView> {
+        batch.retain(|a| {
+            a.finished_at_unix_nanos > self.newest
+                || (a.finished_at_unix_nanos == self.newest
+                    && !self.at_newest.contains(&(a.shard_id.clone(), a.seq)))
+        });
+        batch.sort_by(|a, b| {
+            (a.finished_at_unix_nanos, &a.shard_id, a.seq).cmp(&(
+                b.finished_at_unix_nanos,
+                &b.shard_id,
+                b.seq,
+            ))
+        });
+        for a in &batch {
+            if a.finished_at_unix_nanos > self.newest {
+                self.newest = a.finished_at_unix_nanos;
+                self.at_newest.clear();
+            }
+            self.at_newest.insert((a.shard_id.clone(), a.seq));
+        }
+        batch
+    }
+}
+
+/// Prints one batch of a watch on actions: the first as a listing (header included), later
+/// ones as rows only; JSON and YAML print each action as its own document.
+pub fn print_actions(
+    out: &mut dyn std::io::Write,
+    opts: crate::output::OutputOptions,
+    batch: Vec<ActionView>,
+    first: bool,
+) -> Result<(), CliError> {
+    let text = match opts.format {
+        crate::output::OutputFormat::Json => batch
+            .iter()
+            .map(crate::output::json_string)
+            .collect::<Result<String, _>>()?,
+        crate::output::OutputFormat::Yaml => batch
+            .iter()
+            .map(|a| crate::output::yaml_string(a).map(|y| format!("---\n{y}")))
+            .collect::<Result<String, _>>()?,
+        crate::output::OutputFormat::Table
+        | crate::output::OutputFormat::Wide
+        | crate::output::OutputFormat::Name => {
+            if !first && batch.is_empty() {
+                return Ok(());
+            }
+            let rows_only = crate::output::OutputOptions {
+                no_headers: opts.no_headers || !first,
+                ..opts
+            };
+            crate::output::render(&Actions(batch), rows_only)?
+        }
+    };
+    out.write_all(text.as_bytes())?;
+    out.flush()?;
+    Ok(())
+}
+
+/// `bigfleet machines`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachinesOutput {
+    /// Machines matching the filters on the shards that answered, before `--limit`.
+    pub total_matching: u64,
+    /// In machine-id order.
+    pub machines: Vec<MachineView>,
+    /// When the list was read: `IDLE FOR` is measured to it (not serialised: the
+    /// documents carry `idle_since_unix_nanos`).
+    #[serde(skip)]
+    pub as_of_unix_nanos: i64,
+}
+
+async fn machines_page(
+    ctx: &Context,
+    req: &mesh::ListMachinesRequest,
+) -> Result<mesh::ListMachinesResponse, CliError> {
+    match &ctx.inspect {
+        Some(addr) => {
+            let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
+            let err = |s: Status| inspect_error(ctx, addr, "ListMachines", s);
+            match tokio::time::timeout(ctx.timeout, client.list_machines(req.clone())).await {
+                Ok(r) => Ok(r.map_err(err)?.into_inner()),
+                Err(_) => Err(err(Status::deadline_exceeded("timed out"))),
+            }
+        }
+        None => ctx
+            .fleet()?
+            .list_machines(req)
+            .await
+            .map_err(|e| fleet_error(ctx, e)),
+    }
+}
+
+/// Machines in id order, paging `chunk` at a time until `limit` (0: all) or the last page.
+pub async fn machines(
+    ctx: &Context,
+    filter: &mesh::ListMachinesRequest,
+    limit: usize,
+    chunk: usize,
+) -> Result<(MachinesOutput, Vec<String>), CliError> {
+    let mut out = MachinesOutput {
+        total_matching: 0,
+        machines: Vec::new(),
+        as_of_unix_nanos: svc_inspect::fleet::now_unix_nanos(),
+    };
+    let mut unreachable: Vec<mesh::ShardError> = Vec::new();
+    let mut after = String::new();
+    let mut first = true;
+    loop {
+        let want = if limit == 0 {
+            chunk
+        } else {
+            chunk.min(limit - out.machines.len())
+        };
+        let page = machines_page(
+            ctx,
+            &mesh::ListMachinesRequest {
+                limit: u32::try_from(want.max(1)).unwrap_or(u32::MAX),
+                after_machine_id: after.clone(),
+                ..filter.clone()
+            },
+        )
+        .await?;
+        if first {
+            // Later pages count the same machines; a shard may move between pages.
+            out.total_matching = page.total_matching;
+            first = false;
+        }
+        for u in page.unreachable {
+            if !unreachable.iter().any(|k| k.shard_id == u.shard_id) {
+                unreachable.push(u);
+            }
+        }
+        out.machines
+            .extend(page.machines.iter().map(MachineView::from_proto));
+        if page.next_after_machine_id.is_empty()
+            || page.machines.is_empty()
+            || (limit > 0 && out.machines.len() >= limit)
+        {
+            break;
+        }
+        after = page.next_after_machine_id;
+    }
+    if limit > 0 {
+        out.machines.truncate(limit);
+    }
+    Ok((out, unreachable_warnings("machines", &unreachable)))
+}
+
+/// `--state idle` (or `IDLE`, `MACHINE_STATE_IDLE`) ⇒ the state.
+pub fn parse_machine_state(s: &str) -> Result<pb::MachineState, String> {
+    let upper = s.trim().to_ascii_uppercase().replace('-', "_");
+    let name = upper.strip_prefix("MACHINE_STATE_").unwrap_or(&upper);
+    match pb::MachineState::from_str_name(&format!("MACHINE_STATE_{name}")) {
+        Some(pb::MachineState::Unspecified) | None => Err(format!(
+            "unknown machine state {s:?} (speculative, creating, idle, configuring, configured, draining, deleting, failed)"
+        )),
+        Some(state) => Ok(state),
+    }
+}
+
+impl Render for MachinesOutput {
+    fn listing(&self) -> Listing {
+        let mut t = Listing::new(
+            "machine",
+            vec![
+                Column::text("ID"),
+                Column::text("SHARD"),
+                Column::text("STATE"),
+                Column::text("TYPE"),
+                Column::text("ZONE"),
+                Column::text("CLUSTER"),
+                Column::number("PRICE/H"),
+                Column::text("IDLE FOR"),
+                Column::text("CAPACITY").wide(),
+                Column::text("LABELS").wide(),
+                Column::text("LAST ERROR").wide(),
+            ],
+        )
+        .when_empty("no machine matches");
+        if !self.machines.is_empty() {
+            t.preamble.push(format!(
+                "{} of {} matching machines",
+                self.machines.len(),
+                self.total_matching
+            ));
+        }
+        for m in &self.machines {
+            let idle_for = if m.idle_since_unix_nanos > 0 {
+                short_duration(self.as_of_unix_nanos - m.idle_since_unix_nanos)
+            } else {
+                "-".to_owned()
+            };
+            t.row(
+                m.id.clone(),
+                vec![
+                    m.id.clone(),
+                    m.shard_id.clone(),
+                    short_state(&m.state).to_owned(),
+                    or_dash(m.instance_type.clone()),
+                    or_dash(m.zone.clone()),
+                    or_dash(m.cluster.clone()),
+                    format!("{:.4}", m.price_per_hour),
+                    idle_for,
+                    m.capacity_type
+                        .strip_prefix("CAPACITY_TYPE_")
+                        .unwrap_or(&m.capacity_type)
+                        .to_owned(),
+                    or_dash(
+                        m.labels
+                            .iter()
+                            .map(|(k, v)| format!("{k}={v}"))
+                            .collect::<Vec<_>>()
+                            .join(","),
+                    ),
+                    or_dash(m.last_error.clone()),
+                ],
+            );
+        }
+        t
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -695,5 +1060,115 @@ mod tests {
                 .unwrap()
                 .contains("no verdicts yet")
         );
+    }
+
+    #[test]
+    fn short_durations_keep_two_units() {
+        assert_eq!(short_duration(-5), "0ms");
+        assert_eq!(short_duration(850_000_000), "850ms");
+        assert_eq!(short_duration(4_250_000_000), "4.2s");
+        assert_eq!(short_duration(192 * 1_000_000_000), "3m12s");
+        assert_eq!(
+            short_duration((5 * 3600 + 4 * 60 + 59) * 1_000_000_000),
+            "5h4m"
+        );
+        assert_eq!(
+            short_duration((3 * 86_400 + 2 * 3600 + 30) * 1_000_000_000),
+            "3d2h"
+        );
+    }
+
+    #[test]
+    fn machine_states_parse_in_any_spelling() {
+        for s in ["idle", "IDLE", "machine_state_idle", " Idle "] {
+            assert_eq!(parse_machine_state(s), Ok(pb::MachineState::Idle), "{s}");
+        }
+        assert_eq!(
+            parse_machine_state("configured"),
+            Ok(pb::MachineState::Configured)
+        );
+        for bad in ["", "unspecified", "busy"] {
+            assert!(parse_machine_state(bad).is_err(), "{bad}");
+        }
+    }
+
+    fn act(shard: &str, seq: u64, finished: i64) -> ActionView {
+        ActionView {
+            shard_id: shard.into(),
+            seq,
+            cycle: 1,
+            kind: "provision".into(),
+            reason: "phase1.idle".into(),
+            machine_id: format!("m-{seq}"),
+            cluster_id: "c".into(),
+            need_fingerprint: String::new(),
+            group: String::new(),
+            priority: 0,
+            grace_seconds: 0.0,
+            action_id: String::new(),
+            outcome: "succeeded".into(),
+            decided_at_unix_nanos: 0,
+            started_at_unix_nanos: 0,
+            finished_at_unix_nanos: finished,
+            run_nanos: 0,
+        }
+    }
+
+    #[test]
+    fn a_watch_admits_each_action_once_oldest_first() {
+        let mut seen = SeenActions::default();
+        let keys = |v: Vec<ActionView>| {
+            v.iter()
+                .map(|a| format!("{}/{}", a.shard_id, a.seq))
+                .collect::<Vec<_>>()
+        };
+        assert_eq!(
+            keys(seen.admit(vec![act("s1", 2, 20), act("s1", 1, 10)])),
+            ["s1/1", "s1/2"]
+        );
+        // The newest comes again (the poll asks from its time on): not admitted twice, but
+        // another action finished at the same instant is.
+        assert_eq!(
+            keys(seen.admit(vec![act("s2", 5, 20), act("s1", 2, 20), act("s2", 4, 15)])),
+            ["s2/5"]
+        );
+        assert_eq!(
+            keys(seen.admit(vec![act("s1", 2, 20), act("s2", 5, 20)])),
+            Vec::<String>::new()
+        );
+        assert_eq!(keys(seen.admit(vec![act("s1", 3, 30)])), ["s1/3"]);
+    }
+
+    #[test]
+    fn watched_tables_print_the_header_once() {
+        let print = |batch, first| {
+            let mut out = Vec::new();
+            print_actions(&mut out, table(), batch, first).unwrap();
+            String::from_utf8(out).unwrap()
+        };
+        let first = print(vec![act("s1", 1, 10)], true);
+        assert!(first.starts_with("FINISHED "), "{first}");
+        assert_eq!(first.lines().count(), 2, "{first}");
+        let later = print(vec![act("s1", 2, 20)], false);
+        assert!(
+            later.starts_with("1970-01-01T00:00:00Z  s1  c  provision  m-2"),
+            "{later}"
+        );
+        assert_eq!(later.lines().count(), 1);
+        assert_eq!(print(vec![], false), "", "a quiet poll prints nothing");
+        let mut json = Vec::new();
+        let opts = crate::output::OutputOptions::new(crate::output::OutputFormat::Json);
+        print_actions(
+            &mut json,
+            opts,
+            vec![act("s1", 1, 10), act("s1", 2, 20)],
+            true,
+        )
+        .unwrap();
+        let docs: Vec<ActionView> = serde_json::Deserializer::from_slice(&json)
+            .into_iter()
+            .collect::<Result<_, _>>()
+            .unwrap();
+        assert_eq!(docs.len(), 2, "one document per action");
     }
 }

@@ -423,6 +423,9 @@ fn completion_scripts_name_the_subcommands() {
             "needs",
             "shortfalls",
             "domains",
+            "actions",
+            "machines",
+            "chunk-size",
             "admin",
             "assign-domain",
             "completion",
@@ -467,6 +470,8 @@ fn help_shows_examples() {
         &["--help"][..],
         &["shards", "--help"],
         &["needs", "--help"],
+        &["actions", "--help"],
+        &["machines", "--help"],
         &["admin", "snapshot", "restore", "--help"],
         &["pki", "issue", "--help"],
         &["completion", "--help"],
@@ -478,4 +483,472 @@ fn help_shows_examples() {
             .unwrap_or_else(|| panic!("{args:?}: {help}"));
         assert!(examples.contains("  bigfleet "), "{args:?}: {help}");
     }
+}
+
+// --- actions and machines: a real svc-inspect over shard doubles with fixed records ---
+
+use bigfleet_proto::mesh::v1 as mesh;
+
+const T0: i64 = 1_700_000_000_000_000_000;
+const SEC: i64 = 1_000_000_000;
+
+#[allow(clippy::too_many_arguments)]
+fn action(
+    shard: &str,
+    seq: u64,
+    kind: &str,
+    reason: &str,
+    machine: &str,
+    cluster: &str,
+    outcome: &str,
+    finished: i64,
+) -> mesh::ActionRecord {
+    mesh::ActionRecord {
+        shard_id: shard.into(),
+        seq,
+        cycle: 40 + i64::try_from(seq).unwrap(),
+        kind: kind.into(),
+        reason: reason.into(),
+        machine_id: machine.into(),
+        cluster_id: cluster.into(),
+        outcome: outcome.into(),
+        decided_at_unix_nanos: finished - 5 * SEC,
+        finished_at_unix_nanos: finished,
+        ..Default::default()
+    }
+}
+
+fn machine(id: &str, state: pb::MachineState, cluster: &str, idle_since: i64) -> mesh::MachineRow {
+    mesh::MachineRow {
+        shard_id: String::new(),
+        machine: Some(pb::Machine {
+            id: id.into(),
+            state: state as i32,
+            instance_type: "m5.large".into(),
+            zone: "eu-west-1a".into(),
+            price_per_hour: 0.096,
+            cluster: cluster.into(),
+            capacity_type: pb::CapacityType::OnDemand as i32,
+            ..Default::default()
+        }),
+        idle_since_unix_nanos: idle_since,
+    }
+}
+
+fn history_shard(
+    id: &str,
+    actions: Vec<mesh::ActionRecord>,
+    machines: Vec<mesh::MachineRow>,
+) -> ShardDouble {
+    ShardDouble {
+        shard_id: id.into(),
+        description: Some(mesh::ShardDescription {
+            shard_id: id.into(),
+            ..Default::default()
+        }),
+        actions,
+        machines,
+        ..Default::default()
+    }
+}
+
+/// s1 and s2 serve actions and machines, s3 is registered but down; `late` is served but
+/// registered only when a test says so.
+struct History {
+    coordinator: CoordinatorDouble,
+    coordinator_server: RunningServer,
+    shards: Vec<RunningServer>,
+    late: RunningServer,
+    inspect: svc_inspect::Running,
+    /// When m-003 became idle (it shows as idle for 3d2h).
+    idle_since: i64,
+}
+
+impl History {
+    async fn start(recent: Vec<mesh::ActionRecord>) -> Self {
+        let now = svc_inspect::fleet::now_unix_nanos();
+        let idle_since = now - (3 * 86_400 + 2 * 3600 + 30) * SEC;
+        let mut provision = action(
+            "s1",
+            1,
+            "provision",
+            "phase1.idle",
+            "m-001",
+            "c-a",
+            "succeeded",
+            T0 + 60 * SEC,
+        );
+        provision.need_fingerprint = "fp-9a1c".into();
+        provision.group = "train".into();
+        provision.priority = 100;
+        provision.action_id = "act-17".into();
+        provision.started_at_unix_nanos = T0 + 57 * SEC;
+        provision.run_nanos = 3 * SEC + 500_000_000;
+        let mut reclaim = action(
+            "s1",
+            2,
+            "reclaim",
+            "phase3.excess",
+            "m-002",
+            "c-b",
+            "failed",
+            T0 + 120 * SEC,
+        );
+        reclaim.grace_seconds = 30.0;
+        reclaim.started_at_unix_nanos = T0 + 116 * SEC;
+        reclaim.run_nanos = 4 * SEC;
+        let mut s2_actions = vec![
+            action(
+                "s2",
+                7,
+                "bootstrap",
+                "phase1.speculative",
+                "m-101",
+                "c-a",
+                "succeeded",
+                T0 + 90 * SEC,
+            ),
+            action(
+                "s2",
+                8,
+                "release",
+                "phase3.release",
+                "m-102",
+                "",
+                "dryrun",
+                T0 + 150 * SEC,
+            ),
+        ];
+        s2_actions.extend(recent);
+        let mut failed = machine("m-005", pb::MachineState::Failed, "", 0);
+        failed.machine.as_mut().unwrap().last_error = "configure timed out".into();
+        let mut idle = machine("m-003", pb::MachineState::Idle, "", idle_since);
+        {
+            let m = idle.machine.as_mut().unwrap();
+            m.capacity_type = pb::CapacityType::Spot as i32;
+            m.price_per_hour = 0.031;
+            m.labels = [("pool".to_owned(), "gpu".to_owned())].into();
+        }
+        let mut spec = machine("m-004", pb::MachineState::Speculative, "", 0);
+        spec.machine.as_mut().unwrap().zone = String::new();
+        let doubles = [
+            history_shard(
+                "s1",
+                vec![provision, reclaim],
+                vec![
+                    machine("m-001", pb::MachineState::Configured, "c-a", 0),
+                    idle,
+                    failed,
+                ],
+            ),
+            history_shard(
+                "s2",
+                s2_actions,
+                vec![
+                    machine("m-002", pb::MachineState::Configured, "c-b", 0),
+                    spec,
+                ],
+            ),
+        ];
+        let mut shards = Vec::new();
+        let mut registry = Vec::new();
+        for d in doubles {
+            let id = d.shard_id.clone();
+            let server = d.serve(None).await.unwrap();
+            registry.push(registry_entry(&id, server.tcp_addr().unwrap()));
+            shards.push(server);
+        }
+        registry.push(registry_entry(
+            "s3",
+            bigfleet_testkit::reserve_tcp_port().unwrap().release(),
+        ));
+        let late = history_shard(
+            "s4",
+            vec![
+                // Finished with the newest already printed, after it, and before it.
+                action(
+                    "s4",
+                    1,
+                    "provision",
+                    "phase1.idle",
+                    "m-401",
+                    "c-a",
+                    "succeeded",
+                    T0 + 150 * SEC,
+                ),
+                action(
+                    "s4",
+                    2,
+                    "preempt",
+                    "phase2.inversion",
+                    "m-402",
+                    "c-a",
+                    "succeeded",
+                    T0 + 200 * SEC,
+                ),
+                action(
+                    "s4",
+                    3,
+                    "provision",
+                    "phase1.idle",
+                    "m-403",
+                    "c-a",
+                    "succeeded",
+                    T0 + 100 * SEC,
+                ),
+            ],
+            vec![],
+        )
+        .serve(None)
+        .await
+        .unwrap();
+        let coordinator = CoordinatorDouble::new(CoordinatorState {
+            shards: registry,
+            ..Default::default()
+        });
+        let coordinator_server = coordinator.serve(None).await.unwrap();
+        let mut cfg = svc_inspect::Config::local(&format!(
+            "http://{}",
+            coordinator_server.tcp_addr().unwrap()
+        ));
+        cfg.cache_ttl = Duration::ZERO;
+        let inspect = svc_inspect::start(cfg).await.unwrap();
+        Self {
+            coordinator,
+            coordinator_server,
+            shards,
+            late,
+            inspect,
+            idle_since,
+        }
+    }
+
+    fn argv(&self, args: &[&str], via_inspect: bool) -> Vec<String> {
+        let mut argv: Vec<String> = vec!["bigfleet".into()];
+        argv.extend(args.iter().map(|a| (*a).to_owned()));
+        argv.extend([
+            "--coordinator".to_owned(),
+            format!("http://{}", self.coordinator_server.tcp_addr().unwrap()),
+            "--timeout".into(),
+            "5s".into(),
+        ]);
+        if via_inspect {
+            argv.extend([
+                "--inspect".to_owned(),
+                format!("http://{}", self.inspect.grpc_addr()),
+            ]);
+        }
+        argv
+    }
+
+    /// (stdout, stderr) of a successful command.
+    async fn run(&self, args: &[&str], via_inspect: bool) -> (String, String) {
+        let cli = Cli::try_parse_from(self.argv(args, via_inspect)).unwrap();
+        let (mut out, mut err) = (Vec::new(), Vec::new());
+        bigfleet::run(cli, &mut out, &mut err)
+            .await
+            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
+        (
+            String::from_utf8(out).unwrap(),
+            String::from_utf8(err).unwrap(),
+        )
+    }
+
+    async fn shutdown(self) {
+        self.inspect.shutdown().await.unwrap();
+        self.coordinator_server.shutdown().await.unwrap();
+        self.late.shutdown().await.unwrap();
+        for s in self.shards {
+            s.shutdown().await.unwrap();
+        }
+    }
+}
+
+#[tokio::test]
+async fn actions_and_machines_match_their_goldens_in_every_format() {
+    let f = History::start(vec![]).await;
+    for (name, cmd) in [("actions", &["actions"][..]), ("machines", &["machines"])] {
+        for (format, flags) in FORMATS {
+            let mut args = cmd.to_vec();
+            args.extend_from_slice(flags);
+            let (out, err) = f.run(&args, true).await;
+            // The only value that depends on the clock: m-003's idle start.
+            let out = out.replace(&f.idle_since.to_string(), "IDLE_SINCE");
+            golden(&format!("{name}.{format}"), &out);
+            // Shards that did not answer are named on stderr, never in the data.
+            assert!(
+                err.starts_with("warning: shard s3 did not answer (")
+                    && err.ends_with(&format!("); its {name} are missing\n"))
+                    && err.lines().count() == 1,
+                "{args:?}: {err}"
+            );
+            assert!(!out.contains("s3"), "{args:?}: {out}");
+        }
+        // Without --inspect the CLI fans out itself, with the same answer.
+        let (direct, _) = f.run(&[cmd, &["-o", "json"][..]].concat(), false).await;
+        let (via, _) = f.run(&[cmd, &["-o", "json"][..]].concat(), true).await;
+        assert_eq!(direct, via, "{cmd:?}");
+    }
+    f.shutdown().await;
+}
+
+#[tokio::test]
+async fn actions_filter_by_time_cluster_shard_and_limit() {
+    let now = svc_inspect::fleet::now_unix_nanos();
+    let recent = action(
+        "s2",
+        9,
+        "provision",
+        "phase1.idle",
+        "m-103",
+        "c-a",
+        "succeeded",
+        now - 600 * SEC,
+    );
+    let f = History::start(vec![recent]).await;
+    let names = |s: String| s.lines().map(str::to_owned).collect::<Vec<_>>();
+    for via in [true, false] {
+        let (all, _) = f.run(&["actions", "-o", "name"], via).await;
+        assert_eq!(
+            names(all),
+            [
+                "action/s2/9",
+                "action/s2/8",
+                "action/s1/2",
+                "action/s2/7",
+                "action/s1/1"
+            ],
+            "newest first"
+        );
+        let (hour, _) = f
+            .run(&["actions", "--since", "1h", "-o", "name"], via)
+            .await;
+        assert_eq!(names(hour), ["action/s2/9"]);
+        let (five, _) = f
+            .run(&["actions", "--since", "5m", "-o", "name"], via)
+            .await;
+        assert_eq!(five, "");
+        let (c, _) = f
+            .run(&["actions", "--cluster", "c-a", "-o", "name"], via)
+            .await;
+        assert_eq!(names(c), ["action/s2/9", "action/s2/7", "action/s1/1"]);
+        let (s, err) = f
+            .run(&["actions", "--shard", "s1", "-o", "name"], via)
+            .await;
+        assert_eq!(names(s), ["action/s1/2", "action/s1/1"]);
+        assert_eq!(err, "", "only s1 was asked");
+        let (l, _) = f.run(&["actions", "--limit", "2", "-o", "name"], via).await;
+        assert_eq!(names(l), ["action/s2/9", "action/s2/8"]);
+    }
+    let (empty, _) = f.run(&["actions", "--since", "5m"], true).await;
+    assert_eq!(empty, "no recorded action matches\n");
+    f.shutdown().await;
+}
+
+#[tokio::test]
+async fn machines_page_and_filter() {
+    let f = History::start(vec![]).await;
+    let all = "machine/m-001\nmachine/m-002\nmachine/m-003\nmachine/m-004\nmachine/m-005\n";
+    for via in [true, false] {
+        let run = |args: &'static [&'static str]| f.run(args, via);
+        assert_eq!(run(&["machines", "-o", "name"]).await.0, all);
+        // Two at a time: three pages make the same list.
+        assert_eq!(
+            run(&["machines", "--chunk-size", "2", "-o", "name"])
+                .await
+                .0,
+            all
+        );
+        assert_eq!(
+            run(&[
+                "machines",
+                "--chunk-size",
+                "2",
+                "--limit",
+                "3",
+                "-o",
+                "name"
+            ])
+            .await
+            .0,
+            "machine/m-001\nmachine/m-002\nmachine/m-003\n"
+        );
+        let (table, _) = run(&["machines", "--chunk-size", "2", "--limit", "3"]).await;
+        assert!(table.starts_with("3 of 5 matching machines\n"), "{table}");
+        assert_eq!(
+            run(&["machines", "--state", "idle,configured", "-o", "name"])
+                .await
+                .0,
+            "machine/m-001\nmachine/m-002\nmachine/m-003\n"
+        );
+        assert_eq!(
+            run(&["machines", "--cluster", "c-b", "-o", "name"]).await.0,
+            "machine/m-002\n"
+        );
+        let (s2, err) = run(&["machines", "--shard", "s2", "-o", "name"]).await;
+        assert_eq!(
+            (s2.as_str(), err.as_str()),
+            ("machine/m-002\nmachine/m-004\n", "")
+        );
+    }
+    f.shutdown().await;
+}
+
+#[tokio::test]
+async fn watching_actions_appends_only_new_ones() {
+    let f = History::start(vec![]).await;
+    let cli = Cli::try_parse_from(f.argv(
+        &[
+            "actions",
+            "--watch",
+            "--watch-interval",
+            "20ms",
+            "-o",
+            "name",
+        ],
+        true,
+    ))
+    .unwrap();
+    let (out, err) = (Shared::default(), Shared::default());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = {
+        let (mut out, mut err) = (out.clone(), err.clone());
+        tokio::spawn(async move {
+            bigfleet::run_until(cli, &mut out, &mut err, async {
+                let _ = stop_rx.await;
+            })
+            .await
+        })
+    };
+    // Oldest first, so later ones follow.
+    let first = "action/s1/1\naction/s2/7\naction/s1/2\naction/s2/8\n";
+    eventually("the first answer", || out.text() == first).await;
+    let calls = |c: &CoordinatorDouble| c.state().calls.len();
+    let before = calls(&f.coordinator);
+    eventually("five more polls", || calls(&f.coordinator) >= before + 5).await;
+    assert_eq!(
+        out.text(),
+        first,
+        "the newest action is asked for again, not printed again"
+    );
+
+    f.coordinator
+        .state()
+        .shards
+        .push(registry_entry("s4", f.late.tcp_addr().unwrap()));
+    let second = format!("{first}action/s4/1\naction/s4/2\n");
+    eventually("the new actions", || out.text() == second).await;
+    let before = calls(&f.coordinator);
+    eventually("five more polls", || calls(&f.coordinator) >= before + 5).await;
+    stop_tx.send(()).unwrap();
+    task.await.unwrap().unwrap();
+    // s4's action that finished before the newest printed one never shows.
+    assert_eq!(out.text(), second);
+    assert_eq!(
+        err.text().matches("shard s3 did not answer").count(),
+        1,
+        "a warning is repeated only when it changes: {}",
+        err.text()
+    );
+    f.shutdown().await;
 }

@@ -63,6 +63,35 @@ fn authorised(headers: &HeaderMap) -> Result<(), Box<Response>> {
     }
 }
 
+/// An authorised call: the API's state, locked, with the call recorded in its log; an
+/// unauthorised one gets the server's 401.
+fn admit<'a>(
+    api: &'a Shared,
+    headers: &HeaderMap,
+    method: &str,
+    path: String,
+) -> Result<parking_lot::MutexGuard<'a, Api>, Box<Response>> {
+    authorised(headers)?;
+    let mut api = api.lock();
+    api.requests.push((method.into(), path));
+    Ok(api)
+}
+
+fn not_found(name: &str) -> Response {
+    status(
+        StatusCode::NOT_FOUND,
+        "NotFound",
+        format!("secrets \"{name}\" not found"),
+    )
+}
+
+/// Stores `secret` under `key` with the next resourceVersion (written into `secret`).
+fn store(api: &mut Api, key: (String, String), secret: &mut Value) {
+    api.next_rv += 1;
+    secret["metadata"]["resourceVersion"] = json!(api.next_rv.to_string());
+    api.secrets.insert(key, secret.clone());
+}
+
 /// What the API server checks of a kubernetes.io/tls Secret.
 fn invalid(secret: &Value) -> Option<String> {
     if secret["type"] == "kubernetes.io/tls" {
@@ -80,19 +109,13 @@ async fn get_secret(
     Path((ns, name)): Path<(String, String)>,
     headers: HeaderMap,
 ) -> Response {
-    if let Err(r) = authorised(&headers) {
-        return *r;
-    }
-    let mut api = api.lock();
-    api.requests
-        .push(("GET".into(), format!("{ns}/secrets/{name}")));
+    let api = match admit(&api, &headers, "GET", format!("{ns}/secrets/{name}")) {
+        Ok(api) => api,
+        Err(r) => return *r,
+    };
     match api.secrets.get(&(ns, name.clone())) {
         Some(s) => axum::Json(s.clone()).into_response(),
-        None => status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("secrets \"{name}\" not found"),
-        ),
+        None => not_found(&name),
     }
 }
 
@@ -102,13 +125,11 @@ async fn create_secret(
     headers: HeaderMap,
     axum::Json(mut secret): axum::Json<Value>,
 ) -> Response {
-    if let Err(r) = authorised(&headers) {
-        return *r;
-    }
-    let mut api = api.lock();
     let name = secret["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    api.requests
-        .push(("POST".into(), format!("{ns}/secrets/{name}")));
+    let mut api = match admit(&api, &headers, "POST", format!("{ns}/secrets/{name}")) {
+        Ok(api) => api,
+        Err(r) => return *r,
+    };
     if let Some(why) = invalid(&secret) {
         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", why);
     }
@@ -120,9 +141,7 @@ async fn create_secret(
             format!("secrets \"{name}\" already exists"),
         );
     }
-    api.next_rv += 1;
-    secret["metadata"]["resourceVersion"] = json!(api.next_rv.to_string());
-    api.secrets.insert(key, secret.clone());
+    store(&mut api, key, &mut secret);
     (StatusCode::CREATED, axum::Json(secret)).into_response()
 }
 
@@ -132,22 +151,16 @@ async fn replace_secret(
     headers: HeaderMap,
     axum::Json(mut secret): axum::Json<Value>,
 ) -> Response {
-    if let Err(r) = authorised(&headers) {
-        return *r;
-    }
-    let mut api = api.lock();
-    api.requests
-        .push(("PUT".into(), format!("{ns}/secrets/{name}")));
+    let mut api = match admit(&api, &headers, "PUT", format!("{ns}/secrets/{name}")) {
+        Ok(api) => api,
+        Err(r) => return *r,
+    };
     if let Some(why) = invalid(&secret) {
         return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", why);
     }
     let key = (ns, name.clone());
     let Some(stored) = api.secrets.get(&key) else {
-        return status(
-            StatusCode::NOT_FOUND,
-            "NotFound",
-            format!("secrets \"{name}\" not found"),
-        );
+        return not_found(&name);
     };
     if stored["metadata"]["resourceVersion"] != secret["metadata"]["resourceVersion"] {
         return status(
@@ -156,9 +169,7 @@ async fn replace_secret(
             "the object has been modified".into(),
         );
     }
-    api.next_rv += 1;
-    secret["metadata"]["resourceVersion"] = json!(api.next_rv.to_string());
-    api.secrets.insert(key, secret.clone());
+    store(&mut api, key, &mut secret);
     axum::Json(secret).into_response()
 }
 

@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
+use bigfleet_mesh::backoff::{self as mesh_backoff, BackoffPolicy};
 use bigfleet_mesh::{ChannelConfig, Target};
 use bigfleet_model::MachineState;
 use bigfleet_proto::v1alpha1::shard_client::ShardClient;
@@ -57,8 +58,10 @@ pub enum BootstrapBehavior {
     Ignore,
 }
 
-/// Reconnect backoff: starts at `initial`, doubles after each failure up to `max`, resets
-/// once a session is established.
+/// Reconnect backoff: a window starting at `initial` that doubles after each failure up to
+/// `max`, resets once a session is established; each wait is drawn from the upper half of
+/// the window (equal jitter, seeded by the cluster id so a run is reproducible), so
+/// thousands of emulated operators do not reconnect in lock-step.
 #[derive(Debug, Clone, Copy, PartialEq)]
 pub struct Backoff {
     pub initial: Duration,
@@ -75,10 +78,9 @@ impl Default for Backoff {
 }
 
 impl Backoff {
-    /// The wait after `failures` consecutive failures (1 = first).
-    pub fn delay(&self, failures: u32) -> Duration {
-        let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
-        self.initial.saturating_mul(factor).min(self.max)
+    /// As the workspace's backoff policy.
+    pub fn policy(&self) -> BackoffPolicy {
+        BackoffPolicy::new(self.initial, self.max)
     }
 }
 
@@ -339,7 +341,10 @@ enum SessionEnd {
 }
 
 async fn run(shared: Arc<Shared>) {
-    let mut failures = 0u32;
+    let mut backoff = mesh_backoff::Backoff::seeded(
+        shared.cfg.backoff.policy(),
+        seed_of(&shared.cfg.cluster_id) ^ BACKOFF_SEED,
+    );
     let mut source = RollupSource::new(&shared.cfg.cluster_id);
     loop {
         if shared.stop.is_cancelled() {
@@ -366,20 +371,22 @@ async fn run(shared: Arc<Shared>) {
             SessionEnd::Stopped => break,
             SessionEnd::Lost(e) => {
                 tracing::debug!(cluster = %shared.cfg.cluster_id, error = %e, "session lost; reconnecting");
-                failures = 1;
+                backoff.reset();
             }
             SessionEnd::ConnectFailed(e) => {
                 tracing::debug!(cluster = %shared.cfg.cluster_id, error = %e, "connect failed");
-                failures = failures.saturating_add(1);
             }
         }
-        let wait = shared.cfg.backoff.delay(failures);
+        let wait = backoff.next_delay();
         tokio::select! {
             () = shared.stop.cancelled() => break,
             () = tokio::time::sleep(wait) => {}
         }
     }
 }
+
+/// Keeps the backoff's draws apart from the roll-up source's, which use the same cluster seed.
+const BACKOFF_SEED: u64 = 0x6261_636b_6f66_6621;
 
 fn seed_of(cluster: &str) -> u64 {
     let mut h = std::collections::hash_map::DefaultHasher::new();
@@ -761,10 +768,12 @@ mod tests {
 
     #[test]
     fn backoff_doubles_from_500ms_to_30s() {
-        let b = Backoff::default();
-        let waits: Vec<_> = (1..=8).map(|n| b.delay(n).as_millis()).collect();
-        assert_eq!(waits, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
-        assert_eq!(b.delay(1000), Duration::from_secs(30));
+        let p = Backoff::default().policy();
+        let windows: Vec<_> = (0..8).map(|n| p.ceiling(n).as_millis()).collect();
+        assert_eq!(windows, [500, 1000, 2000, 4000, 8000, 16000, 30000, 30000]);
+        assert_eq!(p.ceiling(1000), Duration::from_secs(30));
+        // Equal jitter: never sooner than half the window.
+        assert_eq!(p.floor(0), Duration::from_millis(250));
     }
 
     #[test]

@@ -359,7 +359,7 @@ fn descriptor_holds_the_mesh_services() {
         (
             "Inspect",
             "bigfleet/mesh/v1/inspect.proto",
-            &["FleetSummary"][..],
+            &["FleetSummary", "RecentActions", "ListMachines"][..],
         ),
     ];
     for (svc, file, rpcs) in expect {

@@ -62,6 +62,61 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
 
+    /// How often the leader's rebalancer decides (docs/multi-shard.md); `0s` turns it off.
+    #[arg(long, env = "BIGFLEET_REBALANCE_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
+    pub rebalance_interval: Duration,
+
+    /// Hysteresis: a shortfall must have stayed unmet this many of its shard's cycles.
+    #[arg(long, env = "BIGFLEET_REBALANCE_MIN_AGE_CYCLES", default_value_t = 3)]
+    pub rebalance_min_age_cycles: i32,
+
+    /// Hysteresis: and the leader must have seen it short this long.
+    #[arg(long, env = "BIGFLEET_REBALANCE_MIN_PERSIST", default_value = "60s", value_parser = humantime::parse_duration)]
+    pub rebalance_min_persist: Duration,
+
+    /// Transfers in flight per (donor, recipient) pair.
+    #[arg(
+        long,
+        env = "BIGFLEET_REBALANCE_MAX_IN_FLIGHT_PER_PAIR",
+        default_value_t = 1
+    )]
+    pub rebalance_max_in_flight_per_pair: usize,
+
+    /// Transfers started per --rebalance-window, fleet-wide.
+    #[arg(long, env = "BIGFLEET_REBALANCE_MAX_PER_WINDOW", default_value_t = 4)]
+    pub rebalance_max_per_window: usize,
+
+    /// The rate-limit window.
+    #[arg(long, env = "BIGFLEET_REBALANCE_WINDOW", default_value = "5m", value_parser = humantime::parse_duration)]
+    pub rebalance_window: Duration,
+
+    /// A type moved from shard A to B is not moved from B back to A for this long.
+    #[arg(long, env = "BIGFLEET_REBALANCE_COOLDOWN", default_value = "10m", value_parser = humantime::parse_duration)]
+    pub rebalance_cooldown: Duration,
+
+    /// Shortfall priority from which another shard's busy machines may be drained for it
+    /// (CrossShardDrain).
+    #[arg(
+        long,
+        env = "BIGFLEET_REBALANCE_DRAIN_MIN_PRIORITY",
+        default_value_t = 1_000_000
+    )]
+    pub rebalance_drain_min_priority: i32,
+
+    /// Machines one transfer asks for at most.
+    #[arg(long, env = "BIGFLEET_REBALANCE_MAX_MACHINES", default_value_t = 4)]
+    pub rebalance_max_machines: u32,
+
+    /// After a transfer delivered machines, the recipient's shortfall of that type is left
+    /// alone this long (its next cycles still report it until it has used them).
+    #[arg(long, env = "BIGFLEET_REBALANCE_SETTLE", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub rebalance_settle: Duration,
+
+    /// Reports older than this are not used (a shard that stopped reporting is neither donor
+    /// nor recipient).
+    #[arg(long, env = "BIGFLEET_REBALANCE_REPORT_MAX_AGE", default_value = "2m", value_parser = humantime::parse_duration)]
+    pub rebalance_report_max_age: Duration,
+
     #[command(flatten)]
     pub tls: TlsFlags,
 
@@ -84,6 +139,21 @@ impl Args {
             .collect()
     }
 
+    /// The rebalancer's policy from the `--rebalance-*` flags.
+    pub fn rebalance_policy(&self) -> crate::rebalance::Policy {
+        crate::rebalance::Policy {
+            min_age_cycles: self.rebalance_min_age_cycles,
+            min_persist: self.rebalance_min_persist,
+            max_in_flight_per_pair: self.rebalance_max_in_flight_per_pair.max(1),
+            max_per_window: self.rebalance_max_per_window,
+            window: self.rebalance_window,
+            cooldown: self.rebalance_cooldown,
+            drain_min_priority: self.rebalance_drain_min_priority,
+            max_machines_per_transfer: self.rebalance_max_machines.max(1),
+            settle: self.rebalance_settle,
+        }
+    }
+
     pub fn export_interval(&self) -> Duration {
         if self.snapshot_export_interval.is_zero() {
             DEFAULT_EXPORT_INTERVAL
@@ -93,15 +163,10 @@ impl Args {
     }
 }
 
-/// Parses a listen address; `:port` means every interface.
+/// Parses a listen address; `:port` means every interface of both families (`[::]`,
+/// bound dual-stack by `bigfleet_mesh::bind_tcp`).
 pub fn parse_listen(s: &str) -> Result<SocketAddr, String> {
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_owned()
-    };
-    full.parse()
-        .map_err(|e| format!("invalid listen address {s:?}: {e}"))
+    bigfleet_mesh::parse_listen_addr(s).map_err(|e| format!("invalid listen address {s:?}: {e}"))
 }
 
 /// A dialable `host:port` for a bound address: unspecified hosts become loopback.
@@ -129,6 +194,8 @@ mod tests {
         assert!(!a.bootstrap);
         assert_eq!(a.export_interval(), DEFAULT_EXPORT_INTERVAL);
         assert!(a.join_addrs().is_empty());
+        assert_eq!(a.rebalance_interval, Duration::from_secs(15));
+        assert_eq!(a.rebalance_policy(), crate::rebalance::Policy::default());
     }
 
     #[test]
@@ -149,5 +216,8 @@ mod tests {
         assert!(parse_listen("127.0.0.1:1").unwrap().ip().is_loopback());
         assert!(parse_listen("nope").is_err());
         assert_eq!(dialable("0.0.0.0:5".parse().unwrap()), "127.0.0.1:5");
+        assert!(parse_listen(":7790").unwrap().ip().is_unspecified());
+        // The dual-stack wildcard is dialled over IPv4 loopback, which it also accepts.
+        assert_eq!(dialable(parse_listen(":5").unwrap()), "127.0.0.1:5");
     }
 }

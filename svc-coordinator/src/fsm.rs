@@ -2,9 +2,11 @@
 //! them. Pure (no I/O, no clock): every replica applying the same commands in the same order
 //! ends with the same state, so timestamps travel inside the commands.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
+
+use crate::transfers::{self, AckVerdict, Phase, Transfer};
 
 /// A registered shard.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -69,6 +71,22 @@ pub enum Command {
     AssignDomain { domain: DomainKey, shard_id: String },
     /// Unpins a domain; a domain that was not pinned is fine.
     UnassignDomain { domain: DomainKey },
+    /// Records a transfer the rebalancer decided (ADR-0130), in its release phase.
+    StartTransfer { transfer: Transfer },
+    /// A shard acknowledged a transfer's current instruction; `next_instruction_id` names
+    /// the next phase's instruction. Acks of finished transfers or of other phases are
+    /// no-ops, so redelivered acks are harmless.
+    AckTransfer {
+        transfer_id: String,
+        instruction_id: String,
+        verdict: AckVerdict,
+        #[serde(default)]
+        machine_ids: Vec<String>,
+        next_instruction_id: String,
+        #[serde(default)]
+        reason: String,
+        at_unix_ns: i64,
+    },
     /// Commands of older revisions (quotas, provider registry). Their entries may still sit
     /// in a log written by an older binary; applying them changes nothing.
     #[serde(other)]
@@ -102,6 +120,8 @@ pub enum Effect {
     },
     /// UnassignDomain: who owned it before (`None`: it was not pinned).
     DomainUnassigned { previous_owner: Option<String> },
+    /// StartTransfer/AckTransfer: the transfer as it stands now.
+    Transfer(Transfer),
 }
 
 /// The outcome of applying one log entry (openraft's `R`).
@@ -113,6 +133,10 @@ pub struct State {
     shards: BTreeMap<String, ShardEntry>,
     cluster_to_shard: BTreeMap<String, String>,
     domain_to_shard: BTreeMap<DomainKey, String>,
+    /// Transfers in flight, by transfer id.
+    transfers: BTreeMap<String, Transfer>,
+    /// Finished transfers, oldest first, at most [`transfers::MAX_RECENT`].
+    recent_transfers: VecDeque<Transfer>,
 }
 
 fn require(field: &str, value: &str) -> Result<(), FsmError> {
@@ -151,7 +175,113 @@ impl State {
             Command::UnassignDomain { domain } => Ok(Effect::DomainUnassigned {
                 previous_owner: self.unassign_domain(domain)?,
             }),
+            Command::StartTransfer { transfer } => self.start_transfer(transfer),
+            Command::AckTransfer {
+                transfer_id,
+                instruction_id,
+                verdict,
+                machine_ids,
+                next_instruction_id,
+                reason,
+                at_unix_ns,
+            } => Ok(self.ack_transfer(
+                transfer_id,
+                instruction_id,
+                *verdict,
+                machine_ids,
+                next_instruction_id,
+                reason,
+                *at_unix_ns,
+            )),
             Command::Legacy => Ok(Effect::None),
+        }
+    }
+
+    fn start_transfer(&mut self, t: &Transfer) -> ApplyResult {
+        require("transfer id", &t.id)?;
+        require("instruction_id", &t.instruction_id)?;
+        require("donor", &t.donor)?;
+        require("recipient", &t.recipient)?;
+        for s in [&t.donor, &t.recipient] {
+            if !self.shards.contains_key(s) {
+                return Err(FsmError::ShardNotFound(s.clone()));
+            }
+        }
+        if t.donor == t.recipient {
+            return Err(FsmError::Invalid("a transfer needs two shards".into()));
+        }
+        if t.phase != Phase::Release || t.count == 0 || !t.machine_ids.is_empty() {
+            return Err(FsmError::Invalid(
+                "a transfer starts in its release phase with a count and no machines".into(),
+            ));
+        }
+        if self.transfers.contains_key(&t.id) {
+            return Err(FsmError::Invalid(format!("transfer {} exists", t.id)));
+        }
+        // Never both directions between a pair: the reverse one must finish first.
+        if let Some(rev) = self
+            .transfers
+            .values()
+            .find(|o| o.donor == t.recipient && o.recipient == t.donor)
+        {
+            return Err(FsmError::Invalid(format!(
+                "transfer {} already moves {} to {}",
+                rev.id, rev.donor, rev.recipient
+            )));
+        }
+        self.transfers.insert(t.id.clone(), t.clone());
+        Ok(Effect::Transfer(t.clone()))
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn ack_transfer(
+        &mut self,
+        id: &str,
+        instruction_id: &str,
+        verdict: AckVerdict,
+        machine_ids: &[String],
+        next_instruction_id: &str,
+        reason: &str,
+        now: i64,
+    ) -> Effect {
+        // A machine already moving in another transfer is never named twice.
+        let busy: BTreeSet<&String> = self
+            .transfers
+            .values()
+            .filter(|o| o.id != id)
+            .flat_map(|o| o.machine_ids.iter())
+            .collect();
+        let ids: Vec<String> = machine_ids
+            .iter()
+            .filter(|m| !busy.contains(m))
+            .cloned()
+            .collect();
+        let Some(t) = self.transfers.get_mut(id) else {
+            return Effect::None;
+        };
+        if !transfers::advance(
+            t,
+            instruction_id,
+            verdict,
+            &ids,
+            next_instruction_id,
+            reason,
+            now,
+        ) {
+            return Effect::None;
+        }
+        let t = t.clone();
+        if !t.phase.is_active() {
+            self.transfers.remove(id);
+            self.push_recent(t.clone());
+        }
+        Effect::Transfer(t)
+    }
+
+    fn push_recent(&mut self, t: Transfer) {
+        self.recent_transfers.push_back(t);
+        while self.recent_transfers.len() > transfers::MAX_RECENT {
+            self.recent_transfers.pop_front();
         }
     }
 
@@ -193,6 +323,20 @@ impl State {
             .collect();
         for d in &domains {
             self.domain_to_shard.remove(d);
+        }
+        // Transfers involving the shard end here; its machines are nobody's to move now.
+        let ended: Vec<String> = self
+            .transfers
+            .values()
+            .filter(|t| t.donor == id || t.recipient == id)
+            .map(|t| t.id.clone())
+            .collect();
+        for tid in ended {
+            if let Some(mut t) = self.transfers.remove(&tid) {
+                t.phase = Phase::Failed;
+                t.reason = format!("shard {id} removed");
+                self.push_recent(t);
+            }
         }
         Ok(Effect::ShardRemoved { clusters, domains })
     }
@@ -305,6 +449,24 @@ impl State {
         out
     }
 
+    /// Transfers in flight, by id.
+    pub fn active_transfers(&self) -> Vec<Transfer> {
+        self.transfers.values().cloned().collect()
+    }
+
+    /// Finished transfers, oldest first.
+    pub fn recent_transfers(&self) -> Vec<Transfer> {
+        self.recent_transfers.iter().cloned().collect()
+    }
+
+    /// The transfer whose current instruction is `instruction_id`.
+    pub fn transfer_by_instruction(&self, instruction_id: &str) -> Option<Transfer> {
+        self.transfers
+            .values()
+            .find(|t| t.instruction_id == instruction_id)
+            .cloned()
+    }
+
     /// (shards, cluster bindings, domain assignments): for gauges and logs.
     pub fn sizes(&self) -> (usize, usize, usize) {
         (
@@ -330,9 +492,42 @@ impl State {
                     shard: s.clone(),
                 })
                 .collect(),
+            transfers: self.transfers.values().cloned().collect(),
+            recent_transfers: self.recent_transfers.iter().cloned().collect(),
         };
         // Serialising plain strings, integers and string-keyed maps cannot fail.
         serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// The transfers (in flight and recent) as one JSON document: the store's
+    /// `sm_transfers` row.
+    pub fn transfers_json(&self) -> Vec<u8> {
+        let doc = TransfersDoc {
+            transfers: self.transfers.values().cloned().collect(),
+            recent_transfers: self.recent_transfers.iter().cloned().collect(),
+        };
+        serde_json::to_vec(&doc).unwrap_or_default()
+    }
+
+    /// Replaces the transfers from a [`State::transfers_json`] document; transfers naming
+    /// an unregistered shard are dropped (as a snapshot restore would).
+    pub fn load_transfers_json(&mut self, bytes: &[u8]) -> Result<(), serde_json::Error> {
+        let doc: TransfersDoc = serde_json::from_slice(bytes)?;
+        self.transfers.clear();
+        self.recent_transfers.clear();
+        self.insert_transfers(doc);
+        Ok(())
+    }
+
+    fn insert_transfers(&mut self, doc: TransfersDoc) {
+        for t in doc.transfers {
+            if t.phase.is_active() && self.has_shard(&t.donor) && self.has_shard(&t.recipient) {
+                self.transfers.insert(t.id.clone(), t);
+            }
+        }
+        for t in doc.recent_transfers {
+            self.push_recent(t);
+        }
     }
 
     /// Rebuilds a state from a snapshot document. Entries are replayed through the same
@@ -355,6 +550,10 @@ impl State {
         for d in doc.domain_to_shard {
             let _ = state.assign_domain(&DomainKey::new(d.key, d.value), &d.shard);
         }
+        state.insert_transfers(TransfersDoc {
+            transfers: doc.transfers,
+            recent_transfers: doc.recent_transfers,
+        });
         Ok(state)
     }
 }
@@ -367,6 +566,18 @@ struct SnapshotDoc {
     cluster_to_shard: BTreeMap<String, String>,
     #[serde(default)]
     domain_to_shard: Vec<DomainPair>,
+    #[serde(default)]
+    transfers: Vec<Transfer>,
+    #[serde(default)]
+    recent_transfers: Vec<Transfer>,
+}
+
+#[derive(Serialize, Deserialize)]
+struct TransfersDoc {
+    #[serde(default)]
+    transfers: Vec<Transfer>,
+    #[serde(default)]
+    recent_transfers: Vec<Transfer>,
 }
 
 #[derive(Serialize, Deserialize)]
@@ -658,5 +869,171 @@ mod tests {
             }
             prop_assert_eq!(State::from_snapshot_json(&st.to_snapshot_json()).unwrap(), st);
         }
+    }
+}
+
+#[cfg(test)]
+mod transfer_tests {
+    use super::*;
+    use crate::transfers::TransferKind;
+
+    fn state() -> State {
+        let mut st = State::new();
+        for id in ["s1", "s2", "s3"] {
+            st.apply(&Command::AddShard {
+                shard_id: id.into(),
+                address: String::new(),
+                registered_at_unix_ns: 1,
+            })
+            .unwrap();
+        }
+        st
+    }
+
+    fn start(id: &str, donor: &str, recipient: &str) -> Command {
+        Command::StartTransfer {
+            transfer: Transfer {
+                id: id.into(),
+                kind: TransferKind::Idle,
+                donor: donor.into(),
+                recipient: recipient.into(),
+                instance_type: "m5".into(),
+                count: 2,
+                priority: 10,
+                phase: Phase::Release,
+                instruction_id: format!("{id}-r"),
+                machine_ids: Vec::new(),
+                started_at_unix_ns: 1,
+                updated_at_unix_ns: 1,
+                reason: String::new(),
+            },
+        }
+    }
+
+    fn ack(id: &str, ins: &str, verdict: AckVerdict, ids: &[&str], next: &str) -> Command {
+        Command::AckTransfer {
+            transfer_id: id.into(),
+            instruction_id: ins.into(),
+            verdict,
+            machine_ids: ids.iter().map(|s| (*s).to_owned()).collect(),
+            next_instruction_id: next.into(),
+            reason: String::new(),
+            at_unix_ns: 9,
+        }
+    }
+
+    #[test]
+    fn start_is_validated_and_never_both_directions() {
+        let mut st = state();
+        st.apply(&start("t1", "s1", "s2")).unwrap();
+        assert!(matches!(
+            st.apply(&start("t1", "s1", "s3")),
+            Err(FsmError::Invalid(_))
+        ));
+        assert!(matches!(
+            st.apply(&start("t2", "s2", "s1")),
+            Err(FsmError::Invalid(_))
+        ));
+        assert!(matches!(
+            st.apply(&start("t3", "s1", "s1")),
+            Err(FsmError::Invalid(_))
+        ));
+        assert_eq!(
+            st.apply(&start("t4", "s1", "ghost")),
+            Err(FsmError::ShardNotFound("ghost".into()))
+        );
+        // Same direction again (a second transfer to the same pair) is the policy's call.
+        st.apply(&start("t5", "s1", "s2")).unwrap();
+        assert_eq!(st.active_transfers().len(), 2);
+    }
+
+    #[test]
+    fn acks_walk_the_phases_and_finish_into_recent() {
+        let mut st = state();
+        st.apply(&start("t1", "s1", "s2")).unwrap();
+        let eff = st
+            .apply(&ack(
+                "t1",
+                "t1-r",
+                AckVerdict::Accepted,
+                &["m1", "m2"],
+                "t1-a",
+            ))
+            .unwrap();
+        let Effect::Transfer(t) = eff else {
+            panic!("{eff:?}")
+        };
+        assert_eq!((t.phase, t.machine_ids.len()), (Phase::Adopt, 2));
+        assert_eq!(st.transfer_by_instruction("t1-a").unwrap().id, "t1");
+        // A redelivered release ack changes nothing.
+        assert_eq!(
+            st.apply(&ack("t1", "t1-r", AckVerdict::Accepted, &["m7"], "x")),
+            Ok(Effect::None)
+        );
+        st.apply(&ack("t1", "t1-a", AckVerdict::Accepted, &[], "t1-z"))
+            .unwrap();
+        assert!(st.active_transfers().is_empty());
+        let recent = st.recent_transfers();
+        assert_eq!((recent[0].phase, recent[0].moved()), (Phase::Done, 2));
+        // Acks after the end are no-ops.
+        assert_eq!(
+            st.apply(&ack("t1", "t1-a", AckVerdict::Refused, &[], "y")),
+            Ok(Effect::None)
+        );
+    }
+
+    #[test]
+    fn a_machine_in_flight_is_never_named_by_a_second_transfer() {
+        let mut st = state();
+        st.apply(&start("t1", "s1", "s2")).unwrap();
+        st.apply(&start("t2", "s1", "s3")).unwrap();
+        st.apply(&ack("t1", "t1-r", AckVerdict::Accepted, &["m1"], "t1-a"))
+            .unwrap();
+        let Ok(Effect::Transfer(t2)) = st.apply(&ack(
+            "t2",
+            "t2-r",
+            AckVerdict::Accepted,
+            &["m1", "m2"],
+            "t2-a",
+        )) else {
+            panic!()
+        };
+        assert_eq!(t2.machine_ids, ["m2"]);
+    }
+
+    #[test]
+    fn removing_a_shard_fails_its_transfers_and_snapshots_keep_them() {
+        let mut st = state();
+        st.apply(&start("t1", "s1", "s2")).unwrap();
+        st.apply(&start("t2", "s3", "s2")).unwrap();
+        st.apply(&ack("t2", "t2-r", AckVerdict::Accepted, &["m1"], "t2-a"))
+            .unwrap();
+        let back = State::from_snapshot_json(&st.to_snapshot_json()).unwrap();
+        assert_eq!(back, st);
+        st.apply(&Command::RemoveShard {
+            shard_id: "s1".into(),
+        })
+        .unwrap();
+        assert_eq!(st.active_transfers().len(), 1);
+        let recent = st.recent_transfers();
+        assert_eq!(
+            (recent[0].id.as_str(), recent[0].phase),
+            ("t1", Phase::Failed)
+        );
+        assert!(recent[0].reason.contains("removed"));
+    }
+
+    #[test]
+    fn recent_is_bounded() {
+        let mut st = state();
+        for i in 0..(transfers::MAX_RECENT + 5) {
+            let id = format!("t{i}");
+            st.apply(&start(&id, "s1", "s2")).unwrap();
+            st.apply(&ack(&id, &format!("{id}-r"), AckVerdict::Refused, &[], "n"))
+                .unwrap();
+        }
+        let recent = st.recent_transfers();
+        assert_eq!(recent.len(), transfers::MAX_RECENT);
+        assert_eq!(recent[0].id, "t5");
     }
 }

@@ -10,6 +10,9 @@
 //!   leader hints (`x-bigfleet-leader`) on FAILED_PRECONDITION.
 //! * [`soft`] — leader-local soft state: latest reports and fenced instruction queues.
 //! * [`node`] — [`start`] a replica (ordinal bootstrap, join reconciler, probes, export).
+//! * [`rebalance`] — the rebalancer's policy, a pure function (ADR-0130).
+//! * [`rebalancer`] — the leader-local loop that runs it and proposes transfers.
+//! * [`transfers`] — cross-shard transfers as replicated state: phases and instructions.
 //! * [`dr`] — snapshot archives, periodic export and the offline [`restore_snapshot`].
 
 pub mod args;
@@ -20,9 +23,12 @@ pub mod metrics;
 pub mod network;
 pub mod node;
 pub mod raft_types;
+pub mod rebalance;
+pub mod rebalancer;
 pub mod service;
 pub mod soft;
 pub mod store;
+pub mod transfers;
 
 pub use args::Args;
 pub use core::JOIN_API_ADDR_KEY;

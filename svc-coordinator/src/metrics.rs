@@ -3,6 +3,9 @@
 use bigfleet_telemetry::{MetricsRegistry, TelemetryError};
 use prometheus::{IntCounter, IntCounterVec, IntGauge, IntGaugeVec};
 
+use crate::rebalance::SkipReason;
+use crate::transfers::{Phase, TransferKind};
+
 /// Apply outcome labels of `bigfleet_coordinator_apply_total`.
 pub const OUTCOME_SUCCESS: &str = "success";
 /// Raft refused or timed out (not leader, no quorum within the apply timeout, shutdown).
@@ -21,6 +24,12 @@ pub struct Metrics {
     pub state_entries: IntGaugeVec,
     pub voters: IntGauge,
     pub snapshot_exports: IntCounterVec,
+    pub rebalance_rounds: IntCounter,
+    pub rebalance_decisions: IntCounterVec,
+    pub rebalance_skipped: IntCounterVec,
+    pub rebalance_finished: IntCounterVec,
+    pub rebalance_machines_moved: IntCounter,
+    pub rebalance_in_flight: IntGauge,
 }
 
 impl Metrics {
@@ -34,7 +43,55 @@ impl Metrics {
         for o in [OUTCOME_SUCCESS, OUTCOME_ERROR, OUTCOME_FSM_ERROR] {
             apply_total.with_label_values(&[o]);
         }
+        let rebalance_decisions = reg.int_counter_vec(
+            "bigfleet_coordinator_rebalance_decisions_total",
+            "Transfers the leader's rebalancer started, by kind (transfer_ownership, reassign_speculative, cross_shard_drain).",
+            &["kind"],
+        )?;
+        let rebalance_skipped = reg.int_counter_vec(
+            "bigfleet_coordinator_rebalance_skipped_total",
+            "Rebalancer rounds that left a shortfall alone, by reason (hysteresis, in_flight, rate_limited, no_supply).",
+            &["reason"],
+        )?;
+        let rebalance_finished = reg.int_counter_vec(
+            "bigfleet_coordinator_rebalance_transfers_finished_total",
+            "Transfers that finished, by kind and outcome (done, failed).",
+            &["kind", "outcome"],
+        )?;
+        for k in [
+            TransferKind::Idle,
+            TransferKind::Speculative,
+            TransferKind::Drain,
+        ] {
+            rebalance_decisions.with_label_values(&[k.label()]);
+            for o in [Phase::Done, Phase::Failed] {
+                rebalance_finished.with_label_values(&[k.label(), o.label()]);
+            }
+        }
+        for r in [
+            SkipReason::Hysteresis,
+            SkipReason::InFlight,
+            SkipReason::RateLimited,
+            SkipReason::NoSupply,
+        ] {
+            rebalance_skipped.with_label_values(&[r.label()]);
+        }
         Ok(Self {
+            rebalance_rounds: reg.int_counter(
+                "bigfleet_coordinator_rebalance_rounds_total",
+                "Rebalancer rounds run by this replica while it led.",
+            )?,
+            rebalance_decisions,
+            rebalance_skipped,
+            rebalance_finished,
+            rebalance_machines_moved: reg.int_counter(
+                "bigfleet_coordinator_rebalance_machines_moved_total",
+                "Machines whose ownership moved to another shard through a finished transfer.",
+            )?,
+            rebalance_in_flight: reg.int_gauge(
+                "bigfleet_coordinator_rebalance_transfers_in_flight",
+                "Transfers in flight in the replicated state (leader only).",
+            )?,
             raft_term: reg.int_gauge(
                 "bigfleet_coordinator_raft_term",
                 "Current Raft term seen by this replica.",

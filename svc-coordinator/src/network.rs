@@ -12,7 +12,7 @@ use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_mesh::{ChannelConfig, Peer, PeerIdentity, Target, peer_of};
+use bigfleet_mesh::{BackoffPolicy, ChannelConfig, Peer, PeerIdentity, Target, peer_of};
 use bigfleet_proto::mesh::v1::raft_client::RaftClient;
 use bigfleet_proto::mesh::v1::raft_reply::Outcome;
 use bigfleet_proto::mesh::v1::raft_server::{Raft as RaftRpc, RaftServer};
@@ -33,9 +33,11 @@ use tonic::{Code, Request, Status};
 
 use crate::raft_types::{CoordNode, NodeId, Raft, TypeConfig, node_id_of};
 
-/// How long a peer that refused connections is left alone before openraft retries it.
-/// Short, because on loopback and in a pod network "refused" usually means "restarting".
-const UNREACHABLE_BACKOFF: Duration = Duration::from_millis(200);
+/// How long a peer that refused connections is left alone before openraft retries it:
+/// 200 ms growing to 1 s, jittered so the other replicas do not knock in step. Short,
+/// because on loopback and in a pod network "refused" usually means "restarting".
+const UNREACHABLE_BACKOFF: BackoffPolicy =
+    BackoffPolicy::new(Duration::from_millis(200), Duration::from_secs(1));
 
 #[derive(Debug, thiserror::Error)]
 #[error("{0}")]
@@ -206,7 +208,7 @@ impl RaftNetwork<TypeConfig> for PeerClient {
     }
 
     fn backoff(&self) -> Backoff {
-        Backoff::new(std::iter::repeat(UNREACHABLE_BACKOFF))
+        Backoff::new(bigfleet_mesh::Backoff::new(UNREACHABLE_BACKOFF))
     }
 }
 

@@ -9,8 +9,8 @@ use std::time::Duration;
 
 use bigfleet_identity::TlsContext;
 use bigfleet_mesh::{
-    AuthzPolicy, ChannelConfig, GrpcMetrics, MeshServer, Role, RunningServer, ServerStackConfig,
-    ServingStatus, Target,
+    AuthzPolicy, Backoff, BackoffPolicy, ChannelConfig, GrpcMetrics, MeshServer, Role,
+    RunningServer, ServerStackConfig, ServingStatus, Target,
 };
 use bigfleet_proto::service_names::{COORDINATOR, RAFT as RAFT_SERVICE};
 use bigfleet_proto::v1alpha1::JoinRaftClusterRequest;
@@ -161,11 +161,9 @@ pub fn effective_bootstrap(args: &Args, has_state: bool) -> bool {
     ordinal_of(&args.id).is_none_or(|o| o == 0)
 }
 
-async fn bind(what: &'static str, s: &str) -> Result<TcpListener, StartError> {
+fn bind(what: &'static str, s: &str) -> Result<TcpListener, StartError> {
     let addr = parse_listen(s).map_err(StartError::Config)?;
-    TcpListener::bind(addr)
-        .await
-        .map_err(|source| StartError::Bind { what, addr, source })
+    bigfleet_mesh::bind_tcp(addr).map_err(|source| StartError::Bind { what, addr, source })
 }
 
 /// Starts a replica and returns once it serves (it may not have a leader yet).
@@ -185,8 +183,8 @@ pub async fn start_with_registry(
     let store = Store::open(&args.data_dir)?;
     let has_state = store.has_state()?;
 
-    let raft_listener = bind("raft", &args.raft_bind).await?;
-    let api_listener = bind("coordinator", &args.listen).await?;
+    let raft_listener = bind("raft", &args.raft_bind)?;
+    let api_listener = bind("coordinator", &args.listen)?;
     let raft_addr = raft_listener
         .local_addr()
         .map_err(|e| StartError::Config(e.to_string()))?;
@@ -319,6 +317,15 @@ pub async fn start_with_registry(
             stop.clone(),
         )),
     ];
+    tasks.push(tokio::spawn(crate::rebalancer::run(
+        Arc::clone(&core),
+        crate::rebalancer::Config {
+            policy: args.rebalance_policy(),
+            interval: args.rebalance_interval,
+            report_max_age: args.rebalance_report_max_age,
+        },
+        stop.clone(),
+    )));
     if let Some(dir) = args.snapshot_export_dir.clone() {
         tasks.push(tokio::spawn(export_loop(
             Arc::clone(&core),
@@ -483,7 +490,7 @@ async fn join_loop(
     tls: Option<Arc<rustls::ClientConfig>>,
     stop: CancellationToken,
 ) {
-    let mut backoff = JOIN_BACKOFF_MIN;
+    let mut backoff = Backoff::new(BackoffPolicy::new(JOIN_BACKOFF_MIN, JOIN_BACKOFF_MAX));
     loop {
         if stop.is_cancelled() {
             return;
@@ -512,17 +519,18 @@ async fn join_loop(
                     .wait(Some(Duration::from_secs(3)))
                     .metrics(|_| core.membership_current(), "membership current")
                     .await;
-                backoff = JOIN_BACKOFF_MIN;
+                backoff.reset();
                 continue;
             }
-            Err(e) => tracing::info!(error = %e, retry_in = ?backoff, "join attempt failed"),
+            Err(e) => {
+                let retry_in = backoff.next_delay();
+                tracing::info!(error = %e, ?retry_in, "join attempt failed");
+                tokio::select! {
+                    () = tokio::time::sleep(retry_in) => {}
+                    () = stop.cancelled() => return,
+                }
+            }
         }
-        let jitter = Duration::from_millis(rand::random_range(0..=250));
-        tokio::select! {
-            () = tokio::time::sleep(backoff + jitter) => {}
-            () = stop.cancelled() => return,
-        }
-        backoff = (backoff * 2).min(JOIN_BACKOFF_MAX);
     }
 }
 

@@ -15,6 +15,7 @@ use tonic::{Request, Response, Status};
 use crate::core::{CoordError, Core, JOIN_API_ADDR_KEY, now_unix_ns};
 use crate::fsm::{Command, DomainKey, Effect, FsmError};
 use crate::soft::new_instruction_id;
+use crate::transfers::{released_ids, verdict_of};
 
 /// SnapshotSave frames after the metadata carry this much state each.
 pub const SNAPSHOT_CHUNK: usize = 1 << 20;
@@ -58,6 +59,58 @@ impl CoordinatorService {
             soft.pending_len(shard)
         };
         self.pending_gauge(shard, n);
+    }
+}
+
+impl CoordinatorService {
+    /// Applies the shard's acks of transfer instructions (ADR-0130) before answering, so
+    /// the next phase's instruction can ride on this very answer. A Raft failure fails the
+    /// report: the shard re-sends its acks with the next one, so no ack is lost.
+    async fn apply_transfer_acks(&self, id: &str, report: &pb::ShardReport) -> Result<(), Status> {
+        for ack in &report.instruction_acks {
+            let Some(verdict) = verdict_of(ack.outcome) else {
+                continue;
+            };
+            let Some(t) = self
+                .core
+                .shared
+                .read()
+                .state
+                .transfer_by_instruction(&ack.instruction_id)
+            else {
+                continue;
+            };
+            // Only the shard the phase addressed can answer it.
+            if t.target() != Some(id) {
+                tracing::warn!(shard = id, transfer = %t.id, instruction = %ack.instruction_id, "transfer ack from a shard the instruction was not for; ignored");
+                continue;
+            }
+            let cmd = Command::AckTransfer {
+                transfer_id: t.id.clone(),
+                instruction_id: ack.instruction_id.clone(),
+                verdict,
+                machine_ids: released_ids(&ack.reason),
+                next_instruction_id: new_instruction_id(),
+                reason: ack.reason.clone(),
+                at_unix_ns: now_unix_ns(),
+            };
+            match self.core.apply(cmd).await {
+                Ok(Effect::Transfer(t)) => {
+                    crate::rebalancer::record_step(&self.core.metrics, id, &t);
+                }
+                Ok(_) => {}
+                Err(CoordError::Fsm(e)) => {
+                    tracing::warn!(shard = id, transfer = %t.id, error = %e, "transfer ack refused");
+                }
+                Err(e) => return Err(CoordError::Unavailable(e.to_string()).into()),
+            }
+        }
+        let n = self.core.shared.read().state.active_transfers().len();
+        self.core
+            .metrics
+            .rebalance_in_flight
+            .set(i64::try_from(n).unwrap_or(i64::MAX));
+        Ok(())
     }
 }
 
@@ -167,8 +220,9 @@ impl Coordinator for CoordinatorService {
         }
         let now = now_unix_ns();
         self.core.shared.write().state.mark_heartbeat(id, now);
+        self.apply_transfer_acks(id, report).await?;
 
-        let (instructions, pending) = {
+        let (mut instructions, pending) = {
             let mut soft = self.core.soft.lock();
             soft.ensure_term(term);
             let outcome = soft.record_report(report, now);
@@ -179,8 +233,25 @@ impl Coordinator for CoordinatorService {
                     "out-of-order report; summary kept"
                 );
             }
-            (soft.pending(id), soft.pending_len(id))
+            let mut out = soft.pending(id);
+            // Transfer phases live in the FSM: whichever replica leads redelivers the same
+            // instruction id until the shard acknowledges it.
+            for t in self.core.shared.read().state.active_transfers() {
+                if t.target() == Some(id)
+                    && let Some(payload) = t.payload()
+                {
+                    out.push(pb::CoordinatorInstruction {
+                        coordinator_term: i64::try_from(term).unwrap_or(i64::MAX),
+                        sequence_number: soft.sequence_for(&t.instruction_id),
+                        instruction_id: t.instruction_id.clone(),
+                        payload: Some(payload),
+                    });
+                }
+            }
+            let n = out.len();
+            (out, n)
         };
+        instructions.sort_by_key(|i| i.sequence_number);
         self.pending_gauge(id, pending);
         self.core
             .metrics

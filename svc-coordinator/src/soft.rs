@@ -25,6 +25,9 @@ pub struct ReportSnapshot {
     pub summary: Option<ShardSummary>,
     /// Shortfalls with `requirements` dropped (only their size matters to the coordinator).
     pub shortfalls: Vec<Shortfall>,
+    /// Per shortfall, in order: (pinned instance type or empty, priority, age in cycles) —
+    /// what the rebalancer keeps of the requirements.
+    pub needs: Vec<(String, i32, i32)>,
 }
 
 #[derive(Debug, Default)]
@@ -48,6 +51,8 @@ pub struct SoftState {
     term: u64,
     next_sequence: i64,
     shards: HashMap<String, ShardSoft>,
+    /// Sequence numbers given to transfer instructions (which live in the FSM) this term.
+    transfer_sequences: HashMap<String, i64>,
 }
 
 impl SoftState {
@@ -89,6 +94,17 @@ impl SoftState {
                     .map(|s| Shortfall {
                         requirements: Vec::new(),
                         ..s.clone()
+                    })
+                    .collect(),
+                needs: report
+                    .shortfalls
+                    .iter()
+                    .map(|s| {
+                        (
+                            crate::rebalance::instance_type_of(&s.requirements),
+                            s.priority,
+                            s.age_cycles,
+                        )
                     })
                     .collect(),
             });
@@ -158,6 +174,23 @@ impl SoftState {
             }
         }
         ins
+    }
+
+    /// The sequence number of a transfer instruction in this term: assigned on first
+    /// delivery, the same on every redelivery.
+    pub fn sequence_for(&mut self, instruction_id: &str) -> i64 {
+        if let Some(s) = self.transfer_sequences.get(instruction_id) {
+            return *s;
+        }
+        self.next_sequence += 1;
+        self.transfer_sequences
+            .insert(instruction_id.to_owned(), self.next_sequence);
+        self.next_sequence
+    }
+
+    /// Forgets sequence numbers of instructions no longer delivered.
+    pub fn retain_transfer_sequences(&mut self, live: &std::collections::BTreeSet<String>) {
+        self.transfer_sequences.retain(|id, _| live.contains(id));
     }
 
     /// Forgets a removed shard.
@@ -242,6 +275,20 @@ mod tests {
         assert!(snap.shortfalls[0].requirements.is_empty());
         assert_eq!(snap.shortfalls[0].priority, 7);
         assert_eq!(snap.received_at_unix_ns, 5);
+        assert_eq!(snap.needs, [(String::new(), 7, 0)]);
+    }
+
+    #[test]
+    fn transfer_sequences_are_stable_within_a_term() {
+        let mut s = SoftState::default();
+        s.ensure_term(2);
+        let a = s.enqueue_domain("s1", &DomainKey::new("rack", "r1"), true, "d".into());
+        let t = s.sequence_for("t1");
+        assert!(t > a.sequence_number);
+        assert_eq!(s.sequence_for("t1"), t);
+        assert!(s.sequence_for("t2") > t);
+        s.ensure_term(3);
+        assert_eq!(s.sequence_for("t2"), 1);
     }
 
     #[test]

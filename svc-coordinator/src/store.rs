@@ -28,6 +28,9 @@ const SM_META: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_meta");
 const SM_SHARDS: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_shards");
 const SM_CLUSTERS: TableDefinition<&str, &str> = TableDefinition::new("sm_clusters");
 const SM_DOMAINS: TableDefinition<&str, &str> = TableDefinition::new("sm_domains");
+/// One row, [`K_TRANSFERS`]: the transfers document (ADR-0130; small and bounded).
+const SM_TRANSFERS: TableDefinition<&str, &[u8]> = TableDefinition::new("sm_transfers");
+const K_TRANSFERS: &str = "transfers";
 const SNAPSHOT: TableDefinition<&str, &[u8]> = TableDefinition::new("snapshot");
 
 const K_VOTE: &str = "vote";
@@ -158,6 +161,7 @@ impl Store {
             txn.open_table(SM_SHARDS)?;
             txn.open_table(SM_CLUSTERS)?;
             txn.open_table(SM_DOMAINS)?;
+            txn.open_table(SM_TRANSFERS)?;
             txn.open_table(SNAPSHOT)?;
             Ok(())
         })?;
@@ -260,8 +264,17 @@ fn load_sm(db: &Database) -> Result<SmData, StoreError> {
         doc.domains
             .push((DomainKey::new(key, value), v.value().to_owned()));
     }
+    let mut state = doc.into_state();
+    if let Some(v) = r.open_table(SM_TRANSFERS)?.get(K_TRANSFERS)? {
+        state
+            .load_transfers_json(v.value())
+            .map_err(|e| StoreError::Decode {
+                what: "transfers row",
+                source: e,
+            })?;
+    }
     Ok(SmData {
-        state: doc.into_state(),
+        state,
         last_applied,
         membership,
     })
@@ -321,6 +334,8 @@ fn replace_sm_tables(
     for a in state.domain_assignments() {
         domains.insert(domain_row_key(&a.domain).as_str(), a.shard_id.as_str())?;
     }
+    txn.open_table(SM_TRANSFERS)?
+        .insert(K_TRANSFERS, state.transfers_json().as_slice())?;
     let mut meta = txn.open_table(SM_META)?;
     meta.insert(K_APPLIED, encode(applied).as_slice())?;
     meta.insert(K_MEMBERSHIP, encode(membership).as_slice())?;
@@ -499,6 +514,8 @@ struct Touched {
     shards: Vec<(String, Option<ShardEntry>)>,
     clusters: Vec<(String, Option<String>)>,
     domains: Vec<(DomainKey, Option<String>)>,
+    /// The whole transfers document after the last command that changed it.
+    transfers: Option<Vec<u8>>,
 }
 
 impl Touched {
@@ -515,7 +532,16 @@ impl Touched {
                 self.domains
                     .push((domain.clone(), state.domain_owner(domain)));
             }
+            Command::StartTransfer { .. } | Command::AckTransfer { .. } => {}
             Command::Legacy => {}
+        }
+        if matches!(
+            cmd,
+            Command::StartTransfer { .. }
+                | Command::AckTransfer { .. }
+                | Command::RemoveShard { .. }
+        ) {
+            self.transfers = Some(state.transfers_json());
         }
         if let Effect::ShardRemoved { clusters, domains } = effect {
             self.clusters
@@ -564,6 +590,10 @@ impl Touched {
                     domains.remove(k.as_str())?;
                 }
             }
+        }
+        if let Some(doc) = &self.transfers {
+            txn.open_table(SM_TRANSFERS)?
+                .insert(K_TRANSFERS, doc.as_slice())?;
         }
         let mut meta = txn.open_table(SM_META)?;
         meta.insert(K_APPLIED, encode(applied).as_slice())?;
@@ -807,6 +837,65 @@ mod tests {
                 .domain_owner(&DomainKey::new("rack", "r1"))
                 .as_deref(),
             Some("s2")
+        );
+    }
+
+    /// A transfer in flight is replicated state: a restarted replica (a new leader after
+    /// a failover) resumes it in the phase it had reached.
+    #[tokio::test]
+    async fn transfers_survive_reopen() {
+        use crate::transfers::{AckVerdict, Phase, Transfer, TransferKind};
+        let dir = tempfile::tempdir().unwrap();
+        let t = Transfer {
+            id: "t1".into(),
+            kind: TransferKind::Idle,
+            donor: "s1".into(),
+            recipient: "s2".into(),
+            instance_type: "gpu".into(),
+            count: 1,
+            priority: 5,
+            phase: Phase::Release,
+            instruction_id: "r1".into(),
+            machine_ids: Vec::new(),
+            started_at_unix_ns: 1,
+            updated_at_unix_ns: 1,
+            reason: String::new(),
+        };
+        {
+            let store = Store::open(dir.path()).unwrap();
+            let mut sm = store.state_machine();
+            sm.apply(vec![
+                entry(1, 1, add("s1")),
+                entry(1, 2, add("s2")),
+                entry(1, 3, Command::StartTransfer { transfer: t }),
+                entry(
+                    1,
+                    4,
+                    Command::AckTransfer {
+                        transfer_id: "t1".into(),
+                        instruction_id: "r1".into(),
+                        verdict: AckVerdict::Accepted,
+                        machine_ids: vec!["m1".into()],
+                        next_instruction_id: "a1".into(),
+                        reason: String::new(),
+                        at_unix_ns: 2,
+                    },
+                ),
+            ])
+            .await
+            .unwrap();
+        }
+        let store = Store::open(dir.path()).unwrap();
+        let d = store.shared();
+        let got = d.read().state.active_transfers();
+        assert_eq!(got.len(), 1);
+        assert_eq!(
+            (
+                got[0].phase,
+                got[0].instruction_id.as_str(),
+                got[0].machine_ids.as_slice()
+            ),
+            (Phase::Adopt, "a1", ["m1".to_owned()].as_slice())
         );
     }
 

@@ -367,3 +367,87 @@ async fn three_replicas_form_and_fail_over_over_mtls() {
     )
     .await;
 }
+
+/// A transfer survives a real failover: the donor is told to release by one leader, that
+/// leader dies before the donor answers, and the next leader redelivers the same instruction
+/// (under its higher term), takes the donor's ack and only then tells the recipient to adopt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transfer_resumes_on_the_new_leader_after_failover() {
+    let _serial = serial().await;
+    let dir = tempfile::tempdir().unwrap();
+    let mut rs = replicas(dir.path());
+    for r in rs.iter_mut() {
+        r.extra = [
+            "--rebalance-interval",
+            "200ms",
+            "--rebalance-min-age-cycles",
+            "2",
+            "--rebalance-min-persist",
+            "0s",
+        ]
+        .map(String::from)
+        .to_vec();
+    }
+    spawn_all(&mut rs);
+    wait_formed(&mut rs, 3, FORM).await;
+    let leader = wait_leader(&mut rs, FORM).await;
+    let mut c = client(&rs[leader].api_addr()).await.unwrap();
+
+    let mut recipient = FakeShard::new("s0");
+    recipient.shortfalls = vec![gpu_shortfall()];
+    let mut donor = FakeShard::new("s1");
+    donor.summary = pb::ShardSummary {
+        total_machines: 2,
+        free_machines: 2,
+        per_instance_type_counts: [("gpu".to_owned(), 2)].into(),
+        ..Default::default()
+    };
+    donor.idle = vec!["m1".into(), "m2".into()];
+    donor.answering = false;
+    let start = Instant::now();
+    while donor.transfers().is_empty() {
+        recipient.report(&mut c).await.unwrap();
+        donor.report(&mut c).await.unwrap();
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            start.elapsed() < FORM,
+            "no release instruction\n{}",
+            dump_logs(&mut rs)
+        );
+    }
+    let (release_id, _, term1) = donor.transfers()[0].clone();
+
+    rs[leader].kill();
+    let new_leader = wait_leader(&mut rs, FORM).await;
+    assert_ne!(new_leader, leader);
+    let mut c = client(&rs[new_leader].api_addr()).await.unwrap();
+    donor.answering = true;
+    let start = Instant::now();
+    while recipient.transfers().is_empty() {
+        // A report may land while the new leader is still settling; the shard just retries.
+        let _ = donor.report(&mut c).await;
+        let _ = recipient.report(&mut c).await;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert!(
+            start.elapsed() < FORM,
+            "no adopt instruction after failover\n{}",
+            dump_logs(&mut rs)
+        );
+    }
+    let after: Vec<_> = donor
+        .transfers()
+        .into_iter()
+        .filter(|(_, _, term)| *term > term1)
+        .collect();
+    assert!(!after.is_empty(), "{:?}", donor.transfers());
+    assert!(
+        after.iter().all(|(id, _, _)| *id == release_id),
+        "{after:?}"
+    );
+    let (_, adopt, _) = recipient.transfers()[0].clone();
+    assert_eq!(adopt.machine_ids, ["m1"]);
+    assert_eq!(
+        (adopt.from_shard_id.as_str(), adopt.to_shard_id.as_str()),
+        ("s1", "s0")
+    );
+}

@@ -84,7 +84,8 @@ pub struct Args {
     pub log: LogArgs,
 }
 
-/// `:7795` ⇒ `0.0.0.0:7795`; `host:port` is resolved (first address).
+/// `:7795` ⇒ `[::]:7795` (both families, see `bigfleet_mesh::bind_tcp`); `host:port` is
+/// resolved (first address).
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, InspectError> {
     bigfleet_mesh::parse_listen_addr(addr).map_err(|reason| InspectError::Listen {
         addr: addr.to_owned(),
@@ -107,10 +108,7 @@ mod tests {
 
     #[test]
     fn listen_addresses() {
-        assert_eq!(
-            parse_listen(":7795").unwrap(),
-            "0.0.0.0:7795".parse().unwrap()
-        );
+        assert_eq!(parse_listen(":7795").unwrap(), "[::]:7795".parse().unwrap());
         assert_eq!(
             parse_listen("127.0.0.1:0").unwrap(),
             "127.0.0.1:0".parse().unwrap()

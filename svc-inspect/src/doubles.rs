@@ -307,6 +307,10 @@ pub struct ShardDouble {
     pub description: Option<mesh::ShardDescription>,
     /// Delay before answering anything (to exercise timeouts).
     pub delay: Option<Duration>,
+    /// Served by RecentActions (filtered as a shard does; newest first by finish time).
+    pub actions: Vec<mesh::ActionRecord>,
+    /// Served by ListMachines (filtered and paged as a shard does).
+    pub machines: Vec<mesh::MachineRow>,
 }
 
 impl ShardDouble {
@@ -387,6 +391,81 @@ impl ShardInfo for ShardDouble {
             Some(d) => Ok(Response::new(d.clone())),
             None => Err(Status::unimplemented("ShardInfo is not served here")),
         }
+    }
+
+    async fn recent_actions(
+        &self,
+        request: Request<mesh::RecentActionsRequest>,
+    ) -> Result<Response<mesh::RecentActionsResponse>, Status> {
+        self.pause().await;
+        if self.description.is_none() {
+            return Err(Status::unimplemented("ShardInfo is not served here"));
+        }
+        let r = request.into_inner();
+        let mut rows: Vec<mesh::ActionRecord> = self
+            .actions
+            .iter()
+            .filter(|a| {
+                (r.cluster_id.is_empty() || a.cluster_id == r.cluster_id)
+                    && a.finished_at_unix_nanos >= r.since_unix_nanos
+                    && a.seq > r.after_seq
+            })
+            .cloned()
+            .collect();
+        rows.sort_by(|a, b| {
+            (b.finished_at_unix_nanos, b.seq).cmp(&(a.finished_at_unix_nanos, a.seq))
+        });
+        rows.truncate(match r.limit {
+            0 => 100,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        });
+        Ok(Response::new(mesh::RecentActionsResponse {
+            actions: rows,
+            capacity: 10_000,
+            recorded: self.actions.iter().map(|a| a.seq).max().unwrap_or(0),
+            unreachable: Vec::new(),
+        }))
+    }
+
+    async fn list_machines(
+        &self,
+        request: Request<mesh::ListMachinesRequest>,
+    ) -> Result<Response<mesh::ListMachinesResponse>, Status> {
+        self.pause().await;
+        if self.description.is_none() {
+            return Err(Status::unimplemented("ShardInfo is not served here"));
+        }
+        let r = request.into_inner();
+        let id = |m: &mesh::MachineRow| m.machine.as_ref().map_or(String::new(), |m| m.id.clone());
+        let mut rows: Vec<mesh::MachineRow> = self
+            .machines
+            .iter()
+            .filter(|m| {
+                let rec = m.machine.clone().unwrap_or_default();
+                (r.cluster_id.is_empty() || rec.cluster == r.cluster_id)
+                    && (r.states.is_empty() || r.states.contains(&rec.state))
+            })
+            .cloned()
+            .collect();
+        let total = rows.len() as u64;
+        rows.retain(|m| id(m) > r.after_machine_id);
+        rows.sort_by_key(|m| id(m));
+        let limit = match r.limit {
+            0 => 500,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        let next = if rows.len() > limit {
+            rows.truncate(limit);
+            rows.last().map(id).unwrap_or_default()
+        } else {
+            String::new()
+        };
+        Ok(Response::new(mesh::ListMachinesResponse {
+            machines: rows,
+            total_matching: total,
+            next_after_machine_id: next,
+            unreachable: Vec::new(),
+        }))
     }
 }
 

@@ -13,6 +13,9 @@ pub enum InspectError {
     AllShardsUnreachable(String),
     #[error("{0}")]
     InvalidArgument(String),
+    /// A request named a shard the coordinator does not list.
+    #[error("unknown shard {0:?}")]
+    UnknownShard(String),
     #[error("invalid listen address {addr:?}: {reason}")]
     Listen { addr: String, reason: String },
     #[error(transparent)]
@@ -38,6 +41,7 @@ impl ClassifyError for InspectError {
                 ErrorClass::Unavailable
             }
             InspectError::InvalidArgument(_) => ErrorClass::InvalidArgument,
+            InspectError::UnknownShard(_) => ErrorClass::NotFound,
             InspectError::Coordinator(e) if e.code() == tonic::Code::PermissionDenied => {
                 ErrorClass::PermissionDenied
             }

@@ -28,6 +28,11 @@ use crate::view::{ClusterView, DomainView, ShardFetchView, ShardView};
 
 /// Shards asked at once in one fan-out.
 const FANOUT_CONCURRENCY: usize = 64;
+/// Recent actions returned when the request names no limit.
+const DEFAULT_ACTIONS: usize = 100;
+/// Machines per page when the request names no limit, and the most per page.
+const DEFAULT_MACHINES: usize = 500;
+const MAX_MACHINES: usize = 5000;
 /// Distinct (cluster, limit) answers kept in the cache.
 const NEEDS_CACHE_KEYS: usize = 256;
 
@@ -439,6 +444,165 @@ impl Fleet {
             shards,
             clusters: merged.into_values().collect(),
         })
+    }
+
+    /// Recent actions of every reachable shard (or just `req.shard_id`), merged newest
+    /// first by finish time and cut to the request's limit; not cached (ADR-0125).
+    pub async fn recent_actions(
+        &self,
+        req: &mesh::RecentActionsRequest,
+    ) -> Result<mesh::RecentActionsResponse, InspectError> {
+        let registry = self.chosen_shards(&req.shard_id).await?;
+        let limit = match req.limit {
+            0 => DEFAULT_ACTIONS,
+            n => usize::try_from(n).unwrap_or(usize::MAX),
+        };
+        let forward = mesh::RecentActionsRequest {
+            shard_id: String::new(),
+            // A shard's seq means nothing to the others.
+            after_seq: 0,
+            ..req.clone()
+        };
+        let answers: Vec<(String, Result<mesh::RecentActionsResponse, String>)> =
+            futures::stream::iter(registry.into_iter().map(|entry| {
+                let forward = forward.clone();
+                async move {
+                    let result = match self.channel(&entry) {
+                        Err(e) => Err(e),
+                        Ok(channel) => {
+                            self.bounded(async {
+                                let mut client = bigfleet_mesh::with_message_limits!(
+                                    ShardInfoClient::new(channel)
+                                );
+                                Ok(client.recent_actions(forward).await?.into_inner())
+                            })
+                            .await
+                        }
+                    };
+                    self.count("RecentActions", &result);
+                    (entry.shard_id, result)
+                }
+            }))
+            .buffer_unordered(FANOUT_CONCURRENCY)
+            .collect()
+            .await;
+        let mut out = mesh::RecentActionsResponse::default();
+        for (shard_id, result) in answers {
+            match result {
+                Ok(r) => {
+                    out.capacity = out.capacity.saturating_add(r.capacity);
+                    out.recorded = out.recorded.saturating_add(r.recorded);
+                    out.actions.extend(r.actions.into_iter().map(|mut a| {
+                        if a.shard_id.is_empty() {
+                            a.shard_id.clone_from(&shard_id);
+                        }
+                        a
+                    }));
+                }
+                Err(error) => out.unreachable.push(mesh::ShardError { shard_id, error }),
+            }
+        }
+        out.actions.sort_by(|a, b| {
+            (b.finished_at_unix_nanos, &a.shard_id, b.seq).cmp(&(
+                a.finished_at_unix_nanos,
+                &b.shard_id,
+                a.seq,
+            ))
+        });
+        out.actions.truncate(limit);
+        out.unreachable.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+        Ok(out)
+    }
+
+    /// One page of machines over every reachable shard (or just `req.shard_id`), in
+    /// machine-id order; not cached.
+    pub async fn list_machines(
+        &self,
+        req: &mesh::ListMachinesRequest,
+    ) -> Result<mesh::ListMachinesResponse, InspectError> {
+        let registry = self.chosen_shards(&req.shard_id).await?;
+        let limit = match req.limit {
+            0 => DEFAULT_MACHINES,
+            n => usize::try_from(n).unwrap_or(usize::MAX).min(MAX_MACHINES),
+        };
+        let forward = mesh::ListMachinesRequest {
+            shard_id: String::new(),
+            limit: u32::try_from(limit).unwrap_or(u32::MAX),
+            ..req.clone()
+        };
+        let answers: Vec<(String, Result<mesh::ListMachinesResponse, String>)> =
+            futures::stream::iter(registry.into_iter().map(|entry| {
+                let forward = forward.clone();
+                async move {
+                    let result = match self.channel(&entry) {
+                        Err(e) => Err(e),
+                        Ok(channel) => {
+                            self.bounded(async {
+                                let mut client = bigfleet_mesh::with_message_limits!(
+                                    ShardInfoClient::new(channel)
+                                );
+                                Ok(client.list_machines(forward).await?.into_inner())
+                            })
+                            .await
+                        }
+                    };
+                    self.count("ListMachines", &result);
+                    (entry.shard_id, result)
+                }
+            }))
+            .buffer_unordered(FANOUT_CONCURRENCY)
+            .collect()
+            .await;
+        let mut out = mesh::ListMachinesResponse::default();
+        let mut more = false;
+        for (shard_id, result) in answers {
+            match result {
+                Ok(r) => {
+                    out.total_matching = out.total_matching.saturating_add(r.total_matching);
+                    more |= !r.next_after_machine_id.is_empty();
+                    out.machines.extend(r.machines.into_iter().map(|mut m| {
+                        if m.shard_id.is_empty() {
+                            m.shard_id.clone_from(&shard_id);
+                        }
+                        m
+                    }));
+                }
+                Err(error) => out.unreachable.push(mesh::ShardError { shard_id, error }),
+            }
+        }
+        let id = |m: &mesh::MachineRow| m.machine.as_ref().map_or(String::new(), |m| m.id.clone());
+        out.machines.sort_by_key(|m| (id(m), m.shard_id.clone()));
+        // Each shard sent its first `limit` after the cursor, so the merged first `limit`
+        // are the fleet's; anything cut, or held back by a shard, follows on a later page.
+        if out.machines.len() > limit {
+            out.machines.truncate(limit);
+            more = true;
+        }
+        if more {
+            out.next_after_machine_id = out.machines.last().map(id).unwrap_or_default();
+        }
+        out.unreachable.sort_by(|a, b| a.shard_id.cmp(&b.shard_id));
+        Ok(out)
+    }
+
+    /// Every registered shard, or only `shard_id` (NotFound when unknown).
+    async fn chosen_shards(
+        &self,
+        shard_id: &str,
+    ) -> Result<Vec<pb::ShardRegistryEntry>, InspectError> {
+        let (mut registry, listed) = self.registry().await;
+        if let Err(e) = listed
+            && registry.is_empty()
+        {
+            return Err(InspectError::NoShardsKnown(e));
+        }
+        if !shard_id.is_empty() {
+            registry.retain(|e| e.shard_id == shard_id);
+            if registry.is_empty() {
+                return Err(InspectError::UnknownShard(shard_id.to_owned()));
+            }
+        }
+        Ok(registry)
     }
 
     // --- per-shard calls ---

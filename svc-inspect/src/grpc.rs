@@ -111,6 +111,22 @@ impl Inspect for InspectGrpc {
         };
         Ok(Response::new(self.fleet.overview().await.to_proto(max)))
     }
+
+    async fn recent_actions(
+        &self,
+        request: Request<mesh::RecentActionsRequest>,
+    ) -> Result<Response<mesh::RecentActionsResponse>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.fleet.recent_actions(&req).await?))
+    }
+
+    async fn list_machines(
+        &self,
+        request: Request<mesh::ListMachinesRequest>,
+    ) -> Result<Response<mesh::ListMachinesResponse>, Status> {
+        let req = request.into_inner();
+        Ok(Response::new(self.fleet.list_machines(&req).await?))
+    }
 }
 
 /// Metadata values must be visible ASCII; anything else is replaced so a strange error text
@@ -142,7 +158,9 @@ mod tests {
         let p = authz_policy();
         let read = "/bigfleet.v1alpha1.ShardRead/InspectNeeds";
         let summary = "/bigfleet.mesh.v1.Inspect/FleetSummary";
-        for path in [read, summary] {
+        let actions = "/bigfleet.mesh.v1.Inspect/RecentActions";
+        let machines = "/bigfleet.mesh.v1.Inspect/ListMachines";
+        for path in [read, summary, actions, machines] {
             assert!(
                 p.check(path, &Peer::Verified(PeerIdentity::Readonly))
                     .is_ok()

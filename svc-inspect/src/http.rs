@@ -63,6 +63,79 @@ pub struct ClustersResponse {
     pub clusters: Page<ClusterView>,
 }
 
+/// `GET /api/v1/actions`: recent actions over the fleet, newest first (ADR-0125).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionsResponse {
+    pub actions: Vec<crate::view::ActionView>,
+    pub unreachable: Vec<crate::view::ShardErrorView>,
+}
+
+/// `GET /api/v1/machines`: one page of machines in id order.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachinesResponse {
+    pub machines: Vec<crate::view::MachineView>,
+    pub total_matching: u64,
+    /// Pass as `after` for the next page; empty on the last.
+    pub next_after: String,
+    pub unreachable: Vec<crate::view::ShardErrorView>,
+}
+
+/// Filters of `/api/v1/actions` and `/api/v1/machines`.
+#[derive(Debug, Default, Deserialize)]
+pub struct FanoutQuery {
+    cluster: Option<String>,
+    shard: Option<String>,
+    /// A duration back from now (`90s`, `1h`).
+    since: Option<String>,
+    limit: Option<String>,
+    /// Machine state: value name (`MACHINE_STATE_IDLE`) or short (`idle`).
+    state: Option<String>,
+    after: Option<String>,
+}
+
+impl FanoutQuery {
+    fn limit(&self) -> Result<u32, String> {
+        match self.limit.as_deref() {
+            None | Some("") => Ok(0),
+            Some(v) => v
+                .parse()
+                .map_err(|_| format!("limit must be a non-negative integer (got {v:?})")),
+        }
+    }
+
+    fn since_unix_nanos(&self) -> Result<i64, String> {
+        match self.since.as_deref() {
+            None | Some("") => Ok(0),
+            Some(v) => {
+                let back = humantime::parse_duration(v)
+                    .map_err(|e| format!("since must be a duration like 1h ({e})"))?;
+                let back = i64::try_from(back.as_nanos()).unwrap_or(i64::MAX);
+                Ok(crate::fleet::now_unix_nanos().saturating_sub(back).max(0))
+            }
+        }
+    }
+
+    fn states(&self) -> Result<Vec<i32>, String> {
+        match self.state.as_deref() {
+            None | Some("") => Ok(Vec::new()),
+            Some(v) => v
+                .split(',')
+                .map(|s| {
+                    let name = s.trim().to_ascii_uppercase();
+                    let name = if name.starts_with("MACHINE_STATE_") {
+                        name
+                    } else {
+                        format!("MACHINE_STATE_{name}")
+                    };
+                    bigfleet_proto::v1alpha1::MachineState::from_str_name(&name)
+                        .map(|s| s as i32)
+                        .ok_or_else(|| format!("unknown machine state {s:?}"))
+                })
+                .collect(),
+        }
+    }
+}
+
 /// `{"error": "..."}` with a non-2xx status.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ErrorResponse {
@@ -122,12 +195,16 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .route("/cluster", get(cluster_lookup))
         .route("/shortfalls", get(shortfalls_page))
         .route("/domains", get(domains_page))
+        .route("/actions", get(actions_page))
+        .route("/machines", get(machines_page))
         .route("/api/v1/summary", get(api_summary))
         .route("/api/v1/shards", get(api_shards))
         .route("/api/v1/clusters", get(api_clusters))
         .route("/api/v1/clusters/{id}/needs", get(api_cluster_needs))
         .route("/api/v1/shortfalls", get(api_shortfalls))
         .route("/api/v1/domains", get(api_domains))
+        .route("/api/v1/actions", get(api_actions))
+        .route("/api/v1/machines", get(api_machines))
         .fallback(not_found)
         .with_state(fleet)
 }
@@ -306,6 +383,110 @@ async fn cluster_lookup(Query(q): Query<ListQuery>) -> Response {
 }
 
 // --- JSON API ---
+
+async fn load_actions(
+    fleet: &Fleet,
+    q: &FanoutQuery,
+) -> Result<ActionsResponse, (StatusCode, String)> {
+    let (limit, since) = match (q.limit(), q.since_unix_nanos()) {
+        (Ok(l), Ok(s)) => (l, s),
+        (Err(e), _) | (_, Err(e)) => return Err((StatusCode::BAD_REQUEST, e)),
+    };
+    let req = bigfleet_proto::mesh::v1::RecentActionsRequest {
+        cluster_id: q.cluster.clone().unwrap_or_default(),
+        since_unix_nanos: since,
+        limit,
+        after_seq: 0,
+        shard_id: q.shard.clone().unwrap_or_default(),
+    };
+    let r = fleet.recent_actions(&req).await.map_err(|e| failure(&e))?;
+    Ok(ActionsResponse {
+        actions: r
+            .actions
+            .iter()
+            .map(crate::view::ActionView::from_proto)
+            .collect(),
+        unreachable: r
+            .unreachable
+            .iter()
+            .map(crate::view::ShardErrorView::from_proto)
+            .collect(),
+    })
+}
+
+async fn load_machines(
+    fleet: &Fleet,
+    q: &FanoutQuery,
+) -> Result<MachinesResponse, (StatusCode, String)> {
+    let (limit, states) = match (q.limit(), q.states()) {
+        (Ok(l), Ok(s)) => (l, s),
+        (Err(e), _) | (_, Err(e)) => return Err((StatusCode::BAD_REQUEST, e)),
+    };
+    let req = bigfleet_proto::mesh::v1::ListMachinesRequest {
+        cluster_id: q.cluster.clone().unwrap_or_default(),
+        states,
+        limit,
+        after_machine_id: q.after.clone().unwrap_or_default(),
+        shard_id: q.shard.clone().unwrap_or_default(),
+    };
+    let r = fleet.list_machines(&req).await.map_err(|e| failure(&e))?;
+    Ok(MachinesResponse {
+        machines: r
+            .machines
+            .iter()
+            .map(crate::view::MachineView::from_proto)
+            .collect(),
+        total_matching: r.total_matching,
+        next_after: r.next_after_machine_id,
+        unreachable: r
+            .unreachable
+            .iter()
+            .map(crate::view::ShardErrorView::from_proto)
+            .collect(),
+    })
+}
+
+async fn api_actions(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_actions(&fleet, &q).await {
+        Ok(v) => json(&v),
+        Err((status, message)) => json_error(status, &message),
+    }
+}
+
+async fn api_machines(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_machines(&fleet, &q).await {
+        Ok(v) => json(&v),
+        Err((status, message)) => json_error(status, &message),
+    }
+}
+
+async fn actions_page(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_actions(&fleet, &q).await {
+        Ok(v) => html(pages::actions(&v, q.cluster.as_deref().unwrap_or(""))),
+        Err((status, message)) => page_error(status, "Recent actions", &message),
+    }
+}
+
+async fn machines_page(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_machines(&fleet, &q).await {
+        Ok(v) => {
+            // The filters the next-page link keeps.
+            let mut keep = String::new();
+            for (k, v) in [
+                ("cluster", &q.cluster),
+                ("state", &q.state),
+                ("shard", &q.shard),
+                ("limit", &q.limit),
+            ] {
+                if let Some(v) = v.as_deref().filter(|v| !v.is_empty()) {
+                    keep.push_str(&format!("&{k}={}", pct(v)));
+                }
+            }
+            html(pages::machines(&v, &keep))
+        }
+        Err((status, message)) => page_error(status, "Machines", &message),
+    }
+}
 
 async fn api_summary(State(fleet): State<Shared>) -> Response {
     let summary: SummaryView = fleet.overview().await.summary();

@@ -232,9 +232,7 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
         .await?;
 
     let stop = CancellationToken::new();
-    let listener = tokio::net::TcpListener::bind(config.http_listen)
-        .await
-        .map_err(InspectError::Http)?;
+    let listener = bigfleet_mesh::bind_tcp(config.http_listen).map_err(InspectError::Http)?;
     let http_addr = listener.local_addr().map_err(InspectError::Http)?;
     if !http_addr.ip().is_loopback() && config.http_token.is_none() {
         tracing::warn!(

@@ -57,6 +57,8 @@ pub enum Nav {
     Clusters,
     Shortfalls,
     Domains,
+    Actions,
+    Machines,
     None,
 }
 
@@ -86,6 +88,8 @@ impl Doc {
             (Nav::Clusters, "/clusters", "Clusters"),
             (Nav::Shortfalls, "/shortfalls", "Shortfalls"),
             (Nav::Domains, "/domains", "Domains"),
+            (Nav::Actions, "/actions", "Actions"),
+            (Nav::Machines, "/machines", "Machines"),
         ] {
             let current = if entry == nav {
                 " aria-current=\"page\""
@@ -644,6 +648,107 @@ pub fn cluster(v: &ClusterNeedsView) -> String {
     doc.finish(v.computed_at_unix_nanos, true)
 }
 
+fn shard_errors(doc: &mut Doc, errors: &[crate::view::ShardErrorView]) {
+    for e in errors {
+        let _ = write!(
+            doc.out,
+            "<div class=\"note\">Shard <strong class=\"mono\">{}</strong> did not answer: <span class=\"mono\">{}</span>. Its rows are missing below.</div>",
+            esc(&e.shard_id),
+            esc(&e.error)
+        );
+    }
+}
+
+/// `/actions`: what the shards did recently and why, newest first (ADR-0125).
+pub fn actions(v: &crate::http::ActionsResponse, cluster: &str) -> String {
+    let mut doc = Doc::new("Recent actions", Nav::Actions, false);
+    doc.push("<h1>Recent actions</h1>");
+    if !cluster.is_empty() {
+        let _ = write!(
+            doc.out,
+            "<p>Cluster <strong class=\"mono\">{}</strong> · <a href=\"/actions\">all clusters</a></p>",
+            esc(cluster)
+        );
+    }
+    shard_errors(&mut doc, &v.unreachable);
+    if v.actions.is_empty() {
+        doc.push("<p class=\"muted\">No action recorded yet.</p>");
+    } else {
+        doc.push("<div class=\"scroll\"><table><thead><tr><th>Finished</th><th>Kind</th><th>Reason</th><th>Outcome</th><th>Cluster</th><th>Machine</th><th>Need</th><th>Priority</th><th>Ran</th><th>Shard</th></tr></thead><tbody>");
+        for a in &v.actions {
+            let class = match a.outcome.as_str() {
+                "succeeded" => "ok",
+                "failed" | "abandoned" => "bad",
+                _ => "warn",
+            };
+            let ran = if a.started_at_unix_nanos == 0 {
+                String::new()
+            } else {
+                coarse(a.run_nanos / 1_000_000)
+            };
+            let _ = write!(
+                doc.out,
+                "<tr><td>{}</td><td>{}</td><td class=\"mono\">{}</td><td class=\"{class}\">{}</td><td class=\"mono\"><a href=\"/actions?cluster={}\">{}</a></td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td></tr>",
+                esc(&timestamp(a.finished_at_unix_nanos)),
+                esc(&a.kind),
+                esc(&a.reason),
+                esc(&a.outcome),
+                pct(&a.cluster_id),
+                esc(&a.cluster_id),
+                esc(&a.machine_id),
+                esc(&a.need_fingerprint),
+                a.priority,
+                esc(&ran),
+                esc(&a.shard_id)
+            );
+        }
+        doc.push("</tbody></table></div>");
+    }
+    doc.finish(crate::fleet::now_unix_nanos(), false)
+}
+
+/// `/machines`: one page of the fleet's machines in id order.
+pub fn machines(v: &crate::http::MachinesResponse, query: &str) -> String {
+    let mut doc = Doc::new("Machines", Nav::Machines, false);
+    doc.push("<h1>Machines</h1>");
+    shard_errors(&mut doc, &v.unreachable);
+    if v.machines.is_empty() {
+        doc.push("<p class=\"muted\">No machine matches.</p>");
+    } else {
+        doc.push("<div class=\"scroll\"><table><thead><tr><th>Machine</th><th>State</th><th>Cluster</th><th>Instance type</th><th>Zone</th><th>Capacity</th><th>$/h</th><th>Shard</th></tr></thead><tbody>");
+        for m in &v.machines {
+            let _ = write!(
+                doc.out,
+                "<tr><td class=\"mono\">{}</td><td>{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td>{}</td><td>{:.4}</td><td class=\"mono\">{}</td></tr>",
+                esc(&m.id),
+                esc(short_state(&m.state)),
+                esc(&m.cluster),
+                esc(&m.instance_type),
+                esc(&m.zone),
+                esc(m.capacity_type.trim_start_matches("CAPACITY_TYPE_")),
+                m.price_per_hour,
+                esc(&m.shard_id)
+            );
+        }
+        doc.push("</tbody></table></div>");
+    }
+    let _ = write!(
+        doc.out,
+        "<div class=\"pager muted\">{} machines match",
+        v.total_matching
+    );
+    if !v.next_after.is_empty() {
+        let _ = write!(
+            doc.out,
+            " · <a href=\"/machines?after={}{}\" rel=\"next\">Next »</a>",
+            pct(&v.next_after),
+            esc(query)
+        );
+    }
+    doc.push("</div>");
+    doc.finish(crate::fleet::now_unix_nanos(), false)
+}
+
 /// An error page (coordinator and every shard unknown, bad query, unknown path).
 pub fn error(title: &str, message: &str) -> String {
     let mut doc = Doc::new(title, Nav::None, false);
@@ -774,5 +879,38 @@ mod tests {
         assert!(html.contains("idle 0 · configured 9 · speculative 0 (capped)"));
         assert!(html.contains("cpu=4"));
         assert!(html.contains("chosen rack-&lt;1&gt;"));
+    }
+
+    #[test]
+    fn the_actions_page_escapes_what_shards_send() {
+        let v = crate::http::ActionsResponse {
+            actions: vec![crate::view::ActionView {
+                shard_id: "s<1>".into(),
+                seq: 1,
+                cycle: 1,
+                kind: "bootstrap".into(),
+                reason: "phase1.idle".into(),
+                machine_id: "m\"1".into(),
+                cluster_id: "c&1".into(),
+                need_fingerprint: "fp".into(),
+                group: String::new(),
+                priority: 5,
+                grace_seconds: 0.0,
+                action_id: "a".into(),
+                outcome: "failed".into(),
+                decided_at_unix_nanos: 1,
+                started_at_unix_nanos: 2,
+                finished_at_unix_nanos: 3_000_000_000,
+                run_nanos: 2_000_000_000,
+            }],
+            unreachable: vec![],
+        };
+        let html = actions(&v, "<c>");
+        assert!(
+            html.contains("s&lt;1&gt;") && html.contains("m&quot;1") && html.contains("c&amp;1")
+        );
+        assert!(html.contains("/actions?cluster=c%261") && html.contains("&lt;c&gt;"));
+        assert!(!html.contains("<c>") && !html.contains("s<1>"));
+        assert!(html.contains("class=\"bad\">failed"));
     }
 }

@@ -485,3 +485,108 @@ mod tests {
         assert!(anonymous.get("shard_id").is_none());
     }
 }
+
+/// One action and what became of it (`GET /api/v1/actions`), as in
+/// `bigfleet.mesh.v1.ActionRecord`.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ActionView {
+    pub shard_id: String,
+    pub seq: u64,
+    pub cycle: i64,
+    pub kind: String,
+    pub reason: String,
+    pub machine_id: String,
+    pub cluster_id: String,
+    pub need_fingerprint: String,
+    pub group: String,
+    pub priority: i32,
+    pub grace_seconds: f64,
+    pub action_id: String,
+    pub outcome: String,
+    pub decided_at_unix_nanos: i64,
+    pub started_at_unix_nanos: i64,
+    pub finished_at_unix_nanos: i64,
+    pub run_nanos: i64,
+}
+
+impl ActionView {
+    pub fn from_proto(a: &mesh::ActionRecord) -> Self {
+        ActionView {
+            shard_id: a.shard_id.clone(),
+            seq: a.seq,
+            cycle: a.cycle,
+            kind: a.kind.clone(),
+            reason: a.reason.clone(),
+            machine_id: a.machine_id.clone(),
+            cluster_id: a.cluster_id.clone(),
+            need_fingerprint: a.need_fingerprint.clone(),
+            group: a.group.clone(),
+            priority: a.priority,
+            grace_seconds: a.grace_seconds,
+            action_id: a.action_id.clone(),
+            outcome: a.outcome.clone(),
+            decided_at_unix_nanos: a.decided_at_unix_nanos,
+            started_at_unix_nanos: a.started_at_unix_nanos,
+            finished_at_unix_nanos: a.finished_at_unix_nanos,
+            run_nanos: a.run_nanos,
+        }
+    }
+}
+
+/// One machine (`GET /api/v1/machines`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct MachineView {
+    pub shard_id: String,
+    pub id: String,
+    /// MachineState value name, e.g. `MACHINE_STATE_IDLE`.
+    pub state: String,
+    pub cluster: String,
+    pub instance_type: String,
+    pub zone: String,
+    /// CapacityType value name.
+    pub capacity_type: String,
+    pub price_per_hour: f64,
+    pub labels: BTreeMap<String, String>,
+    pub last_error: String,
+    /// Zero unless Idle.
+    pub idle_since_unix_nanos: i64,
+}
+
+impl MachineView {
+    pub fn from_proto(row: &mesh::MachineRow) -> Self {
+        let m = row.machine.clone().unwrap_or_default();
+        MachineView {
+            shard_id: row.shard_id.clone(),
+            state: pb::MachineState::try_from(m.state)
+                .map_or("MACHINE_STATE_UNSPECIFIED", |s| s.as_str_name())
+                .to_owned(),
+            capacity_type: pb::CapacityType::try_from(m.capacity_type)
+                .map_or("CAPACITY_TYPE_UNSPECIFIED", |c| c.as_str_name())
+                .to_owned(),
+            id: m.id,
+            cluster: m.cluster,
+            instance_type: m.instance_type,
+            zone: m.zone,
+            price_per_hour: m.price_per_hour,
+            labels: m.labels.into_iter().collect(),
+            last_error: m.last_error,
+            idle_since_unix_nanos: row.idle_since_unix_nanos,
+        }
+    }
+}
+
+/// Shards that did not answer a fan-out.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ShardErrorView {
+    pub shard_id: String,
+    pub error: String,
+}
+
+impl ShardErrorView {
+    pub fn from_proto(e: &mesh::ShardError) -> Self {
+        ShardErrorView {
+            shard_id: e.shard_id.clone(),
+            error: e.error.clone(),
+        }
+    }
+}

@@ -292,7 +292,7 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
     })
 }
 
-/// Parses a listen address; `:7780` means every interface.
+/// Parses a listen address; `:7780` means every interface of both families (`[::]`).
 pub fn parse_listen(addr: &str) -> Result<SocketAddr, StartError> {
     bigfleet_mesh::parse_listen_addr(addr).map_err(|reason| StartError::Address {
         addr: addr.to_owned(),
@@ -390,7 +390,7 @@ mod tests {
     fn listen_addresses() {
         assert_eq!(
             parse_listen(":7780").unwrap(),
-            "0.0.0.0:7780".parse::<SocketAddr>().unwrap()
+            "[::]:7780".parse::<SocketAddr>().unwrap()
         );
         assert_eq!(
             parse_listen("127.0.0.1:9").unwrap(),

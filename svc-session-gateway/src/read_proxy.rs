@@ -1,12 +1,16 @@
 //! Read services on the public port, answered by decide: `ShardRead.InspectNeeds` (the
-//! original shard serves it next to `Shard`) and `ShardInfo.Describe` (for svc-inspect),
-//! where the gateway adds its own session count.
+//! original shard serves it next to `Shard`) and `ShardInfo` (for svc-inspect): `Describe`,
+//! where the gateway adds its own session count, and `RecentActions` / `ListMachines`,
+//! passed through as they are.
 
 use std::pin::Pin;
 use std::sync::Arc;
 
 use bigfleet_proto::mesh::v1::shard_info_server::ShardInfo;
-use bigfleet_proto::mesh::v1::{DescribeShardRequest, ShardDescription};
+use bigfleet_proto::mesh::v1::{
+    DescribeShardRequest, ListMachinesRequest, ListMachinesResponse, RecentActionsRequest,
+    RecentActionsResponse, ShardDescription,
+};
 use bigfleet_proto::v1alpha1::shard_read_server::ShardRead;
 use bigfleet_proto::v1alpha1::{InspectNeedsRequest, InspectNeedsResponse};
 use futures::Stream;
@@ -76,5 +80,31 @@ impl ShardInfo for ReadProxy {
         }
         desc.sessions = sessions;
         Ok(Response::new(desc))
+    }
+
+    async fn recent_actions(
+        &self,
+        request: Request<RecentActionsRequest>,
+    ) -> Result<Response<RecentActionsResponse>, Status> {
+        let resp = self
+            .core
+            .decide
+            .shard_info()
+            .recent_actions(request.into_inner())
+            .await?;
+        Ok(Response::new(resp.into_inner()))
+    }
+
+    async fn list_machines(
+        &self,
+        request: Request<ListMachinesRequest>,
+    ) -> Result<Response<ListMachinesResponse>, Status> {
+        let resp = self
+            .core
+            .decide
+            .shard_info()
+            .list_machines(request.into_inner())
+            .await?;
+        Ok(Response::new(resp.into_inner()))
     }
 }

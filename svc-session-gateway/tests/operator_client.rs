@@ -13,9 +13,8 @@ use bigfleet_loadtest::{
 };
 use bigfleet_proto::mesh::v1::{
     BootstrapError, RequestBootstrapRequest, SendReclaimRequest, ShardEvent,
-    request_bootstrap_response, shard_event,
+    request_bootstrap_response,
 };
-use bigfleet_proto::v1alpha1::NodeStateUpdate;
 use bigfleet_testkit::wait_until;
 use common::*;
 
@@ -30,18 +29,7 @@ fn fast(cluster: &str, target: &str) -> OperatorConfig {
 }
 
 fn node(cluster: &str, machine: &str, state: MachineState) -> ShardEvent {
-    let key = format!("node:{machine}");
-    ShardEvent {
-        cluster_id: cluster.into(),
-        supersedes_key: key.clone(),
-        frame: Some(shard_event::Frame::NodeStateUpdate(NodeStateUpdate {
-            supersedes_key: key,
-            machine_id: machine.into(),
-            cluster_id: cluster.into(),
-            state: i32::from(state.ordinal()),
-            ..Default::default()
-        })),
-    }
+    node_event(cluster, machine, i32::from(state.ordinal()))
 }
 
 #[tokio::test]
@@ -98,14 +86,12 @@ async fn the_simulated_operator_speaks_the_whole_protocol() {
 
     // Bootstrap: the operator renders a blob for its cluster.
     let r = gw
-        .request_bootstrap(RequestBootstrapRequest {
+        .bootstrap(RequestBootstrapRequest {
             cluster_id: "op-1".into(),
             timeout_ms: 5_000,
             ..Default::default()
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     let Some(request_bootstrap_response::Outcome::Blob(blob)) = r.outcome else {
         panic!("expected a blob, got {r:?}");
     };
@@ -129,10 +115,7 @@ async fn the_simulated_operator_speaks_the_whole_protocol() {
     assert_eq!(op.stats().reclaim_instructions, 1);
     assert_eq!(op.stats().errors(), 0, "{:?}", op.stats());
     op.shutdown().await;
-    wait_until(WAIT, "the session to be removed", async || {
-        h.gw().active_sessions() == 0
-    })
-    .await;
+    h.wait_no_sessions().await;
     h.stop().await;
 }
 

@@ -11,12 +11,11 @@ use bigfleet_loadtest::decide_stub::StubConfig;
 use bigfleet_proto::mesh::v1::DescribeShardRequest;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::mesh::v1::{
-    BootstrapError, RequestBootstrapRequest, SendReclaimRequest, ShardEvent, StatusRequest,
-    request_bootstrap_response, shard_event,
+    BootstrapError, RequestBootstrapRequest, SendReclaimRequest, StatusRequest,
+    request_bootstrap_response,
 };
 use bigfleet_proto::v1alpha1::{
-    BootstrapBlobResponse, ClusterCapacityNeeds, NodeStateUpdate, ReclaimAck, operator_message,
-    shard_message,
+    BootstrapBlobResponse, ClusterCapacityNeeds, ReclaimAck, operator_message, shard_message,
 };
 use bigfleet_testkit::wait_until;
 use common::*;
@@ -96,10 +95,7 @@ async fn hello_is_acked_with_term_and_epoch_and_rehello_is_reacked() {
     s.send(hello("b")).await;
     let err = s.next().await.unwrap_err();
     assert_eq!(err.code(), Code::InvalidArgument);
-    wait_until(WAIT, "the session to be removed", async || {
-        h.gw().active_sessions() == 0
-    })
-    .await;
+    h.wait_no_sessions().await;
     h.stop().await;
 }
 
@@ -255,12 +251,7 @@ async fn a_bad_rollup_is_rejected_whole_and_the_previous_demand_is_kept() {
         "{}",
         ack.echo
     );
-    assert_eq!(
-        h.stub.rollup("a").unwrap().timestamp_unix_nanos,
-        1,
-        "last-known-good kept"
-    );
-    assert_eq!(h.stub.applied.load(Ordering::SeqCst), 1, "never forwarded");
+    h.assert_only_the_first_rollup_forwarded("a");
 
     let mut bad_qty = Demand::typical().rollup("a", 3);
     bad_qty.needs[0]
@@ -365,13 +356,11 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
 
     // No session.
     let r = gw
-        .request_bootstrap(RequestBootstrapRequest {
+        .bootstrap(RequestBootstrapRequest {
             cluster_id: "nobody".into(),
             ..Default::default()
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert_eq!(
         r.outcome,
         Some(request_bootstrap_response::Outcome::Error(
@@ -383,20 +372,15 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     let mut caller = gw.clone();
     let call = tokio::spawn(async move {
         caller
-            .request_bootstrap(RequestBootstrapRequest {
+            .bootstrap(RequestBootstrapRequest {
                 cluster_id: "a".into(),
                 timeout_ms: 5_000,
                 machine_id: "m-1".into(),
                 ..Default::default()
             })
             .await
-            .unwrap()
-            .into_inner()
     });
-    let req = match s.next_payload().await {
-        shard_message::Payload::BootstrapRequest(r) => r,
-        other => panic!("expected a bootstrap request, got {other:?}"),
-    };
+    let req = s.next_bootstrap_request().await;
     assert_eq!(req.request_id.len(), 16);
     assert_eq!(req.cluster_id, "a");
     let answer = |id: &str, data: &[u8], error: &str| {
@@ -430,24 +414,19 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
 
     // Timeout, then the late answer is dropped.
     let r = gw
-        .request_bootstrap(RequestBootstrapRequest {
+        .bootstrap(RequestBootstrapRequest {
             cluster_id: "a".into(),
             timeout_ms: 100,
             ..Default::default()
         })
-        .await
-        .unwrap()
-        .into_inner();
+        .await;
     assert_eq!(
         r.outcome,
         Some(request_bootstrap_response::Outcome::Error(
             BootstrapError::Timeout as i32
         ))
     );
-    let late = match s.next_payload().await {
-        shard_message::Payload::BootstrapRequest(r) => r,
-        other => panic!("expected a bootstrap request, got {other:?}"),
-    };
+    let late = s.next_bootstrap_request().await;
     assert_eq!(late.request_id, r.request_id);
     s.send(answer(&late.request_id, b"too late", "")).await;
     wait_until(WAIT, "the late answer to be dropped", async || {
@@ -459,19 +438,14 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     let mut caller = gw.clone();
     let call = tokio::spawn(async move {
         caller
-            .request_bootstrap(RequestBootstrapRequest {
+            .bootstrap(RequestBootstrapRequest {
                 cluster_id: "a".into(),
                 timeout_ms: 5_000,
                 ..Default::default()
             })
             .await
-            .unwrap()
-            .into_inner()
     });
-    let req = match s.next_payload().await {
-        shard_message::Payload::BootstrapRequest(r) => r,
-        other => panic!("expected a bootstrap request, got {other:?}"),
-    };
+    let req = s.next_bootstrap_request().await;
     assert_ne!(req.request_id, late.request_id, "fresh id per request");
     s.send(answer(
         &req.request_id,
@@ -538,21 +512,6 @@ async fn reclaim_instructions_reach_the_operator_and_acks_are_counted() {
         .into_inner();
     assert!(!none.delivered);
     h.stop().await;
-}
-
-fn node_event(cluster: &str, machine: &str, state: i32) -> ShardEvent {
-    let key = format!("node:{machine}");
-    ShardEvent {
-        cluster_id: cluster.into(),
-        supersedes_key: key.clone(),
-        frame: Some(shard_event::Frame::NodeStateUpdate(NodeStateUpdate {
-            supersedes_key: key,
-            machine_id: machine.into(),
-            cluster_id: cluster.into(),
-            state,
-            ..Default::default()
-        })),
-    }
 }
 
 #[tokio::test]

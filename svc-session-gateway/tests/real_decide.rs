@@ -2,50 +2,30 @@
 //! sockets, driven by the simulated operator: roll-ups reach the NeedsTable (seen through
 //! the proxied ShardRead) and decide's resync of the cluster's machines reaches the operator.
 
-use std::sync::Arc;
+mod common;
+
 use std::time::Duration;
 
-use bigfleet_fake_provider::{Catalog, FakeProvider, ProviderConfig};
 use bigfleet_loadtest::{Backoff, Demand, MachineState, NeedSpec, Operator, OperatorConfig};
 use bigfleet_proto::v1alpha1::InspectNeedsRequest;
 use bigfleet_proto::v1alpha1::inspect_needs_response::Frame;
 use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
-
-async fn until(what: &str, timeout: Duration, mut f: impl AsyncFnMut() -> bool) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !f().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
+use bigfleet_testkit::wait_until;
+use common::decide_over_builtin_provider;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_gateway_and_real_decide() {
     let dir = bigfleet_testkit::temp_dir("bfrd").unwrap();
-    let provider = Arc::new(
-        FakeProvider::from_catalog(&Catalog::builtin(), ProviderConfig::default()).unwrap(),
-    );
-    let provider_sock = dir.path().join("provider.sock");
-    let provider_srv = bigfleet_fake_provider::spawn_uds(&provider_sock, provider)
-        .await
-        .unwrap();
-
-    let mut dcfg = svc_shard_decide::StartConfig::new(
-        dir.path(),
-        format!("unix://{}", provider_sock.display()),
-    );
+    let (mut dcfg, provider_srv) = decide_over_builtin_provider(dir.path()).await;
     dcfg.decide.cycle_interval = Duration::from_millis(100);
     let readiness = dcfg.readiness.clone();
     let decide = svc_shard_decide::start(dcfg).await.unwrap();
     let gateway = svc_session_gateway::start(svc_session_gateway::GatewayConfig::new(dir.path()))
         .await
         .unwrap();
-    until(
-        "decide's first reconcile",
+    wait_until(
         Duration::from_secs(10),
+        "decide's first reconcile",
         async || readiness.is_ready(),
     )
     .await;
@@ -85,9 +65,9 @@ async fn operator_gateway_and_real_decide() {
             .await
             .unwrap(),
     );
-    until(
-        "the need in decide's table",
+    wait_until(
         Duration::from_secs(10),
+        "the need in decide's table",
         async || {
             let Ok(resp) = read
                 .inspect_needs(InspectNeedsRequest {
@@ -112,9 +92,9 @@ async fn operator_gateway_and_real_decide() {
 
     // Decide resynced the machines the catalog binds to cluster-0 (and any it configures
     // now) through Gateway.Publish into this operator's session.
-    until(
-        "node states at the operator",
+    wait_until(
         Duration::from_secs(10),
+        "node states at the operator",
         async || {
             op.nodes()
                 .values()

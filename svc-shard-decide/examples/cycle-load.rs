@@ -19,6 +19,7 @@ use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::{MetricsRegistry, Readiness};
 use futures::future::BoxFuture;
 use prost::Message as _;
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::reconcile::{MachineSource, RawMachineList};
 use svc_shard_decide_core::{Decide, DecideConfig, Publisher, ShardMetrics};
 
@@ -188,7 +189,7 @@ async fn main() -> anyhow::Result<()> {
     decide.run_cycle().await?;
     let mut versions = vec![0u64; o.clusters];
     for c in 0..o.clusters {
-        decide.apply_rollup(&rollup(c, o.needs, 0))?;
+        edge::apply_rollup(&decide, &rollup(c, o.needs, 0))?;
     }
     decide.run_cycle().await?;
     let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
@@ -242,7 +243,7 @@ async fn main() -> anyhow::Result<()> {
             }
             let req = rollup(c, o.needs, versions[c]);
             let t = Instant::now();
-            decide.apply_rollup(&req)?;
+            edge::apply_rollup(&decide, &req)?;
             let ns = t.elapsed().as_nanos();
             if change {
                 (changed_ns, changed_n) = (changed_ns + ns, changed_n + 1);

@@ -33,6 +33,7 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_telemetry::Readiness;
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::{
     Decide, DecideConfig, ProviderClient, Publisher, RailsConfig, ShardMetrics,
 };
@@ -244,7 +245,7 @@ async fn main() -> anyhow::Result<()> {
     let live_after_inventory = heap_live_mib();
 
     for r in rollups(o.needs) {
-        d.apply_rollup(&r)?;
+        edge::apply_rollup(&d, &r)?;
     }
     anyhow::ensure!(d.need_rows() == o.needs, "needs in force {}", d.need_rows());
     let rss_after_needs = rss_kib("VmRSS:");

@@ -69,9 +69,20 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_MAX_ACTIONS_PER_CYCLE", default_value_t = 0)]
     pub max_actions_per_cycle: usize,
 
+    /// Recent actions kept for ShardInfo.RecentActions (ADR-0125); 0 keeps none.
+    #[arg(long, env = "BIGFLEET_ACTION_HISTORY", default_value_t = svc_shard_decide_core::DEFAULT_ACTION_HISTORY)]
+    pub action_history: usize,
+
     /// Minimum interval between AvailableCapacity hints per (cluster, fingerprint).
     #[arg(long, env = "BIGFLEET_AVAILABLE_CAPACITY_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
     pub available_capacity_interval: Duration,
+
+    /// Smallest relative change of an AvailableCapacity count worth a frame: a count
+    /// moving by less than this fraction of the last one sent is held back (confidence
+    /// and price changes, and counts below 1/fraction, are always exact). 0 sends every
+    /// change, as the original does (ADR-0127).
+    #[arg(long, env = "BIGFLEET_AVAILABLE_CAPACITY_MIN_CHANGE", default_value_t = svc_shard_decide_core::DEFAULT_AVAILABLE_CAPACITY_MIN_CHANGE, value_parser = fraction)]
+    pub available_capacity_min_change: f64,
 
     /// Kill switch: decide everything, execute nothing.
     #[arg(long, env = "BIGFLEET_ACTUATION_PAUSED", default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true", require_equals = true)]
@@ -220,6 +231,16 @@ pub struct Args {
     pub log: LogArgs,
 }
 
+/// A fraction in [0, 1].
+fn fraction(s: &str) -> Result<f64, String> {
+    let v: f64 = s.parse().map_err(|e| format!("not a number: {e}"))?;
+    if (0.0..=1.0).contains(&v) {
+        Ok(v)
+    } else {
+        Err(format!("must be between 0 and 1, got {v}"))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -237,6 +258,7 @@ mod tests {
         assert_eq!(a.full_list_interval, Duration::from_secs(60));
         assert_eq!(a.max_actions_per_cycle, 0);
         assert_eq!(a.available_capacity_interval, Duration::from_secs(5));
+        assert!((a.available_capacity_min_change - 0.1).abs() < 1e-12);
         assert!(!a.actuation_paused && !a.dry_run);
         assert_eq!(a.reclaim_budget_fraction, 0.05);
         assert_eq!(a.reclaim_budget_window, Duration::from_secs(600));
@@ -251,6 +273,24 @@ mod tests {
         assert_eq!(a.work_advertise, None);
         assert_eq!(a.metrics_addr, ":8780");
         assert_eq!(a.drain_timeout, Duration::from_secs(10));
+    }
+
+    #[test]
+    fn available_capacity_min_change_is_a_fraction() {
+        let a = Args::try_parse_from([
+            "d",
+            "--provider-addr=x",
+            "--available-capacity-min-change=0",
+        ])
+        .unwrap();
+        assert_eq!(
+            crate::decide_config(&a, 1).available_capacity_min_change,
+            0.0
+        );
+        for bad in ["1.5", "-0.1", "ten"] {
+            let flag = format!("--available-capacity-min-change={bad}");
+            assert!(Args::try_parse_from(["d", "--provider-addr=x", flag.as_str()]).is_err());
+        }
     }
 
     #[test]

@@ -5,7 +5,7 @@
 //! (coordinator reporting, which never sees decide's internals). They meet
 //! here, in [`coordinator::CoordView`], and run in separate tasks; with no
 //! `--coordinator-addr` the client is not even constructed (static stability,
-//! ARCHITECTURE.md §5.1).
+//! checked by `tests/architecture.rs`).
 //!
 //! [`start`] runs decide in-process and returns a [`Running`] handle (tests,
 //! `bigfleet up`'s tests); [`run`] is the binary: flags → data dir lock and epoch
@@ -75,6 +75,8 @@ pub enum StartError {
     Etcd(#[from] bigfleet_shardlease::ShardLeaseError),
     #[error("no epoch from etcd within {0:?} (last error: {1})")]
     EtcdStartup(Duration, bigfleet_shardlease::ShardLeaseError),
+    #[error("owned domains: {0}")]
+    Ownership(String),
 }
 
 /// etcd mode (`--etcd-endpoints`): epoch, leader lease and Work endpoint from etcd.
@@ -111,6 +113,9 @@ pub struct CoordinatorConfig {
     pub addr: String,
     pub advertise_addr: String,
     pub report_interval: Duration,
+    /// Where owned domains and transferred machines are saved before they are
+    /// acked, and read back at start-up (ADR-0129); `None` keeps them in memory.
+    pub ownership_file: Option<PathBuf>,
 }
 
 /// Everything [`start`] needs.
@@ -306,6 +311,23 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
         metrics,
         config.readiness.clone(),
     )?;
+    // A restarted shard owns what it last acked, from before its first cycle
+    // (ADR-0129), not everything until the coordinator answers.
+    if let Some(path) = config
+        .coordinator
+        .as_ref()
+        .and_then(|c| c.ownership_file.as_deref())
+        && let Some(o) = coordinator::load_ownership(path).map_err(StartError::Ownership)?
+    {
+        tracing::info!(
+            shard = %decide_config.shard_id,
+            domains = o.domains.len(),
+            adopted = o.adopted.len(),
+            released = o.released.len(),
+            "owned domains restored"
+        );
+        decide.restore_ownership(o);
+    }
     let stop = CancellationToken::new();
     let mut tasks = Vec::new();
     {
@@ -422,9 +444,25 @@ pub async fn start(config: StartConfig) -> Result<Running, StartError> {
                     advertise_address: c.advertise_addr.clone(),
                     report_interval: c.report_interval,
                 },
-                Arc::new(CoordView::new(decide.clone())),
+                Arc::new(match &c.ownership_file {
+                    Some(path) => CoordView::new(decide.clone()).with_state_file(path.clone()),
+                    None => CoordView::new(decide.clone()),
+                }),
                 channel,
-            );
+            )
+            .with_redial({
+                // A follower's NotLeader hint is dialled like the configured address.
+                let channel_cfg = channel_cfg.clone();
+                let stack = ClientStackConfig {
+                    metrics: Some(client_metrics.clone()),
+                    retry: RetryPolicy::none(),
+                    attempt_timeout: None,
+                };
+                Arc::new(move |leader: &str| {
+                    bigfleet_mesh::dial_lazy(leader, &channel_cfg, &stack)
+                        .map_err(|e| e.to_string())
+                })
+            });
             let stop = stop.clone();
             // Its own task: nothing on the cycle's path waits for it.
             tasks.push(tokio::spawn(
@@ -571,6 +609,7 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
         incremental_reconcile: args.incremental_reconcile,
         full_list_interval: args.full_list_interval,
         available_capacity_interval: args.available_capacity_interval,
+        available_capacity_min_change: args.available_capacity_min_change,
         rails: RailsConfig {
             actuation_paused: args.actuation_paused,
             dry_run: args.dry_run,
@@ -600,6 +639,7 @@ pub fn decide_config(args: &Args, epoch: u64) -> DecideConfig {
         },
         rollup_limits: args.rollup_limits.limits(),
         max_shard_dimensions: args.max_shard_resource_dimensions,
+        action_history: args.action_history,
         ..DecideConfig::default()
     }
 }
@@ -661,6 +701,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             addr: addr.clone(),
             advertise_addr: args.advertise_addr.clone().unwrap_or_default(),
             report_interval: args.report_interval,
+            ownership_file: Some(args.data_dir.join(coordinator::OWNERSHIP_FILE_NAME)),
         });
     let config = StartConfig {
         decide: decide_config(&args, epoch),

@@ -6,6 +6,8 @@
 //! Actuation goes through the real worker pool (svc-shard-execute, in-process) against the
 //! fake provider with a fence log, the file of every token the provider accepted.
 
+mod fixtures;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -17,18 +19,10 @@ use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_testkit::wait_until;
+use fixtures::{channel, idle, rollup};
 use svc_shard_execute::doubles::{GatewayDouble, Served};
-use tonic::transport::Channel;
 
 const SHARD: &str = "shard-f";
-
-fn channel(uri: &str) -> Channel {
-    bigfleet_mesh::connect_lazy(
-        &uri.parse().unwrap(),
-        &bigfleet_mesh::ChannelConfig::default(),
-    )
-    .unwrap()
-}
 
 /// A decide process on `socket_dir` and `data_dir`, SIGKILLed on drop.
 struct DecideProc {
@@ -132,58 +126,6 @@ impl DecideProc {
 impl Drop for DecideProc {
     fn drop(&mut self) {
         self.kill();
-    }
-}
-
-fn idle(id: &str) -> pb::Machine {
-    pb::Machine {
-        id: id.to_owned(),
-        state: pb::MachineState::Idle as i32,
-        instance_type: "m5.xlarge".into(),
-        zone: "z1".into(),
-        capacity_type: pb::CapacityType::OnDemand as i32,
-        price_per_hour: 0.2,
-        resources: Some(pb::Resources {
-            resources: [
-                ("cpu".to_owned(), "4".to_owned()),
-                ("memory".to_owned(), "16Gi".to_owned()),
-            ]
-            .into_iter()
-            .collect(),
-        }),
-        ..Default::default()
-    }
-}
-
-/// Cluster c1's demand: `machines` m5.xlarge machines (none: an empty roll-up).
-fn rollup(machines: u32) -> mesh::ApplyRollupRequest {
-    let needs = if machines == 0 {
-        Vec::new()
-    } else {
-        vec![pb::CapacityNeed {
-            requirements: vec![pb::NodeSelectorRequirement {
-                key: "node.kubernetes.io/instance-type".into(),
-                operator: pb::node_selector_requirement::Operator::In as i32,
-                values: vec!["m5.xlarge".into()],
-            }],
-            aggregate_resources: [("cpu".to_owned(), (4 * machines).to_string())]
-                .into_iter()
-                .collect(),
-            priority: 50,
-            interruption_penalty_bucket: pb::PenaltyBucket::PenaltyBucket8 as i32,
-            reclamation_penalty_bucket: pb::PenaltyBucket::Zero as i32,
-            min_unit: [("cpu".to_owned(), "1".to_owned())].into_iter().collect(),
-            ..Default::default()
-        }]
-    };
-    mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: "c1".into(),
-            timestamp_unix_nanos: 1,
-            needs,
-        }),
-        received_at_unix_nanos: 0,
-        session_id: 1,
     }
 }
 

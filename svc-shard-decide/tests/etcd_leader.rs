@@ -5,6 +5,8 @@
 //! And one process through an etcd outage: a blip changes nothing, a freeze longer than
 //! the TTL pauses only the hand-out, and it resumes under a higher epoch.
 
+mod fixtures;
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
@@ -19,18 +21,11 @@ use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_shardlease::testing::EtcdServer;
 use bigfleet_shardlease::{EtcdConfig, EtcdShards};
+use fixtures::{channel, idle, rollup};
 use tokio::sync::mpsc;
 use tonic::transport::Channel;
 
 const SHARD: &str = "shard-e";
-
-fn channel(uri: &str) -> Channel {
-    bigfleet_mesh::connect_lazy(
-        &uri.parse().unwrap(),
-        &bigfleet_mesh::ChannelConfig::default(),
-    )
-    .unwrap()
-}
 
 /// A decide process, SIGKILLed on drop.
 struct DecideProc {
@@ -165,53 +160,6 @@ impl Worker {
             .await
             .ok()
             .and_then(|r| r.ok().flatten())
-    }
-}
-
-fn idle(id: &str) -> pb::Machine {
-    pb::Machine {
-        id: id.to_owned(),
-        state: pb::MachineState::Idle as i32,
-        instance_type: "m5.xlarge".into(),
-        zone: "z1".into(),
-        capacity_type: pb::CapacityType::OnDemand as i32,
-        price_per_hour: 0.2,
-        resources: Some(pb::Resources {
-            resources: [
-                ("cpu".to_owned(), "4".to_owned()),
-                ("memory".to_owned(), "16Gi".to_owned()),
-            ]
-            .into_iter()
-            .collect(),
-        }),
-        ..Default::default()
-    }
-}
-
-/// Demand for `machines` m5.xlarge machines in cluster c1.
-fn rollup(machines: u32) -> mesh::ApplyRollupRequest {
-    mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: "c1".into(),
-            timestamp_unix_nanos: 1,
-            needs: vec![pb::CapacityNeed {
-                requirements: vec![pb::NodeSelectorRequirement {
-                    key: "node.kubernetes.io/instance-type".into(),
-                    operator: pb::node_selector_requirement::Operator::In as i32,
-                    values: vec!["m5.xlarge".into()],
-                }],
-                aggregate_resources: [("cpu".to_owned(), (4 * machines).to_string())]
-                    .into_iter()
-                    .collect(),
-                priority: 50,
-                interruption_penalty_bucket: pb::PenaltyBucket::PenaltyBucket8 as i32,
-                reclamation_penalty_bucket: pb::PenaltyBucket::Zero as i32,
-                min_unit: [("cpu".to_owned(), "1".to_owned())].into_iter().collect(),
-                ..Default::default()
-            }],
-        }),
-        received_at_unix_nanos: 0,
-        session_id: 1,
     }
 }
 

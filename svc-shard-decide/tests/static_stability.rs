@@ -25,6 +25,7 @@ async fn in_process_decide_with_a_dead_coordinator_is_ready_and_cycles() {
         addr: "http://127.0.0.1:1".into(),
         advertise_addr: "shard-0:7780".into(),
         report_interval: Duration::from_millis(20),
+        ownership_file: None,
     });
     let readiness = cfg.readiness.clone();
     let running = start(cfg).await.unwrap();

@@ -201,12 +201,7 @@ pub fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, StartError> {
     if s == "0" || s.is_empty() {
         return Ok(None);
     }
-    let full = if s.starts_with(':') {
-        format!("0.0.0.0{s}")
-    } else {
-        s.to_owned()
-    };
-    full.parse()
+    bigfleet_mesh::parse_listen_addr(s)
         .map(Some)
         .map_err(|_| StartError::MetricsAddr(s.to_owned()))
 }
@@ -493,7 +488,7 @@ mod tests {
         assert_eq!(args.metrics_addr, ":8782");
         let cfg = args.config().unwrap();
         assert_eq!(cfg.exec.action_timeout, Duration::from_secs(30));
-        assert_eq!(cfg.metrics_addr, Some("0.0.0.0:8782".parse().unwrap()));
+        assert_eq!(cfg.metrics_addr, Some("[::]:8782".parse().unwrap()));
         assert!(cfg.tls.is_none());
 
         // --provider-addr is required; concurrency must be positive.

@@ -5,12 +5,11 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_mesh::MeshChannel;
+use bigfleet_mesh::{Backoff, BackoffPolicy, MeshChannel};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::mesh::v1::worker_message::{Credit, Hello, Msg};
 use bigfleet_telemetry::Readiness;
-use rand::Rng;
 use tokio::sync::mpsc;
 use tokio::task::JoinSet;
 use tokio_stream::wrappers::ReceiverStream;
@@ -72,25 +71,23 @@ pub async fn run_pool<D, G, P>(
     G: GatewayLink,
     P: ProviderLink,
 {
-    let mut backoff = cfg.reconnect_min;
+    let mut backoff = Backoff::new(BackoffPolicy::new(cfg.reconnect_min, cfg.reconnect_max));
     loop {
         match run_stream(client.clone(), &executor, &cfg, &shutdown, &readiness).await {
             StreamEnd::Shutdown => break,
             StreamEnd::Ended => {
                 // The stream worked; decide probably restarted, so come back quickly.
-                backoff = cfg.reconnect_min;
+                backoff.reset();
             }
             StreamEnd::OpenFailed(status) => tracing::warn!(
                 code = ?status.code(),
                 error = %status.message(),
-                retry_in = ?backoff,
+                retry_within = ?backoff.policy().ceiling(backoff.retries()),
                 "cannot open the work stream to decide"
             ),
         }
         readiness.set_not_ready("no work stream to decide");
-        let half = backoff / 2;
-        let pause = half + rand::rng().random_range(Duration::ZERO..=half);
-        backoff = (backoff * 2).min(cfg.reconnect_max);
+        let pause = backoff.next_delay();
         tokio::select! {
             _ = shutdown.cancelled() => break,
             _ = tokio::time::sleep(pause) => {}

@@ -79,47 +79,48 @@ async fn every_flow_reaches_its_target_at_the_provider() {
     }
 }
 
+/// A provider refusing the first call of an action fails the machine; its last error
+/// names the step.
 #[tokio::test]
-async fn a_create_failure_fails_the_machine() {
-    let m = mesh(ProviderConfig::default()).await;
-    m.seed(machine("spec-1", Speculative, ""));
-    m.provider.fail_next(
-        "spec-1",
-        OpKind::Create,
-        Injection::Reject {
+async fn a_refused_provider_call_fails_the_machine() {
+    let cases = [
+        (
+            "create",
+            machine("spec-1", Speculative, ""),
+            OpKind::Create,
+            provision("spec-1", "c1"),
+            "provider_error",
+            "no capacity in zone",
+        ),
+        (
+            "configure",
+            machine("idle-1", Idle, ""),
+            OpKind::Configure,
+            bootstrap("idle-1", "c1"),
+            "configure_error",
+            "join failed",
+        ),
+    ];
+    for (step, seed, kind, action, outcome, refusal) in cases {
+        let m = mesh(ProviderConfig::default()).await;
+        let id = seed.id.clone();
+        m.seed(seed);
+        let message = refusal.into();
+        let reject = Injection::Reject {
             code: Code::Internal,
-            message: "no capacity in zone".into(),
-        },
-    );
-    m.decide.enqueue(provision("spec-1", "c1"));
-    let dones = run_all(&m, 1).await;
-    assert_eq!(dones[0].outcome, "provider_error");
-    assert_eq!(m.decide_state("spec-1"), Failed);
-    let err = m.decide.machine("spec-1").unwrap().last_error;
-    assert!(
-        err.starts_with("create: ") && err.contains("no capacity"),
-        "{err}"
-    );
-}
-
-#[tokio::test]
-async fn a_configure_failure_fails_the_machine() {
-    let m = mesh(ProviderConfig::default()).await;
-    m.seed(machine("idle-1", Idle, ""));
-    m.provider.fail_next(
-        "idle-1",
-        OpKind::Configure,
-        Injection::Reject {
-            code: Code::Internal,
-            message: "join failed".into(),
-        },
-    );
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
-    let dones = run_all(&m, 1).await;
-    assert_eq!(dones[0].outcome, "configure_error");
-    assert_eq!(m.decide_state("idle-1"), Failed);
-    let err = m.decide.machine("idle-1").unwrap().last_error;
-    assert!(err.starts_with("configure: "), "{err}");
+            message,
+        };
+        m.provider.fail_next(&id, kind, reject);
+        m.decide.enqueue(action);
+        let dones = run_all(&m, 1).await;
+        assert_eq!(dones[0].outcome, outcome, "{step}");
+        assert_eq!(m.decide_state(&id), Failed, "{step}");
+        let err = m.decide.machine(&id).unwrap().last_error;
+        assert!(
+            err.starts_with(&format!("{step}: ")) && err.contains(refusal),
+            "{step}: {err}"
+        );
+    }
 }
 
 #[tokio::test]

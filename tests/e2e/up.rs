@@ -1,7 +1,7 @@
 //! `bigfleet up` as a user runs it: the real binary, `--duration`, `--ports-file`, signals,
 //! a crashing child, and `bigfleet svc` flag parity.
 
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::{Duration, Instant};
 
@@ -74,6 +74,49 @@ pub(crate) fn up_with_context(args: &[&str], context: &Path) -> Child {
         .kill_on_drop(true)
         .spawn()
         .expect("spawn bigfleet up")
+}
+
+/// A scratch directory for one `bigfleet up`: its data dir and its ports file.
+pub(crate) struct UpDirs {
+    _dir: tempfile::TempDir,
+    /// `--data-dir`: child logs, TLS material, state.
+    pub(crate) run: PathBuf,
+    /// `--ports-file`: written once every child is ready.
+    pub(crate) ports: PathBuf,
+}
+
+impl UpDirs {
+    pub(crate) fn new() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        UpDirs {
+            run: dir.path().join("run"),
+            ports: dir.path().join("ports.json"),
+            _dir: dir,
+        }
+    }
+
+    /// `bigfleet up <args> --ports-file <ports> --data-dir <run>`.
+    pub(crate) fn up(&self, args: &[&str]) -> Child {
+        let mut all = args.to_vec();
+        all.extend([
+            "--ports-file",
+            self.ports.to_str().unwrap(),
+            "--data-dir",
+            self.run.to_str().unwrap(),
+        ]);
+        up(&all)
+    }
+
+    /// Waits for the ports file: every child is ready. Its document.
+    pub(crate) async fn ready(&self) -> serde_json::Value {
+        wait_file(&self.ports, READY_TIMEOUT).await
+    }
+}
+
+/// Sends `signal` to the process `pid`.
+pub(crate) fn signal(pid: u32, signal: rustix::process::Signal) {
+    let pid = rustix::process::Pid::from_raw(pid as i32).unwrap();
+    rustix::process::kill_process(pid, signal).unwrap();
 }
 
 /// How long `up` may take to bring every child to ready. Generous on purpose: CI has two cores
@@ -176,19 +219,9 @@ async fn check_health_and_reflection(name: &str, addr: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_brings_the_mesh_up_satisfies_demand_and_prints_a_summary() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
-    let child = up(&[
-        "--duration",
-        "12s",
-        "--quiet",
-        "--ports-file",
-        ports.to_str().unwrap(),
-        "--data-dir",
-        run.to_str().unwrap(),
-    ]);
-    let doc = wait_file(&ports, READY_TIMEOUT).await;
+    let dirs = UpDirs::new();
+    let child = dirs.up(&["--duration", "12s", "--quiet"]);
+    let doc = dirs.ready().await;
     let children = children_of(child.id().unwrap());
     assert_eq!(
         children.len(),
@@ -247,25 +280,14 @@ async fn up_brings_the_mesh_up_satisfies_demand_and_prints_a_summary() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_stops_every_child_and_leaves_nothing_running() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
-    let child = up(&[
-        "--quiet",
-        "--shards",
-        "2",
-        "--ports-file",
-        ports.to_str().unwrap(),
-        "--data-dir",
-        run.to_str().unwrap(),
-    ]);
-    wait_file(&ports, READY_TIMEOUT).await;
+    let dirs = UpDirs::new();
+    let child = dirs.up(&["--quiet", "--shards", "2"]);
+    dirs.ready().await;
     let up_pid = child.id().unwrap();
     let children = children_of(up_pid);
     // coordinator, 2 × (provider, decide, gateway, execute), inspect
     assert_eq!(children.len(), 10, "{children:?}");
-    let pid = rustix::process::Pid::from_raw(up_pid as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    signal(up_pid, rustix::process::Signal::TERM);
     let (status, _, stderr) = output(child, Duration::from_secs(60)).await;
     assert!(status.success(), "{status}\n{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
@@ -275,35 +297,23 @@ async fn sigterm_stops_every_child_and_leaves_nothing_running() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_child_is_reported_with_its_last_log_lines() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
-    let child = up(&[
-        "--quiet",
-        "--restart=false",
-        "--duration",
-        "10s",
-        "--ports-file",
-        ports.to_str().unwrap(),
-        "--data-dir",
-        run.to_str().unwrap(),
-    ]);
-    wait_file(&ports, READY_TIMEOUT).await;
+    let dirs = UpDirs::new();
+    let child = dirs.up(&["--quiet", "--restart=false", "--duration", "10s"]);
+    dirs.ready().await;
     let children = children_of(child.id().unwrap());
     let decide = children
         .iter()
         .copied()
         .find(|p| cmdline(*p).contains("shard-decide"))
         .expect("the decide child");
-    let pid = rustix::process::Pid::from_raw(decide as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::KILL).unwrap();
+    signal(decide, rustix::process::Signal::KILL);
     let (status, _, stderr) = output(child, Duration::from_secs(60)).await;
     // A crash is reported and survived; only a crash loop fails `up`.
     assert!(status.success(), "{stderr}");
     assert!(stderr.contains("child shard-0-decide exited"), "{stderr}");
     assert!(stderr.contains("last log lines"), "{stderr}");
     assert!(stderr.contains("  | "), "the log tail is shown: {stderr}");
-    assert!(stderr.contains("logs kept in") || run.join("logs/shard-0-decide.log").exists());
+    assert!(stderr.contains("logs kept in") || dirs.run.join("logs/shard-0-decide.log").exists());
     assert!(stderr.contains("stays down"), "{stderr}");
     let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
     assert!(left.is_empty(), "left running: {left:?}");
@@ -374,19 +384,9 @@ async fn svc_help_is_the_services_own_help() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_sigkilled_up_takes_its_children_along() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
-    let mut child = up(&[
-        "--quiet",
-        "--operators",
-        "0",
-        "--ports-file",
-        ports.to_str().unwrap(),
-        "--data-dir",
-        run.to_str().unwrap(),
-    ]);
-    wait_file(&ports, READY_TIMEOUT).await;
+    let dirs = UpDirs::new();
+    let mut child = dirs.up(&["--quiet", "--operators", "0"]);
+    dirs.ready().await;
     let children = children_of(child.id().unwrap());
     assert_eq!(children.len(), 6, "{children:?}");
     child.kill().await.unwrap();
@@ -488,10 +488,8 @@ pub(crate) fn child_running(parent: u32, needle: &str) -> Option<u32> {
 /// executing actions; `up` reports the crash and keeps running.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_the_coordinator_down_the_shard_keeps_working() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
-    let child = up(&[
+    let dirs = UpDirs::new();
+    let child = dirs.up(&[
         "--quiet",
         "--restart=false",
         "--rollup-interval",
@@ -500,20 +498,12 @@ async fn with_the_coordinator_down_the_shard_keeps_working() {
         "200ms",
         "--duration",
         "30s",
-        "--ports-file",
-        ports.to_str().unwrap(),
-        "--data-dir",
-        run.to_str().unwrap(),
     ]);
-    let p = wait_file(&ports, READY_TIMEOUT).await;
+    let p = dirs.ready().await;
     let execute = p["shards"][0]["execute_http"].as_str().unwrap().to_owned();
     let up_pid = child.id().unwrap();
     let coord = child_running(up_pid, "svc coordinator").expect("a coordinator child");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(coord as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    signal(coord, rustix::process::Signal::KILL);
     // SIGKILL is delivered at once but a process with many threads takes a moment to exit:
     // wait for that before asserting it stays gone (read at once, it could still be alive).
     let dying = Instant::now() + Duration::from_secs(10);
@@ -592,26 +582,12 @@ async fn lab_kills_and_restarts_a_named_child() {
 /// A crashed child is restarted (with backoff) and counted; the run ends clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_child_is_restarted_and_reported() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
-    let child = up(&[
-        "--quiet",
-        "--duration",
-        "20s",
-        "--ports-file",
-        ports.to_str().unwrap(),
-        "--data-dir",
-        run.to_str().unwrap(),
-    ]);
-    wait_file(&ports, READY_TIMEOUT).await;
+    let dirs = UpDirs::new();
+    let child = dirs.up(&["--quiet", "--duration", "20s"]);
+    dirs.ready().await;
     let up_pid = child.id().unwrap();
     let exec = child_running(up_pid, "svc shard-execute").expect("an execute child");
-    rustix::process::kill_process(
-        rustix::process::Pid::from_raw(exec as i32).unwrap(),
-        rustix::process::Signal::KILL,
-    )
-    .unwrap();
+    signal(exec, rustix::process::Signal::KILL);
     let (status, stdout, stderr) = output(child, Duration::from_secs(90)).await;
     assert!(status.success(), "{status}\n{stderr}");
     let summary: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
@@ -622,7 +598,7 @@ async fn a_crashed_child_is_restarted_and_reported() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn up_drives_an_external_provider() {
-    let dir = tempfile::tempdir().unwrap();
+    let dirs = UpDirs::new();
     let port = bigfleet_testkit::free_tcp_port().unwrap();
     // Any implementation of the public contract will do; here: the fake, run by hand.
     let mut provider = Command::new(exe())
@@ -639,9 +615,7 @@ async fn up_drives_an_external_provider() {
         .kill_on_drop(true)
         .spawn()
         .unwrap();
-    let run = dir.path().join("run");
-    let ports = dir.path().join("ports.json");
-    let child = up(&[
+    let child = dirs.up(&[
         "--provider",
         &format!("http://127.0.0.1:{port}"),
         "--clusters",
@@ -649,15 +623,11 @@ async fn up_drives_an_external_provider() {
         "--duration",
         "8s",
         "--quiet",
-        "--ports-file",
-        ports.to_str().unwrap(),
-        "--data-dir",
-        run.to_str().unwrap(),
     ]);
     let (status, stdout, stderr) = output(child, Duration::from_secs(90)).await;
     assert!(status.success(), "{status}\n{stderr}");
     let doc: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(&ports).unwrap()).unwrap();
+        serde_json::from_str(&std::fs::read_to_string(&dirs.ports).unwrap()).unwrap();
     assert_eq!(
         doc["provider"]["target"],
         format!("http://127.0.0.1:{port}")

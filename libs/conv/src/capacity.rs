@@ -163,30 +163,29 @@ fn need_at<'a>(
 ) -> Result<Need, ConvError> {
     // Every count of the need first: nothing below walks a list longer than its bound.
     let l = gate.limits;
-    gate.count(
-        Limit::Requirements,
-        l.max_requirements,
-        || format!("{path}.requirements"),
-        n.requirements.len(),
-    )?;
-    gate.count(
-        Limit::Spreads,
-        l.max_spreads,
-        || format!("{path}.spread"),
-        n.spread.len(),
-    )?;
-    gate.count(
-        Limit::ResourceEntries,
-        l.max_resource_entries,
-        || format!("{path}.aggregate_resources"),
-        n.aggregate_resources.len(),
-    )?;
-    gate.count(
-        Limit::ResourceEntries,
-        l.max_resource_entries,
-        || format!("{path}.min_unit"),
-        n.min_unit.len(),
-    )?;
+    for (limit, max, field, len) in [
+        (
+            Limit::Requirements,
+            l.max_requirements,
+            "requirements",
+            n.requirements.len(),
+        ),
+        (Limit::Spreads, l.max_spreads, "spread", n.spread.len()),
+        (
+            Limit::ResourceEntries,
+            l.max_resource_entries,
+            "aggregate_resources",
+            n.aggregate_resources.len(),
+        ),
+        (
+            Limit::ResourceEntries,
+            l.max_resource_entries,
+            "min_unit",
+            n.min_unit.len(),
+        ),
+    ] {
+        gate.count(limit, max, || format!("{path}.{field}"), len)?;
+    }
     if n.priority > l.max_priority {
         return Err(ConvError::PriorityAboveCeiling {
             path: format!("{path}.priority"),
@@ -270,18 +269,24 @@ fn requirements_in(
         .collect()
 }
 
+/// A key field (a requirement's key, a spread's topology key): present, within the string
+/// bound, and a token.
+fn required_token(path: &str, value: &str, gate: &Gate<'_>) -> Result<(), ConvError> {
+    if value.is_empty() {
+        return Err(ConvError::EmptyField {
+            path: path.to_owned(),
+        });
+    }
+    gate.string(|| path.to_owned(), value)?;
+    check_token(|| path.to_owned(), value)
+}
+
 fn requirement_at(
     path: &str,
     r: &pb::NodeSelectorRequirement,
     gate: &Gate<'_>,
 ) -> Result<Requirement, ConvError> {
-    if r.key.is_empty() {
-        return Err(ConvError::EmptyField {
-            path: format!("{path}.key"),
-        });
-    }
-    gate.string(|| format!("{path}.key"), &r.key)?;
-    check_token(|| format!("{path}.key"), &r.key)?;
+    required_token(&format!("{path}.key"), &r.key, gate)?;
     let operator = Operator::from_ordinal(r.operator).ok_or_else(|| ConvError::EnumOutOfRange {
         path: format!("{path}.operator"),
         enum_name: "NodeSelectorRequirement.Operator",
@@ -343,13 +348,7 @@ fn spread_at(
     s: &pb::TopologySpread,
     gate: &Gate<'_>,
 ) -> Result<TopologySpread, ConvError> {
-    if s.topology_key.is_empty() {
-        return Err(ConvError::EmptyField {
-            path: format!("{path}.topology_key"),
-        });
-    }
-    gate.string(|| format!("{path}.topology_key"), &s.topology_key)?;
-    check_token(|| format!("{path}.topology_key"), &s.topology_key)?;
+    required_token(&format!("{path}.topology_key"), &s.topology_key, gate)?;
     let when = WhenUnsatisfiable::from_ordinal(s.when_unsatisfiable).ok_or_else(|| {
         ConvError::EnumOutOfRange {
             path: format!("{path}.when_unsatisfiable"),

@@ -22,6 +22,12 @@
 //!   `FAILED`, anything else `ACCEPTED`.
 //!
 //! Acks go out with the next report; if that report fails they are queued again.
+//!
+//! With several coordinator replicas a follower answers a report with
+//! `NotLeader` and the leader's address in `bigfleet_mesh::LEADER_HINT_METADATA`;
+//! a client built [`CoordClient::with_redial`] re-sends the report to that
+//! leader at once and keeps reporting there until it fails, then starts again
+//! from the configured address — never stuck on a follower until a restart.
 
 use bigfleet_mesh::MeshChannel;
 use bigfleet_proto::v1alpha1 as pb;
@@ -30,7 +36,7 @@ use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
 use bigfleet_proto::v1alpha1::instruct_ack::Outcome;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use std::collections::{HashSet, VecDeque};
+use std::collections::{HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -57,6 +63,32 @@ pub trait ShardView: Send + Sync + 'static {
     fn assign_domain(&self, key: &str, value: &str) -> Result<(), String>;
     /// Removes a topology domain from the owned set (idempotent).
     fn unassign_domain(&self, key: &str, value: &str) -> Result<(), String>;
+    /// One half of `TransferOwnership` (ADR-0129): the donor releases, the
+    /// recipient adopts. The default keeps ADR-0032's rejection.
+    fn transfer_ownership(&self, t: &pb::TransferOwnership) -> Applied {
+        let _ = t;
+        Applied::Invalid(UNSUPPORTED.to_owned())
+    }
+}
+
+/// Reason of the ack for an instruction this shard does not implement.
+pub const UNSUPPORTED: &str = "instruction not supported by this shard";
+
+/// What a [`ShardView`] hook did with one instruction.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Applied {
+    /// Acked `ACCEPTED` and remembered (a redelivery is not applied again).
+    Done,
+    /// As `Done`, with this reason on the ack — and on every re-ack of a
+    /// redelivery (a donor's "released: id1,id2", ADR-0129/ADR-0130).
+    DoneWith(String),
+    /// Not acked and not remembered: the coordinator redelivers it and the
+    /// shard tries again (the shard was mid-cycle, or a machine was busy).
+    Deferred(String),
+    /// Acked `REJECTED_INVALID`: cannot be applied as asked.
+    Invalid(String),
+    /// Acked `FAILED`.
+    Failed(String),
 }
 
 /// Static facts of the reporting shard.
@@ -91,13 +123,18 @@ struct State {
     term_hwm: i64,
     cycle: i64,
     pending_acks: Vec<pb::InstructAck>,
-    done: HashSet<String>,
+    /// Applied ids with the reason their ACCEPTED ack carried ("" = none).
+    done: HashMap<String, String>,
     done_order: VecDeque<String>,
 }
 
 impl State {
     fn remember(&mut self, id: &str) {
-        if self.done.insert(id.to_owned()) {
+        self.remember_with(id, String::new());
+    }
+
+    fn remember_with(&mut self, id: &str, reason: String) {
+        if self.done.insert(id.to_owned(), reason).is_none() {
             self.done_order.push_back(id.to_owned());
             if self.done_order.len() > DONE_MEMORY
                 && let Some(old) = self.done_order.pop_front()
@@ -108,12 +145,37 @@ impl State {
     }
 }
 
+/// Dials a coordinator replica named by a leader hint (the binary passes its
+/// mesh `dial_lazy` with the same TLS and client stack).
+pub type Redial = Arc<dyn Fn(&str) -> Result<MeshChannel, String> + Send + Sync>;
+
 /// The reporting client.
 pub struct CoordClient<V: ShardView> {
     cfg: ClientConfig,
     view: Arc<V>,
-    client: CoordinatorClient<MeshChannel>,
+    /// The configured address (any replica, or a service in front of them).
+    home: CoordinatorClient<MeshChannel>,
+    /// The leader a follower pointed at, while it answers.
+    leader: Mutex<Option<(String, CoordinatorClient<MeshChannel>)>>,
+    redial: Option<Redial>,
     state: Mutex<State>,
+}
+
+/// The leader address a follower's `NotLeader` answer names, if any: the
+/// mesh's FAILED_PRECONDITION "not leader" with the hint in
+/// `bigfleet_mesh::LEADER_HINT_METADATA`.
+pub fn leader_hint(status: &tonic::Status) -> Option<String> {
+    if status.code() != tonic::Code::FailedPrecondition || !status.message().contains("not leader")
+    {
+        return None;
+    }
+    status
+        .metadata()
+        .get(bigfleet_mesh::LEADER_HINT_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
 }
 
 fn ack(id: &str, outcome: Outcome, reason: &str) -> pb::InstructAck {
@@ -137,9 +199,73 @@ impl<V: ShardView> CoordClient<V> {
         CoordClient {
             cfg,
             view,
-            client: bigfleet_mesh::with_message_limits!(CoordinatorClient::new(channel)),
+            home: bigfleet_mesh::with_message_limits!(CoordinatorClient::new(channel)),
+            leader: Mutex::new(None),
+            redial: None,
             state: Mutex::new(State::default()),
         }
+    }
+
+    /// Follows leader hints: a report a follower refuses with `NotLeader` and
+    /// a hint is re-sent at once to the hinted leader, and later reports go
+    /// there while it answers; any other failure there falls back to the
+    /// configured address for the next report. Without it a hint only fails
+    /// the report.
+    #[must_use]
+    pub fn with_redial(mut self, redial: Redial) -> Self {
+        self.redial = Some(redial);
+        self
+    }
+
+    /// The leader address reports currently go to, when a hint moved them.
+    pub fn hinted_leader(&self) -> Option<String> {
+        self.leader.lock().as_ref().map(|(a, _)| a.clone())
+    }
+
+    fn current(&self) -> CoordinatorClient<MeshChannel> {
+        match &*self.leader.lock() {
+            Some((_, c)) => c.clone(),
+            None => self.home.clone(),
+        }
+    }
+
+    /// Sends one report, following at most one leader hint.
+    async fn send(&self, report: &pb::ShardReport) -> Result<pb::ReportAck, tonic::Status> {
+        let call = |mut client: CoordinatorClient<MeshChannel>| {
+            let mut req = tonic::Request::new(report.clone());
+            req.set_timeout(REPORT_TIMEOUT);
+            async move {
+                client
+                    .report_shard(req)
+                    .await
+                    .map(tonic::Response::into_inner)
+            }
+        };
+        let status = match call(self.current()).await {
+            Ok(ack) => return Ok(ack),
+            Err(status) => status,
+        };
+        let (Some(redial), Some(hint)) = (&self.redial, leader_hint(&status)) else {
+            if self.leader.lock().take().is_some() {
+                tracing::info!(shard = %self.cfg.shard_id, "hinted coordinator leader failed; back to the configured address");
+            }
+            return Err(status);
+        };
+        let client = match redial(&hint) {
+            Ok(ch) => bigfleet_mesh::with_message_limits!(CoordinatorClient::new(ch)),
+            Err(e) => {
+                tracing::warn!(shard = %self.cfg.shard_id, leader = %hint, error = %e, "cannot dial the hinted coordinator leader");
+                *self.leader.lock() = None;
+                return Err(status);
+            }
+        };
+        tracing::info!(shard = %self.cfg.shard_id, leader = %hint, "following the coordinator leader hint");
+        *self.leader.lock() = Some((hint, client.clone()));
+        let result = call(client).await;
+        if result.is_err() {
+            *self.leader.lock() = None;
+        }
+        result
     }
 
     /// The coordinator-term high-water mark.
@@ -198,11 +324,8 @@ impl<V: ShardView> CoordClient<V> {
             instruction_acks: acks.clone(),
             shard_address: self.cfg.advertise_address.clone(),
         };
-        let mut req = tonic::Request::new(report);
-        req.set_timeout(REPORT_TIMEOUT);
-        let mut client = self.client.clone();
-        match client.report_shard(req).await {
-            Ok(reply) => Ok(self.handle_reply(&reply.into_inner())),
+        match self.send(&report).await {
+            Ok(reply) => Ok(self.handle_reply(&reply)),
             Err(status) => {
                 // Not delivered: the acks go out with the next report.
                 let mut st = self.state.lock();
@@ -229,8 +352,9 @@ impl<V: ShardView> CoordClient<V> {
         instructions.sort_by_key(|i| i.sequence_number);
         let mut acks = Vec::with_capacity(instructions.len());
         for i in instructions {
-            let a = self.handle_instruction(&mut st, i);
-            acks.push(a);
+            if let Some(a) = self.handle_instruction(&mut st, i) {
+                acks.push(a);
+            }
         }
         st.pending_acks.extend(acks.iter().cloned());
         ReportOutcome {
@@ -250,23 +374,29 @@ impl<V: ShardView> CoordClient<V> {
         &self,
         st: &mut State,
         i: &pb::CoordinatorInstruction,
-    ) -> pb::InstructAck {
+    ) -> Option<pb::InstructAck> {
         let id = i.instruction_id.as_str();
         if id.is_empty() {
-            return ack(id, Outcome::RejectedInvalid, "empty instruction_id");
+            return Some(ack(id, Outcome::RejectedInvalid, "empty instruction_id"));
         }
-        if st.done.contains(id) {
-            return ack(id, Outcome::Accepted, "duplicate-redelivery");
+        if let Some(reason) = st.done.get(id) {
+            // Same answer as the first time when it said something (a release list).
+            let reason = if reason.is_empty() {
+                "duplicate-redelivery"
+            } else {
+                reason.as_str()
+            };
+            return Some(ack(id, Outcome::Accepted, reason));
         }
         if i.coordinator_term < st.term_hwm {
-            return ack(
+            return Some(ack(
                 id,
                 Outcome::RejectedStale,
                 &format!(
                     "term {} below high-water mark {}",
                     i.coordinator_term, st.term_hwm
                 ),
-            );
+            ));
         }
         self.raise_term(st, i.coordinator_term);
         let result = match &i.payload {
@@ -276,27 +406,43 @@ impl<V: ShardView> CoordClient<V> {
             Some(Payload::UnassignDomain(d)) => self
                 .view
                 .unassign_domain(&d.topology_key, &d.topology_value),
-            Some(
-                Payload::ReassignSpeculative(_)
-                | Payload::CrossShardDrain(_)
-                | Payload::TransferOwnership(_),
-            ) => {
+            Some(Payload::TransferOwnership(t)) => {
+                return match self.view.transfer_ownership(t) {
+                    Applied::Done => {
+                        st.remember(id);
+                        Some(ack(id, Outcome::Accepted, ""))
+                    }
+                    Applied::DoneWith(why) => {
+                        st.remember_with(id, why.clone());
+                        Some(ack(id, Outcome::Accepted, &why))
+                    }
+                    Applied::Deferred(why) => {
+                        tracing::info!(shard = %self.cfg.shard_id, instruction = id, reason = %why, "instruction deferred to its redelivery");
+                        None
+                    }
+                    Applied::Invalid(why) => Some(ack(id, Outcome::RejectedInvalid, &why)),
+                    Applied::Failed(why) => Some(ack(id, Outcome::Failed, &why)),
+                };
+            }
+            Some(Payload::ReassignSpeculative(_) | Payload::CrossShardDrain(_)) => {
                 // The reference acks these no-op stubs ACCEPTED; an ACCEPTED ack would
-                // tell the coordinator machines moved when nothing did (ADR-0032).
-                return ack(
+                // tell the coordinator something moved when nothing did (ADR-0032).
+                return Some(ack(id, Outcome::RejectedInvalid, UNSUPPORTED));
+            }
+            None => {
+                return Some(ack(
                     id,
                     Outcome::RejectedInvalid,
-                    "instruction not supported by this shard",
-                );
+                    "unknown or empty payload",
+                ));
             }
-            None => return ack(id, Outcome::RejectedInvalid, "unknown or empty payload"),
         };
         match result {
             Ok(()) => {
                 st.remember(id);
-                ack(id, Outcome::Accepted, "")
+                Some(ack(id, Outcome::Accepted, ""))
             }
-            Err(e) => ack(id, Outcome::Failed, &e),
+            Err(e) => Some(ack(id, Outcome::Failed, &e)),
         }
     }
 }
@@ -311,6 +457,9 @@ mod tests {
         pub domains: Mutex<BTreeSet<(String, String)>>,
         pub assigns: Mutex<u32>,
         pub term: Mutex<i64>,
+        /// Verdicts the transfer hook returns in turn; empty = the default.
+        pub transfer_script: Mutex<VecDeque<Applied>>,
+        pub transfers: Mutex<u32>,
     }
 
     impl ShardView for FakeView {
@@ -340,6 +489,82 @@ mod tests {
             self.domains.lock().remove(&(key.into(), value.into()));
             Ok(())
         }
+        fn transfer_ownership(&self, _t: &pb::TransferOwnership) -> Applied {
+            *self.transfers.lock() += 1;
+            self.transfer_script
+                .lock()
+                .pop_front()
+                .unwrap_or(Applied::Invalid(UNSUPPORTED.into()))
+        }
+    }
+
+    fn transfer(id: &str, term: i64) -> pb::CoordinatorInstruction {
+        pb::CoordinatorInstruction {
+            coordinator_term: term,
+            sequence_number: 1,
+            instruction_id: id.into(),
+            payload: Some(Payload::TransferOwnership(pb::TransferOwnership {
+                machine_ids: vec!["m1".into()],
+                from_shard_id: "s".into(),
+                to_shard_id: "t".into(),
+            })),
+        }
+    }
+
+    #[tokio::test]
+    async fn transfer_deferred_until_applied_then_applied_once() {
+        let view = Arc::new(FakeView::default());
+        view.transfer_script
+            .lock()
+            .extend([Applied::Deferred("cycle".into()), Applied::Done]);
+        let c = client(view.clone());
+        let reply = |term| pb::ReportAck {
+            coordinator_term: term,
+            acknowledged: true,
+            instructions: vec![transfer("t1", term)],
+        };
+        // Deferred: no ack, so the coordinator keeps redelivering it.
+        let o = c.handle_reply(&reply(3));
+        assert!(o.acks.is_empty() && c.pending_acks().is_empty());
+        // The redelivery applies it.
+        let o = c.handle_reply(&reply(3));
+        assert_eq!(outcomes(&o), [("t1".to_owned(), Outcome::Accepted as i32)]);
+        // Redelivered again before the ack reached the coordinator: not re-applied.
+        let o = c.handle_reply(&reply(3));
+        assert_eq!(o.acks[0].reason, "duplicate-redelivery");
+        assert_eq!(*view.transfers.lock(), 2);
+        // A refusal is acked and not remembered; a stale term never reaches the hook.
+        view.transfer_script
+            .lock()
+            .push_back(Applied::Failed("m1 is Configured, not Idle".into()));
+        let o = c.handle_reply(&pb::ReportAck {
+            coordinator_term: 4,
+            acknowledged: true,
+            instructions: vec![transfer("t2", 4)],
+        });
+        assert_eq!(o.acks.len(), 1);
+        assert_eq!(o.acks[0].outcome, Outcome::Failed as i32);
+        let o = c.handle_reply(&pb::ReportAck {
+            coordinator_term: 4,
+            acknowledged: true,
+            instructions: vec![transfer("t-old", 2)],
+        });
+        assert_eq!(o.acks[0].outcome, Outcome::RejectedStale as i32);
+        assert_eq!(*view.transfers.lock(), 3);
+        // A release that names what it chose is re-acked with the same list.
+        view.transfer_script
+            .lock()
+            .push_back(Applied::DoneWith("released: m1,m2".into()));
+        for _ in 0..2 {
+            let o = c.handle_reply(&pb::ReportAck {
+                coordinator_term: 4,
+                acknowledged: true,
+                instructions: vec![transfer("t3", 4)],
+            });
+            assert_eq!(outcomes(&o), [("t3".to_owned(), Outcome::Accepted as i32)]);
+            assert_eq!(o.acks[0].reason, "released: m1,m2");
+        }
+        assert_eq!(*view.transfers.lock(), 4, "applied once");
     }
 
     fn client(view: Arc<FakeView>) -> CoordClient<FakeView> {
@@ -453,7 +678,7 @@ mod tests {
             st.remember(&i.to_string());
         }
         assert_eq!(st.done.len(), DONE_MEMORY);
-        assert!(!st.done.contains("0"));
-        assert!(st.done.contains(&(DONE_MEMORY + 4).to_string()));
+        assert!(!st.done.contains_key("0"));
+        assert!(st.done.contains_key(&(DONE_MEMORY + 4).to_string()));
     }
 }

@@ -21,6 +21,8 @@ pub(crate) struct Ctx<'a> {
     /// Normalized demand.
     pub needs: Vec<CompiledNeed>,
     pub par: Parallelism,
+    /// Per machine slot: owned by another shard (ADR-0128); empty = none is.
+    pub foreign: Vec<bool>,
 }
 
 /// Where a cycle's parallel sections run. The cycle itself stays on the
@@ -57,6 +59,13 @@ impl<'a> Ctx<'a> {
             Src::Input(k) => &self.input[k as usize],
             Src::Folded(f) => &self.folded[f as usize],
         }
+    }
+
+    /// Whether machine `h` belongs to another shard: never acquired,
+    /// preempted, reclaimed or released here.
+    #[inline]
+    pub(crate) fn is_foreign(&self, h: u32) -> bool {
+        self.foreign.get(h as usize).copied().unwrap_or(false)
     }
 
     #[inline]
@@ -115,6 +124,10 @@ impl<'a> Ctx<'a> {
             fold_members: Vec::new(),
             needs,
             par,
+            foreign: input
+                .ownership
+                .map(|o| o.foreign_slots(fleet))
+                .unwrap_or_default(),
         }
     }
 }

@@ -5,6 +5,7 @@
 use crate::EngineError;
 use crate::context::{Ctx, Parallelism, pool_for};
 use crate::fleet::Fleet;
+use crate::ownership::Ownership;
 use crate::parking::{ParkingLedger, ParkingObservation, parking_key};
 use crate::phase1::{Phase1, Phase1Pass};
 use crate::qty::{self, Qty};
@@ -46,6 +47,9 @@ pub struct CycleInput<'a> {
     pub parking: Option<&'a ParkingLedger>,
     /// First-rollup gate: may Phase 3 reclaim in this cluster? `None` = every cluster.
     pub cluster_ready: Option<&'a (dyn Fn(&str) -> bool + Sync)>,
+    /// The machines this shard may act on (ADR-0128); `None` = every machine.
+    /// Foreign machines stay facts: no action ever names one.
+    pub ownership: Option<&'a Ownership>,
 }
 
 impl<'a> CycleInput<'a> {
@@ -68,6 +72,7 @@ impl<'a> CycleInput<'a> {
             now_unix_nanos: 0,
             parking: None,
             cluster_ready: None,
+            ownership: None,
         }
     }
 }

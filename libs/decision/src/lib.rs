@@ -19,6 +19,7 @@ mod demand;
 mod fleet;
 mod intern;
 mod normalize;
+mod ownership;
 mod parking;
 mod phase1;
 mod phase2;
@@ -36,6 +37,7 @@ pub use cycle::{
     SAME_CANDIDATE_CAP, ShortfallSeed, normalize_demand, run_cycle,
 };
 pub use fleet::Fleet;
+pub use ownership::Ownership;
 pub use parking::{
     PARK_AFTER, PARK_AFTER_CYCLES, ParkingLedger, ParkingObservation, ParkingTiming, REPROBE_EVERY,
     REPROBE_EVERY_CYCLES, is_parked_at, parking_key,

@@ -195,6 +195,11 @@ pub(crate) struct Phase1Pass<'c, 'a> {
     candidate_cap: usize,
 }
 
+/// Phase 1 `owner` of a machine another shard owns (ADR-0128): not
+/// `NONE`, so it is never claimed, and never an index into the needs (only
+/// Idle and Speculative machines carry it, which Phase 2 never reads).
+pub(crate) const FOREIGN: u32 = NONE - 1;
+
 const ACQ_STATES: [MachineState; 2] = [MachineState::Idle, MachineState::Speculative];
 
 /// Builds the acquisition pool of one (state, profile): Idle by price asc, id
@@ -261,7 +266,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
     pub(crate) fn new(ctx: &'c Ctx<'a>, verdicts: bool, candidate_cap: usize) -> Self {
         let n = ctx.needs.len();
         let snap = &ctx.snap;
-        Phase1Pass {
+        let mut pass = Phase1Pass {
             ctx,
             out: Phase1 {
                 owner: vec![NONE; snap.slots()],
@@ -287,6 +292,34 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             buckets: Buckets::new(snap.dims.len(), snap.fleet.values.len()),
             verdicts,
             candidate_cap,
+        };
+        pass.fence_foreign();
+        pass
+    }
+
+    /// Takes another shard's Idle and Speculative machines out of reach
+    /// before any need looks (ADR-0128): marked claimed by [`FOREIGN`], so
+    /// every acquisition walk skips them, and their groups lose them from the
+    /// available counts (and stop being claimed as one clean run). Foreign
+    /// bound machines stay claimable: crediting them is read-only.
+    fn fence_foreign(&mut self) {
+        let ctx = self.ctx;
+        if ctx.foreign.is_empty() {
+            return;
+        }
+        let snap = &ctx.snap;
+        for st in ACQ_STATES {
+            for &r in snap.state_list(st) {
+                if !ctx.is_foreign(r) {
+                    continue;
+                }
+                self.out.owner[r as usize] = FOREIGN;
+                let g = snap.group_of(r);
+                if g != NONE {
+                    self.gavail[g as usize] -= 1;
+                    self.gdirty[g as usize] = true;
+                }
+            }
         }
     }
 

@@ -49,7 +49,7 @@ fn candidates(ctx: &Ctx<'_>, cp_id: u32, prio: i32, opts: &Phase2Options) -> Vec
     }
     let keep = |r: &u32| {
         let rec = snap.rec(*r);
-        rec.asg_prio < prio && cp.matches(snap, snap.shape(*r))
+        rec.asg_prio < prio && !ctx.is_foreign(*r) && cp.matches(snap, snap.shape(*r))
     };
     let pool: Vec<u32> = match &cp.pinned {
         Some(ts) => ts

@@ -38,7 +38,9 @@ pub(crate) fn run(
             .bound(c, 0)
             .iter()
             .copied()
-            .filter(|&r| p1.owner[r as usize] == NONE && !p2.taken[r as usize])
+            .filter(|&r| {
+                p1.owner[r as usize] == NONE && !p2.taken[r as usize] && !ctx.is_foreign(r)
+            })
             .collect();
         excess.sort_by(|a, b| {
             let (ra, rb) = (snap.rec(*a), snap.rec(*b));
@@ -61,7 +63,7 @@ pub(crate) fn run(
         return out;
     }
     for &r in snap.state_list(MachineState::Idle) {
-        if p1.owner[r as usize] != NONE {
+        if p1.owner[r as usize] != NONE || ctx.is_foreign(r) {
             continue;
         }
         let Some(hold) = policy.hold(snap.rec(r).cap) else {

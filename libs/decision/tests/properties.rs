@@ -538,3 +538,69 @@ fn mutate_across_cycles(
     }
     Ok(())
 }
+
+fn arb_ownership() -> impl Strategy<Value = bigfleet_decision::Ownership> {
+    (
+        prop::collection::btree_set(
+            prop::sample::select(vec![
+                ("rack", "r1"),
+                ("rack", "r2"),
+                ("rack", "r3"),
+                (ZONE_KEY, "za"),
+                (ZONE_KEY, "zc"),
+            ]),
+            0..3,
+        ),
+        prop::collection::btree_set(0..40usize, 0..6),
+        prop::collection::btree_set(0..40usize, 0..6),
+    )
+        .prop_map(|(domains, adopted, released)| {
+            let mut o = bigfleet_decision::Ownership::of_domains(domains);
+            o.adopted = adopted.into_iter().map(|i| format!("m{i:03}")).collect();
+            o.released = released.into_iter().map(|i| format!("m{i:03}")).collect();
+            o
+        })
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 192, ..ProptestConfig::default() })]
+
+    /// ADR-0128: no action ever names a machine outside the owned set, on
+    /// either inventory path, and no foreign Idle or Speculative machine is
+    /// ever claimed.
+    #[test]
+    fn no_action_names_a_foreign_machine(w in arb_world(), o in arb_ownership()) {
+        let by_id: HashMap<&str, &Machine> = w.machines.iter().map(|m| (m.id.as_str(), m)).collect();
+        let mut fleet = bigfleet_decision::Fleet::new();
+        for (m, s) in w.machines.iter().zip(&w.idle_since) {
+            fleet.upsert_with_idle_since(m, *s);
+        }
+        let ready = |_: &str| true;
+        let slice = CycleInput {
+            idle_since: &w.idle_since,
+            now_unix_nanos: w.now,
+            cluster_ready: Some(&ready),
+            ownership: Some(&o),
+            ..CycleInput::new(&w.machines, &w.demand)
+        };
+        let fast = CycleInput {
+            now_unix_nanos: w.now,
+            cluster_ready: Some(&ready),
+            ownership: Some(&o),
+            ..CycleInput::with_fleet(&fleet, &w.demand)
+        };
+        let a = run_cycle(&slice, &full()).unwrap();
+        let b = run_cycle(&fast, &full()).unwrap();
+        prop_assert_eq!(&a.actions, &b.actions);
+        for a in &a.actions {
+            let m = by_id[a.machine_id()];
+            prop_assert!(o.owns(&m.id, &m.profile), "{} names foreign {}", a, m.id);
+        }
+        for c in &a.claims {
+            let m = by_id[c.machine_id.as_str()];
+            if matches!(c.state, MachineState::Idle | MachineState::Speculative) {
+                prop_assert!(o.owns(&m.id, &m.profile), "claimed foreign {}", m.id);
+            }
+        }
+    }
+}

@@ -233,39 +233,27 @@ impl Catalog {
         instance_types.insert("m.xlarge.32".into(), cpu_type("32", "128Gi"));
         let zones3 = || zones(&["fake-1a", "fake-1b", "fake-1c"]);
         let clusters = || (0..4).map(|i| format!("cluster-{i}")).collect::<Vec<_>>();
+        // Racks of eight bare-metal GPU machines, bound or idle, at no hourly price.
+        let gpu_racks =
+            |name: &str, instance_type: &str, in_zones: &[&str], idle, configured| Pool {
+                name: name.into(),
+                instance_type: instance_type.into(),
+                capacity_type: CapacityKind::BareMetal,
+                zones: zones(in_zones),
+                price_per_hour: 0.0,
+                interruption_probability: 0.0,
+                labels: BTreeMap::new(),
+                rack_size: Some(8),
+                clusters: clusters(),
+                counts: StateCounts {
+                    idle,
+                    configured,
+                    ..StateCounts::default()
+                },
+            };
         let pools = vec![
-            Pool {
-                name: "gpu-h100".into(),
-                instance_type: "bm.gpu.h100.8".into(),
-                capacity_type: CapacityKind::BareMetal,
-                zones: zones(&["fake-1a", "fake-1b"]),
-                price_per_hour: 0.0,
-                interruption_probability: 0.0,
-                labels: BTreeMap::new(),
-                rack_size: Some(8),
-                clusters: clusters(),
-                counts: StateCounts {
-                    idle: 48,
-                    configured: 16,
-                    ..StateCounts::default()
-                },
-            },
-            Pool {
-                name: "gpu-a100".into(),
-                instance_type: "bm.gpu.a100.8".into(),
-                capacity_type: CapacityKind::BareMetal,
-                zones: zones(&["fake-1c"]),
-                price_per_hour: 0.0,
-                interruption_probability: 0.0,
-                labels: BTreeMap::new(),
-                rack_size: Some(8),
-                clusters: clusters(),
-                counts: StateCounts {
-                    idle: 24,
-                    configured: 8,
-                    ..StateCounts::default()
-                },
-            },
+            gpu_racks("gpu-h100", "bm.gpu.h100.8", &["fake-1a", "fake-1b"], 48, 16),
+            gpu_racks("gpu-a100", "bm.gpu.a100.8", &["fake-1c"], 24, 8),
             Pool {
                 name: "cpu-reserved".into(),
                 instance_type: "c.large.16".into(),

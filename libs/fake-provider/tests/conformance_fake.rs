@@ -8,7 +8,8 @@ use std::time::Duration;
 
 use bigfleet_fake_provider::conformance::{self, Report};
 use bigfleet_fake_provider::{
-    Completion, FakeProvider, ProviderConfig, TransitionModel, connect, spawn_tcp, spawn_uds,
+    Completion, FakeProvider, ProviderConfig, ServerHandle, TransitionModel, connect, spawn_tcp,
+    spawn_uds,
 };
 use bigfleet_proto::v1alpha1::capacity_provider_server::{
     CapacityProvider, CapacityProviderServer,
@@ -38,18 +39,23 @@ fn assert_all_passed(report: &Report) {
     assert_eq!(report.results.len(), conformance::cases().len());
 }
 
+/// The whole suite, then the fake-only readiness case (ADR-0056), against `server`.
+async fn suite_and_readiness_pass(server: &ServerHandle, provider: &FakeProvider) {
+    let report = run_all(&server.target()).await;
+    assert_all_passed(&report);
+
+    let client = connect(&server.target()).await.unwrap();
+    let readiness = conformance::node_readiness_adr0056(client, provider).await;
+    assert!(readiness.is_ok(), "{readiness:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn suite_passes_against_the_fake_over_tcp() {
     let provider = Arc::new(FakeProvider::builtin());
     let server = spawn_tcp("127.0.0.1:0".parse().unwrap(), provider.clone())
         .await
         .unwrap();
-    let report = run_all(&server.target()).await;
-    assert_all_passed(&report);
-
-    let client = connect(&server.target()).await.unwrap();
-    let readiness = conformance::node_readiness_adr0056(client, &provider).await;
-    assert!(readiness.is_ok(), "{readiness:?}");
+    suite_and_readiness_pass(&server, &provider).await;
     server.shutdown().await;
 }
 
@@ -61,12 +67,7 @@ async fn suite_passes_against_the_fake_over_uds() {
         .await
         .unwrap();
     assert!(server.target().starts_with("unix://"));
-    let report = run_all(&server.target()).await;
-    assert_all_passed(&report);
-
-    let client = connect(&server.target()).await.unwrap();
-    let readiness = conformance::node_readiness_adr0056(client, &provider).await;
-    assert!(readiness.is_ok(), "{readiness:?}");
+    suite_and_readiness_pass(&server, &provider).await;
     server.shutdown().await;
 }
 

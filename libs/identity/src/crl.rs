@@ -155,6 +155,32 @@ impl CrlVerifiers {
     }
 }
 
+/// The handshake-signature methods, the same in both verifier traits: they do not depend on
+/// the CRLs, so they are checked with the provider's algorithms, as the webpki verifiers
+/// themselves do. Expands inside an `impl` for a newtype over `Arc<CrlVerifiers>`.
+macro_rules! handshake_signature_methods {
+    () => {
+        handshake_signature_methods!(verify_tls12_signature, verify_tls13_signature);
+
+        fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
+            self.0.algorithms().supported_schemes()
+        }
+    };
+    // Each method has the name of the rustls function that checks it.
+    ($($method:ident),+) => {
+        $(
+            fn $method(
+                &self,
+                message: &[u8],
+                cert: &CertificateDer<'_>,
+                dss: &DigitallySignedStruct,
+            ) -> Result<HandshakeSignatureValid, rustls::Error> {
+                rustls::crypto::$method(message, cert, dss, self.0.algorithms())
+            }
+        )+
+    };
+}
+
 #[derive(Debug)]
 struct ReloadingClientVerifier(Arc<CrlVerifiers>);
 
@@ -185,29 +211,7 @@ impl ClientCertVerifier for ReloadingClientVerifier {
             .verify_client_cert(end_entity, intermediates, now)
     }
 
-    // Handshake signatures do not depend on the CRLs: checked with the provider's
-    // algorithms, as the webpki verifiers themselves do.
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, self.0.algorithms())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, self.0.algorithms())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.algorithms().supported_schemes()
-    }
+    handshake_signature_methods!();
 }
 
 #[derive(Debug)]
@@ -232,27 +236,5 @@ impl ServerCertVerifier for ReloadingServerVerifier {
         )
     }
 
-    // Handshake signatures do not depend on the CRLs: checked with the provider's
-    // algorithms, as the webpki verifiers themselves do.
-    fn verify_tls12_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls12_signature(message, cert, dss, self.0.algorithms())
-    }
-
-    fn verify_tls13_signature(
-        &self,
-        message: &[u8],
-        cert: &CertificateDer<'_>,
-        dss: &DigitallySignedStruct,
-    ) -> Result<HandshakeSignatureValid, rustls::Error> {
-        rustls::crypto::verify_tls13_signature(message, cert, dss, self.0.algorithms())
-    }
-
-    fn supported_verify_schemes(&self) -> Vec<SignatureScheme> {
-        self.0.algorithms().supported_schemes()
-    }
+    handshake_signature_methods!();
 }

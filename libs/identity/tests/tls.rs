@@ -21,6 +21,20 @@ fn ctx(files: &TlsFiles) -> TlsContext {
     TlsContext::load_with_check_interval(files, Duration::ZERO).unwrap()
 }
 
+/// A context holding a fresh leaf of `role` from `ca`, its files named `stem`.
+fn role_ctx(dir: &std::path::Path, ca: &TestCa, stem: &str, role: &str) -> TlsContext {
+    ctx(&files(dir, ca, stem, &ca.issue_role(role).unwrap()))
+}
+
+/// A handshake between a server and a client built from their contexts.
+async fn connect(server: &TlsContext, client: &TlsContext) -> Handshake {
+    handshake(
+        server.server_config().unwrap(),
+        client.client_config().unwrap(),
+    )
+    .await
+}
+
 /// Outcome of one handshake plus a one-byte echo (so TLS 1.3's deferred client-cert
 /// verification has surfaced on both sides).
 struct Handshake {
@@ -28,6 +42,25 @@ struct Handshake {
     server_saw: Result<Vec<u8>, String>,
     /// The server's leaf as seen by the client, or the client's error.
     client_saw: Result<Vec<u8>, String>,
+}
+
+impl Handshake {
+    fn assert_refused_on_both_sides(&self) {
+        assert!(self.server_saw.is_err(), "server saw {:?}", self.server_saw);
+        assert!(self.client_saw.is_err(), "client saw {:?}", self.client_saw);
+    }
+}
+
+/// A client config of one TLS `version` trusting `server`'s roots, before its own
+/// certificate is chosen.
+fn client_trusting(
+    server: &TlsContext,
+    version: &'static rustls::SupportedProtocolVersion,
+) -> rustls::ConfigBuilder<rustls::ClientConfig, rustls::client::WantsClientCert> {
+    rustls::ClientConfig::builder_with_provider(bigfleet_identity::crypto_provider())
+        .with_protocol_versions(&[version])
+        .unwrap()
+        .with_root_certificates(Arc::clone(server.roots()))
 }
 
 async fn handshake(
@@ -94,11 +127,7 @@ async fn matching_san_is_accepted_and_identified() {
         PeerIdentity::Shard("s1".into())
     );
 
-    let hs = handshake(
-        server.server_config().unwrap(),
-        client.client_config().unwrap(),
-    )
-    .await;
+    let hs = connect(&server, &client).await;
     let seen = hs.server_saw.unwrap();
     assert_eq!(seen, client_cert.cert_der);
     assert_eq!(
@@ -112,12 +141,7 @@ async fn matching_san_is_accepted_and_identified() {
 async fn zero_or_two_identity_sans_pass_transport_but_yield_no_identity() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("ca").unwrap();
-    let server = ctx(&files(
-        dir.path(),
-        &ca,
-        "server",
-        &ca.issue_role("admin").unwrap(),
-    ));
+    let server = role_ctx(dir.path(), &ca, "server", "admin");
     let cases = [
         (LeafSpec::loopback("none"), 0),
         (
@@ -130,11 +154,7 @@ async fn zero_or_two_identity_sans_pass_transport_but_yield_no_identity() {
     for (i, (spec, found)) in cases.into_iter().enumerate() {
         let cert = ca.issue(&spec).unwrap();
         let client = ctx(&files(dir.path(), &ca, &format!("c{i}"), &cert));
-        let hs = handshake(
-            server.server_config().unwrap(),
-            client.client_config().unwrap(),
-        )
-        .await;
+        let hs = connect(&server, &client).await;
         let leaf = hs.server_saw.expect("transport must succeed");
         assert_eq!(
             PeerIdentity::from_cert_der(&leaf),
@@ -150,12 +170,7 @@ async fn a_client_from_another_ca_fails_the_handshake() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("ca").unwrap();
     let rogue = TestCa::new("rogue").unwrap();
-    let server = ctx(&files(
-        dir.path(),
-        &ca,
-        "server",
-        &ca.issue_role("admin").unwrap(),
-    ));
+    let server = role_ctx(dir.path(), &ca, "server", "admin");
     // The rogue client trusts our CA (so it accepts the server) but its own leaf is rogue.
     let rogue_files = {
         let p = rogue
@@ -164,11 +179,7 @@ async fn a_client_from_another_ca_fails_the_handshake() {
         TlsFiles::new(p.cert, p.key, ca.write_ca(dir.path()).unwrap())
     };
     let client = ctx(&rogue_files);
-    let hs = handshake(
-        server.server_config().unwrap(),
-        client.client_config().unwrap(),
-    )
-    .await;
+    let hs = connect(&server, &client).await;
     let err = hs.server_saw.unwrap_err();
     assert!(err.to_lowercase().contains("certificate"), "{err}");
     assert!(hs.client_saw.is_err());
@@ -179,23 +190,9 @@ async fn a_server_from_another_ca_is_refused_by_the_client() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("ca").unwrap();
     let rogue = TestCa::new("rogue").unwrap();
-    let rogue_server = ctx(&files(
-        dir.path(),
-        &rogue,
-        "rogue-server",
-        &rogue.issue_role("admin").unwrap(),
-    ));
-    let client = ctx(&files(
-        dir.path(),
-        &ca,
-        "client",
-        &ca.issue_role("admin").unwrap(),
-    ));
-    let hs = handshake(
-        rogue_server.server_config().unwrap(),
-        client.client_config().unwrap(),
-    )
-    .await;
+    let rogue_server = role_ctx(dir.path(), &rogue, "rogue-server", "admin");
+    let client = role_ctx(dir.path(), &ca, "client", "admin");
+    let hs = connect(&rogue_server, &client).await;
     let err = hs.client_saw.unwrap_err();
     assert!(
         err.contains("UnknownIssuer") || err.to_lowercase().contains("issuer"),
@@ -208,46 +205,22 @@ async fn a_server_from_another_ca_is_refused_by_the_client() {
 async fn a_client_without_a_certificate_is_refused() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("ca").unwrap();
-    let server = ctx(&files(
-        dir.path(),
-        &ca,
-        "server",
-        &ca.issue_role("admin").unwrap(),
-    ));
-    let client = rustls::ClientConfig::builder_with_provider(bigfleet_identity::crypto_provider())
-        .with_protocol_versions(&[&rustls::version::TLS13])
-        .unwrap()
-        .with_root_certificates(Arc::clone(server.roots()))
-        .with_no_client_auth();
+    let server = role_ctx(dir.path(), &ca, "server", "admin");
+    let client = client_trusting(&server, &rustls::version::TLS13).with_no_client_auth();
     let hs = handshake(server.server_config().unwrap(), Arc::new(client)).await;
-    assert!(hs.server_saw.is_err());
-    assert!(hs.client_saw.is_err());
+    hs.assert_refused_on_both_sides();
 }
 
 #[tokio::test]
 async fn tls12_clients_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("ca").unwrap();
-    let server = ctx(&files(
-        dir.path(),
-        &ca,
-        "server",
-        &ca.issue_role("admin").unwrap(),
-    ));
-    let client_ctx = ctx(&files(
-        dir.path(),
-        &ca,
-        "client",
-        &ca.issue_role("admin").unwrap(),
-    ));
-    let client = rustls::ClientConfig::builder_with_provider(bigfleet_identity::crypto_provider())
-        .with_protocol_versions(&[&rustls::version::TLS12])
-        .unwrap()
-        .with_root_certificates(Arc::clone(server.roots()))
+    let server = role_ctx(dir.path(), &ca, "server", "admin");
+    let client_ctx = role_ctx(dir.path(), &ca, "client", "admin");
+    let client = client_trusting(&server, &rustls::version::TLS12)
         .with_client_cert_resolver(client_ctx.reloader().clone());
     let hs = handshake(server.server_config().unwrap(), Arc::new(client)).await;
-    assert!(hs.server_saw.is_err());
-    assert!(hs.client_saw.is_err());
+    hs.assert_refused_on_both_sides();
 }
 
 #[tokio::test]
@@ -257,12 +230,7 @@ async fn reload_picks_up_a_rotation_and_survives_a_half_written_one() {
     let first = ca.issue_role("shard/s1").unwrap();
     let server_files = files(dir.path(), &ca, "server", &first);
     let server = ctx(&server_files);
-    let client = ctx(&files(
-        dir.path(),
-        &ca,
-        "client",
-        &ca.issue_role("admin").unwrap(),
-    ));
+    let client = role_ctx(dir.path(), &ca, "client", "admin");
     let config = server.server_config().unwrap();
     let connect = || handshake(Arc::clone(&config), client.client_config().unwrap());
 
@@ -319,12 +287,7 @@ async fn reload_picks_up_a_rotation_and_survives_a_half_written_one() {
 async fn client_certificates_reload_too() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("ca").unwrap();
-    let server = ctx(&files(
-        dir.path(),
-        &ca,
-        "server",
-        &ca.issue_role("admin").unwrap(),
-    ));
+    let server = role_ctx(dir.path(), &ca, "server", "admin");
     let first = ca.issue_role("cluster/a").unwrap();
     let client_files = files(dir.path(), &ca, "client", &first);
     let client = ctx(&client_files);

@@ -17,6 +17,7 @@ use tonic::{Code, Status};
 use tower::util::BoxCloneSyncService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt};
 
+use crate::backoff::{BackoffPolicy, Jitter};
 use crate::channel::{ChannelConfig, ChannelError, Target, connect, connect_lazy};
 use crate::error::BoxError;
 use crate::layers::{format_grpc_timeout, parse_grpc_timeout};
@@ -126,19 +127,17 @@ impl RetryPolicy {
         self.max_attempts > 1 && self.paths.as_ref().is_none_or(|p| p.contains(path))
     }
 
-    /// The wait before retry number `retry` (1 = first retry).
+    /// The wait before retry number `retry` (1 = first retry): [`BackoffPolicy`] with
+    /// equal jitter.
     pub fn backoff(&self, retry: u32) -> Duration {
-        let exp = self
-            .multiplier
-            .max(1.0)
-            .powi(retry.saturating_sub(1).min(63) as i32);
-        let window = self
-            .initial_backoff
-            .mul_f64(exp.min(1e9))
-            .min(self.max_backoff);
-        let half = window / 2;
-        let jitter = rand::random_range(0..=half.as_nanos().min(u128::from(u64::MAX)) as u64);
-        half + Duration::from_nanos(jitter)
+        self.backoff_policy().delay(retry.saturating_sub(1))
+    }
+
+    /// This policy's waits as a [`BackoffPolicy`] (retry 0 there is retry 1 here).
+    pub fn backoff_policy(&self) -> BackoffPolicy {
+        BackoffPolicy::new(self.initial_backoff, self.max_backoff)
+            .with_multiplier(self.multiplier)
+            .with_jitter(Jitter::Equal)
     }
 
     /// Retries a typed call: `attempt` builds and sends attempt *n* (0-based), so each

@@ -65,7 +65,7 @@ pub struct MeshConn {
 
 impl MeshConn {
     pub(crate) fn tcp(stream: TcpStream, kill: &CancellationToken) -> Self {
-        let remote_addr = stream.peer_addr().ok();
+        let remote_addr = stream.peer_addr().ok().map(crate::listen::canonical_peer);
         Self {
             kill: Box::pin(kill.child_token().cancelled_owned()),
             inner: Inner::Tcp(stream),
@@ -81,7 +81,12 @@ impl MeshConn {
         stream: tokio_rustls::server::TlsStream<TcpStream>,
         kill: &CancellationToken,
     ) -> Self {
-        let remote_addr = stream.get_ref().0.peer_addr().ok();
+        let remote_addr = stream
+            .get_ref()
+            .0
+            .peer_addr()
+            .ok()
+            .map(crate::listen::canonical_peer);
         let peer_cert = match stream
             .get_ref()
             .1

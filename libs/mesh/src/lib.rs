@@ -17,8 +17,13 @@
 //! [`Peer::ensure`]; their errors become statuses through [`ClassifyError`] /
 //! [`IntoStatus`] ([`error`]). Generated servers and clients get the 256 MiB limits with
 //! [`with_message_limits!`].
+//!
+//! **Retry loops** wait through [`backoff`] (exponential, capped, jittered). **Listen flags**
+//! parse with [`parse_listen_addr`] (`:port` ⇒ `[::]:port`) and bind with [`bind_tcp`]
+//! (dual-stack, IPv4 fallback).
 
 mod authz;
+pub mod backoff;
 mod channel;
 mod client;
 mod conn;
@@ -35,6 +40,7 @@ mod server;
 mod stack;
 
 pub use authz::{AuthzPolicy, HEALTH_SERVICE, REFLECTION_SERVICES, RoleSet};
+pub use backoff::{Backoff, BackoffPolicy, Jitter};
 pub use channel::{
     ChannelConfig, ChannelError, ClientStream, Target, TargetError, connect, connect_lazy,
 };
@@ -52,7 +58,7 @@ pub use layers::{
     RequestCheck, TraceLayer,
 };
 pub use limits::ServerLimits;
-pub use listen::parse_listen_addr;
+pub use listen::{bind_tcp, parse_listen_addr};
 pub use local::{
     LocalPeers, SOCKET_DIR_MODE, SOCKET_FILE_MODE, SocketDirError, current_uid, prepare_socket_dir,
 };

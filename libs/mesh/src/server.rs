@@ -267,8 +267,7 @@ impl MeshServer {
             Some(bind) => {
                 let listener = match bind {
                     TcpBind::Listener(l) => l,
-                    TcpBind::Addr(addr) => TcpListener::bind(addr)
-                        .await
+                    TcpBind::Addr(addr) => crate::bind_tcp(addr)
                         .map_err(|source| ServerError::BindTcp { addr, source })?,
                 };
                 let addr = listener

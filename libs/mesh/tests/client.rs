@@ -6,11 +6,11 @@ mod common;
 use std::time::Duration;
 
 use bigfleet_mesh::{
-    ChannelConfig, ClientStackConfig, GrpcMetrics, MeshServer, RateLimit, RetryPolicy,
-    RunningServer, ServerStackConfig, dial, dial_lazy,
+    ChannelConfig, ClientStackConfig, GrpcMetrics, RateLimit, RetryPolicy, ServerStackConfig, dial,
+    dial_lazy,
 };
 use bigfleet_telemetry::MetricsRegistry;
-use common::{Echo, code, say};
+use common::{Echo, code, dial_once, say, serve_echo, tcp_target};
 use tonic::Code;
 
 fn fast_retry(max_attempts: u32) -> RetryPolicy {
@@ -22,33 +22,20 @@ fn fast_retry(max_attempts: u32) -> RetryPolicy {
     }
 }
 
-async fn serve(cfg: ServerStackConfig, echo: Echo) -> RunningServer {
-    MeshServer::new("echo", cfg)
-        .tcp("127.0.0.1:0".parse().unwrap())
-        .add_service(echo)
-        .start()
-        .await
-        .unwrap()
-}
-
-fn target(s: &RunningServer) -> String {
-    format!("http://{}", s.tcp_addr().unwrap())
-}
-
 #[tokio::test]
 async fn unavailable_is_retried_until_success_and_counted() {
     let echo = Echo {
         fail_first: 2,
         ..Echo::default()
     };
-    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
     let registry = MetricsRegistry::new();
     let stack = ClientStackConfig {
         metrics: Some(GrpcMetrics::client(&registry).unwrap()),
         retry: fast_retry(4),
         attempt_timeout: None,
     };
-    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
         .await
         .unwrap();
     assert_eq!(say(&ch, "flaky").await.unwrap().text, "flaky");
@@ -69,12 +56,12 @@ async fn unavailable_is_retried_until_success_and_counted() {
 #[tokio::test]
 async fn failed_precondition_is_never_retried() {
     let echo = Echo::default();
-    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
     let stack = ClientStackConfig {
         retry: fast_retry(5),
         ..ClientStackConfig::default()
     };
-    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
         .await
         .unwrap();
     assert_eq!(code(&say(&ch, "fenced").await), Code::FailedPrecondition);
@@ -88,12 +75,12 @@ async fn attempts_are_bounded() {
         fail_first: 100,
         ..Echo::default()
     };
-    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
     let stack = ClientStackConfig {
         retry: fast_retry(3),
         ..ClientStackConfig::default()
     };
-    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
         .await
         .unwrap();
     assert_eq!(code(&say(&ch, "flaky").await), Code::Unavailable);
@@ -102,7 +89,7 @@ async fn attempts_are_bounded() {
         retry: RetryPolicy::none(),
         ..ClientStackConfig::default()
     };
-    let ch = dial(&target(&server), &ChannelConfig::default(), &none)
+    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &none)
         .await
         .unwrap();
     assert_eq!(code(&say(&ch, "flaky").await), Code::Unavailable);
@@ -116,7 +103,7 @@ async fn a_hung_attempt_times_out_and_the_retry_is_stamped() {
         sleep_once: true,
         ..Echo::default()
     };
-    let server = serve(ServerStackConfig::default(), echo.clone()).await;
+    let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
     let stack = ClientStackConfig {
         retry: fast_retry(3).with_attempt_hook(|attempt, parts| {
             parts
@@ -126,7 +113,7 @@ async fn a_hung_attempt_times_out_and_the_retry_is_stamped() {
         attempt_timeout: Some(Duration::from_millis(150)),
         ..ClientStackConfig::default()
     };
-    let ch = dial(&target(&server), &ChannelConfig::default(), &stack)
+    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
         .await
         .unwrap();
     let started = std::time::Instant::now();
@@ -141,13 +128,13 @@ async fn a_hung_attempt_times_out_and_the_retry_is_stamped() {
     server.shutdown().await.unwrap();
 
     // Without retries the attempt timeout surfaces as DEADLINE_EXCEEDED.
-    let always_slow = serve(ServerStackConfig::default(), Echo::default()).await;
+    let always_slow = serve_echo(ServerStackConfig::default(), Echo::default()).await;
     let once = ClientStackConfig {
         retry: RetryPolicy::none(),
         attempt_timeout: Some(Duration::from_millis(100)),
         ..ClientStackConfig::default()
     };
-    let ch = dial(&target(&always_slow), &ChannelConfig::default(), &once)
+    let ch = dial(&tcp_target(&always_slow), &ChannelConfig::default(), &once)
         .await
         .unwrap();
     assert_eq!(code(&say(&ch, "sleep:1000").await), Code::DeadlineExceeded);
@@ -164,9 +151,9 @@ async fn resource_exhausted_is_retried_only_when_asked() {
         ..ServerStackConfig::default()
     };
     let echo = Echo::default();
-    let server = serve(cfg, echo.clone()).await;
+    let server = serve_echo(cfg, echo.clone()).await;
     let plain = dial(
-        &target(&server),
+        &tcp_target(&server),
         &ChannelConfig::default(),
         &ClientStackConfig {
             retry: fast_retry(4),
@@ -179,7 +166,7 @@ async fn resource_exhausted_is_retried_only_when_asked() {
     assert_eq!(code(&say(&plain, "ok").await), Code::ResourceExhausted);
 
     let patient = dial(
-        &target(&server),
+        &tcp_target(&server),
         &ChannelConfig::default(),
         &ClientStackConfig {
             retry: RetryPolicy {
@@ -239,17 +226,8 @@ async fn the_typed_retry_helper_restamps_each_attempt() {
         fail_first: 2,
         ..Echo::default()
     };
-    let server = serve(ServerStackConfig::default(), echo.clone()).await;
-    let ch = dial(
-        &target(&server),
-        &ChannelConfig::default(),
-        &ClientStackConfig {
-            retry: RetryPolicy::none(),
-            ..ClientStackConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
+    let ch = dial_once(&tcp_target(&server)).await;
     // What a provider call does: the request body differs per attempt (base + attempt).
     let base = 65_536u64;
     let mut sent = Vec::new();

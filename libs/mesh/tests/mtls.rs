@@ -8,19 +8,12 @@ use std::sync::Arc;
 
 use bigfleet_identity::{TlsContext, TlsFiles};
 use bigfleet_mesh::{
-    AuthzPolicy, ChannelConfig, ClientStackConfig, MeshChannel, MeshServer, RateLimit, RetryPolicy,
-    Role, RunningServer, ServerStackConfig, dial,
+    AuthzPolicy, ChannelConfig, MeshChannel, MeshServer, RateLimit, Role, RunningServer,
+    ServerStackConfig, dial,
 };
 use bigfleet_testkit::{LeafSpec, TestCa};
-use common::{Echo, SAY, code, say};
+use common::{Echo, SAY, code, dial_once, no_retry, say};
 use tonic::Code;
-
-fn no_retry() -> ClientStackConfig {
-    ClientStackConfig {
-        retry: RetryPolicy::none(),
-        ..ClientStackConfig::default()
-    }
-}
 
 fn ctx_for(ca: &TestCa, dir: &Path, stem: &str, spec: &LeafSpec) -> TlsContext {
     let cert = ca.issue(spec).unwrap();
@@ -203,9 +196,7 @@ async fn the_rate_limit_is_per_identity() {
 #[tokio::test]
 async fn the_unix_socket_of_an_mtls_server_stays_local_and_trusted() {
     let f = fixture().await;
-    let ch = dial(&f.unix, &ChannelConfig::default(), &no_retry())
-        .await
-        .unwrap();
+    let ch = dial_once(&f.unix).await;
     assert_eq!(say(&ch, "ok").await.unwrap().peer, "local");
     f.server.shutdown().await.unwrap();
 }

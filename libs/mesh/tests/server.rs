@@ -5,22 +5,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bigfleet_mesh::{
-    ChannelConfig, ClientStackConfig, MeshChannel, MeshServer, RetryPolicy, ServerStackConfig,
-    ServingStatus, dial,
-};
-use common::{Echo, echo_descriptor_set, say};
+use bigfleet_mesh::{MeshChannel, MeshServer, ServerStackConfig, ServingStatus};
+use common::{Echo, dial_once, echo_descriptor_set, say};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus as Wire;
 use tonic_health::pb::health_client::HealthClient;
-
-fn no_retry() -> ClientStackConfig {
-    ClientStackConfig {
-        retry: RetryPolicy::none(),
-        ..ClientStackConfig::default()
-    }
-}
 
 async fn health(channel: &MeshChannel, service: &str) -> Result<i32, tonic::Status> {
     HealthClient::new(channel.clone())
@@ -31,61 +21,39 @@ async fn health(channel: &MeshChannel, service: &str) -> Result<i32, tonic::Stat
         .map(|r| r.into_inner().status)
 }
 
-async fn list_v1(channel: &MeshChannel) -> Vec<String> {
-    use tonic_reflection::pb::v1::ServerReflectionRequest;
-    use tonic_reflection::pb::v1::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1::server_reflection_response::MessageResponse;
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut stream = ServerReflectionClient::new(channel.clone())
-        .server_reflection_info(tokio_stream::iter(vec![req]))
-        .await
-        .unwrap()
-        .into_inner();
-    let resp = stream.next().await.unwrap().unwrap();
-    match resp.message_response.unwrap() {
-        MessageResponse::ListServicesResponse(l) => {
-            let mut names: Vec<_> = l.service.into_iter().map(|s| s.name).collect();
-            names.sort();
-            names
+/// Reflection's ListServices, sorted. tonic generates the same client twice, for the
+/// `v1` and the `v1alpha` protocol; a server must answer both.
+macro_rules! list_services {
+    ($name:ident, $version:ident) => {
+        async fn $name(channel: &MeshChannel) -> Vec<String> {
+            use tonic_reflection::pb::$version::ServerReflectionRequest;
+            use tonic_reflection::pb::$version::server_reflection_client::ServerReflectionClient;
+            use tonic_reflection::pb::$version::server_reflection_request::MessageRequest;
+            use tonic_reflection::pb::$version::server_reflection_response::MessageResponse;
+            let req = ServerReflectionRequest {
+                host: String::new(),
+                message_request: Some(MessageRequest::ListServices(String::new())),
+            };
+            let mut stream = ServerReflectionClient::new(channel.clone())
+                .server_reflection_info(tokio_stream::iter(vec![req]))
+                .await
+                .unwrap()
+                .into_inner();
+            let resp = stream.next().await.unwrap().unwrap();
+            match resp.message_response.unwrap() {
+                MessageResponse::ListServicesResponse(l) => {
+                    let mut names: Vec<_> = l.service.into_iter().map(|s| s.name).collect();
+                    names.sort();
+                    names
+                }
+                other => panic!("unexpected reflection response {other:?}"),
+            }
         }
-        other => panic!("unexpected reflection response {other:?}"),
-    }
+    };
 }
 
-async fn list_v1alpha(channel: &MeshChannel) -> Vec<String> {
-    use tonic_reflection::pb::v1alpha::ServerReflectionRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_client::ServerReflectionClient;
-    use tonic_reflection::pb::v1alpha::server_reflection_request::MessageRequest;
-    use tonic_reflection::pb::v1alpha::server_reflection_response::MessageResponse;
-    let req = ServerReflectionRequest {
-        host: String::new(),
-        message_request: Some(MessageRequest::ListServices(String::new())),
-    };
-    let mut stream = ServerReflectionClient::new(channel.clone())
-        .server_reflection_info(tokio_stream::iter(vec![req]))
-        .await
-        .unwrap()
-        .into_inner();
-    match stream
-        .next()
-        .await
-        .unwrap()
-        .unwrap()
-        .message_response
-        .unwrap()
-    {
-        MessageResponse::ListServicesResponse(l) => {
-            let mut names: Vec<_> = l.service.into_iter().map(|s| s.name).collect();
-            names.sort();
-            names
-        }
-        other => panic!("unexpected reflection response {other:?}"),
-    }
-}
+list_services!(list_v1, v1);
+list_services!(list_v1alpha, v1alpha);
 
 #[tokio::test]
 async fn health_and_reflection_over_tcp_and_uds() {
@@ -113,9 +81,7 @@ async fn health_and_reflection_over_tcp_and_uds() {
         format!("http://{tcp}"),
         format!("unix://{}", sock.display()),
     ] {
-        let ch = dial(&target, &ChannelConfig::default(), &no_retry())
-            .await
-            .unwrap();
+        let ch = dial_once(&target).await;
         assert_eq!(
             health(&ch, "").await.unwrap(),
             Wire::Serving as i32,
@@ -147,13 +113,7 @@ async fn health_status_can_be_flipped_per_service() {
         .start()
         .await
         .unwrap();
-    let ch = dial(
-        &format!("http://{}", running.tcp_addr().unwrap()),
-        &ChannelConfig::default(),
-        &no_retry(),
-    )
-    .await
-    .unwrap();
+    let ch = dial_once(&format!("http://{}", running.tcp_addr().unwrap())).await;
     assert_eq!(
         health(&ch, "test.v1.Echo").await.unwrap(),
         Wire::NotServing as i32
@@ -184,13 +144,7 @@ async fn a_stale_socket_file_is_replaced() {
         .start()
         .await
         .unwrap();
-    let ch = dial(
-        &format!("unix://{}", sock.display()),
-        &ChannelConfig::default(),
-        &no_retry(),
-    )
-    .await
-    .unwrap();
+    let ch = dial_once(&format!("unix://{}", sock.display())).await;
     assert!(say(&ch, "ok").await.is_ok());
     running.shutdown().await.unwrap();
 }
@@ -214,13 +168,7 @@ async fn shutdown_drains_in_flight_calls_then_refuses_new_ones() {
         .await
         .unwrap();
     let addr = running.tcp_addr().unwrap();
-    let ch = dial(
-        &format!("http://{addr}"),
-        &ChannelConfig::default(),
-        &no_retry(),
-    )
-    .await
-    .unwrap();
+    let ch = dial_once(&format!("http://{addr}")).await;
     let token = running.shutdown_token();
     let in_flight = tokio::spawn({
         let ch = ch.clone();
@@ -244,13 +192,7 @@ async fn the_drain_deadline_closes_calls_that_do_not_finish() {
         .start()
         .await
         .unwrap();
-    let ch = dial(
-        &format!("http://{}", running.tcp_addr().unwrap()),
-        &ChannelConfig::default(),
-        &no_retry(),
-    )
-    .await
-    .unwrap();
+    let ch = dial_once(&format!("http://{}", running.tcp_addr().unwrap())).await;
     let stuck = tokio::spawn({
         let ch = ch.clone();
         async move { say(&ch, "sleep:60000").await }

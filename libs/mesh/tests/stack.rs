@@ -8,32 +8,18 @@ use std::time::Duration;
 
 use bigfleet_identity::PeerIdentity;
 use bigfleet_mesh::{
-    AuthzPolicy, ChannelConfig, ClientStackConfig, ConnInfo, GrpcMetrics, MeshChannel, MeshServer,
-    PeerCert, RateLimit, RetryPolicy, Role, RunningServer, ServerStackConfig, Transport, dial,
-    server_stack,
+    AuthzPolicy, ConnInfo, GrpcMetrics, MeshChannel, PeerCert, RateLimit, Role, RunningServer,
+    ServerStackConfig, Transport, server_stack,
 };
 use bigfleet_telemetry::MetricsRegistry;
-use common::{Echo, SAY, code, say};
+use common::{Echo, SAY, code, dial_once, say, serve_echo, tcp_target};
 use tonic::Code;
 use tower::ServiceExt;
 
+/// `echo` behind the stack `cfg`, and a channel to it.
 async fn serve(cfg: ServerStackConfig, echo: Echo) -> (RunningServer, MeshChannel) {
-    let running = MeshServer::new("echo", cfg)
-        .tcp("127.0.0.1:0".parse().unwrap())
-        .add_service(echo)
-        .start()
-        .await
-        .unwrap();
-    let ch = dial(
-        &format!("http://{}", running.tcp_addr().unwrap()),
-        &ChannelConfig::default(),
-        &ClientStackConfig {
-            retry: RetryPolicy::none(),
-            ..ClientStackConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let running = serve_echo(cfg, echo).await;
+    let ch = dial_once(&tcp_target(&running)).await;
     (running, ch)
 }
 

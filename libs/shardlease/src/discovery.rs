@@ -13,7 +13,7 @@ use tokio::sync::watch;
 use tokio::task::JoinHandle;
 
 use crate::config::{EtcdShards, ShardKeys};
-use crate::gate::Backoff;
+use crate::gate::retry_backoff;
 use crate::{ShardLeaseError, bounded};
 
 /// The current Work endpoint of one shard. `None` while no leader publishes one (no
@@ -87,8 +87,7 @@ fn publish(tx: &watch::Sender<Option<String>>, keys: &ShardKeys, value: Option<S
 }
 
 async fn follow(etcd: EtcdShards, keys: ShardKeys, tx: watch::Sender<Option<String>>) {
-    let timing = *etcd.timing();
-    let mut backoff = Backoff::new(Duration::from_millis(100), timing.keepalive_interval);
+    let mut backoff = retry_backoff(&etcd);
     loop {
         match follow_once(&etcd, &keys, &tx).await {
             Ok(()) => {}

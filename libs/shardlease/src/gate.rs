@@ -12,6 +12,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+use bigfleet_mesh::backoff::{Backoff, BackoffPolicy};
 use etcd_client::{EventType, KeyValue, WatchOptions};
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
@@ -191,30 +192,14 @@ impl Drop for AbortOnDrop {
     }
 }
 
-/// Exponential retry delay for a background loop.
-pub(crate) struct Backoff {
-    min: Duration,
-    max: Duration,
-    next: Duration,
-}
-
-impl Backoff {
-    pub(crate) fn new(min: Duration, max: Duration) -> Self {
-        Self {
-            min,
-            max: max.max(min),
-            next: min,
-        }
-    }
-
-    pub(crate) fn reset(&mut self) {
-        self.next = self.min;
-    }
-
-    pub(crate) async fn sleep(&mut self) {
-        tokio::time::sleep(self.next).await;
-        self.next = (self.next * 2).min(self.max);
-    }
+/// The retry delay of the background loops: 100 ms doubling, with jitter, to the
+/// keep-alive interval — never longer, so a broken keep-alive stream is re-opened well
+/// inside the lease's TTL.
+pub(crate) fn retry_backoff(etcd: &EtcdShards) -> Backoff {
+    Backoff::new(BackoffPolicy::new(
+        Duration::from_millis(100),
+        etcd.timing().keepalive_interval,
+    ))
 }
 
 /// Why a term ended.
@@ -291,7 +276,7 @@ async fn acquire(
     stale_leases: &mut Vec<i64>,
 ) -> (Term, LeaseClock, i64) {
     let timing = *etcd.timing();
-    let mut backoff = Backoff::new(Duration::from_millis(100), timing.keepalive_interval);
+    let mut backoff = retry_backoff(etcd);
     loop {
         // Our own earlier lease may still hold the key; releasing it beats waiting it out.
         revoke_all(etcd, stale_leases).await;
@@ -491,7 +476,7 @@ async fn hold(
 /// was sent. Re-opens the stream when it breaks; never decides validity itself.
 async fn keep_alive(etcd: EtcdShards, lease: i64, granted_ttl: i64, proofs: mpsc::Sender<Proof>) {
     let timing = *etcd.timing();
-    let mut backoff = Backoff::new(Duration::from_millis(100), timing.keepalive_interval);
+    let mut backoff = retry_backoff(&etcd);
     let mut first = true;
     loop {
         if !first {
@@ -588,20 +573,5 @@ mod tests {
             ),
             ("s", "h", Some("http://a:1"), 7)
         );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn backoff_doubles_up_to_the_cap_and_resets() {
-        let mut b = Backoff::new(Duration::from_millis(100), Duration::from_millis(300));
-        let t0 = tokio::time::Instant::now();
-        b.sleep().await;
-        b.sleep().await;
-        b.sleep().await;
-        b.sleep().await;
-        assert_eq!(t0.elapsed(), Duration::from_millis(100 + 200 + 300 + 300));
-        b.reset();
-        let t1 = tokio::time::Instant::now();
-        b.sleep().await;
-        assert_eq!(t1.elapsed(), Duration::from_millis(100));
     }
 }

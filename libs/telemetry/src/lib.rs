@@ -10,13 +10,16 @@
 //!   [`Readiness`] handle) on a plain HTTP port; the router adds the `process_*` family and
 //!   `bigfleet_build_info{version, git_sha, service}` ([`MetricsRegistry::register_process_metrics`])
 //!   to the registry it serves, so every service exports them.
+//! * [`bind_tcp`] binds every TCP listener: `[::]` dual-stack, `0.0.0.0` without IPv6.
 
+mod listen;
 mod logging;
 mod metrics;
 mod ops;
 mod process;
 pub mod propagation;
 
+pub use listen::bind_tcp;
 pub use logging::{
     LogArgs, LogFormat, MAX_ECHOED_CHARS, OTEL_ENDPOINT_ENV, OTEL_FILTER_ENV, TelemetryConfig,
     TelemetryGuard, clip, init,

@@ -128,7 +128,7 @@ pub async fn spawn_ops_server(
     readiness: Readiness,
     shutdown: impl Future<Output = ()> + Send + 'static,
 ) -> std::io::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
-    let listener = TcpListener::bind(addr).await?;
+    let listener = crate::bind_tcp(addr)?;
     let local = listener.local_addr()?;
     tracing::info!(addr = %local, "serving /metrics /healthz /readyz");
     let task = tokio::spawn(serve_ops(

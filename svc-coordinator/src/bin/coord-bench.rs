@@ -3,7 +3,7 @@
 //! reporting in a closed loop, admin write commit latency, and leader failover time.
 //! Prints one JSON document. Bounded in time and talks to 127.0.0.1 only.
 //!
-//! `cargo build --release -p svc-coordinator && target/release/coord-bench`
+//! `cargo build --release -p svc-coordinator --features bench && target/release/coord-bench`
 
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -407,3 +407,120 @@ impl Drop for Proxy {
         self.task.abort();
     }
 }
+
+/// A shard that reports over and over and answers transfer instructions like a real one
+/// would (ADR-0130): releases on `from_shard_id == me`, adopts on `to_shard_id == me`.
+pub struct FakeShard {
+    pub id: &'static str,
+    pub cycle: i64,
+    pub summary: pb::ShardSummary,
+    pub shortfalls: Vec<pb::Shortfall>,
+    pub acks: Vec<pb::InstructAck>,
+    /// Idle machine ids the shard can release.
+    pub idle: Vec<String>,
+    /// Every instruction received, in order (redeliveries included).
+    pub seen: Vec<pb::CoordinatorInstruction>,
+    /// Whether to answer instructions (false: receive but do not ack yet).
+    pub answering: bool,
+    /// Answer adopt instructions REJECTED_INVALID (as a shard without the handler does).
+    pub refuse_adopt: bool,
+}
+
+impl FakeShard {
+    pub fn new(id: &'static str) -> Self {
+        Self {
+            id,
+            cycle: 0,
+            summary: pb::ShardSummary::default(),
+            shortfalls: Vec::new(),
+            acks: Vec::new(),
+            idle: Vec::new(),
+            seen: Vec::new(),
+            answering: true,
+            refuse_adopt: false,
+        }
+    }
+
+    pub async fn report(
+        &mut self,
+        c: &mut CoordinatorClient<Channel>,
+    ) -> Result<(), tonic::Status> {
+        self.cycle += 1;
+        let req = pb::ShardReport {
+            shard_id: self.id.into(),
+            cycle: self.cycle,
+            shard_epoch: 1,
+            shard_address: format!("{}.shards:7780", self.id),
+            summary: Some(self.summary.clone()),
+            shortfalls: self.shortfalls.clone(),
+            instruction_acks: self.acks.clone(),
+            ..Default::default()
+        };
+        let ack = c.report_shard(req).await?.into_inner();
+        // Acks were delivered (the coordinator applied them before answering).
+        self.acks.clear();
+        for ins in ack.instructions {
+            self.seen.push(ins.clone());
+            if !self.answering {
+                continue;
+            }
+            let reason = match &ins.payload {
+                Some(pb::coordinator_instruction::Payload::TransferOwnership(t))
+                    if t.from_shard_id == self.id =>
+                {
+                    let n = t.machine_ids.len().min(self.idle.len());
+                    let released: Vec<String> = self.idle.drain(..n).collect();
+                    format!("released: {}", released.join(","))
+                }
+                Some(pb::coordinator_instruction::Payload::TransferOwnership(t))
+                    if t.to_shard_id == self.id && self.refuse_adopt =>
+                {
+                    self.acks.push(pb::InstructAck {
+                        instruction_id: ins.instruction_id.clone(),
+                        outcome: pb::instruct_ack::Outcome::RejectedInvalid as i32,
+                        reason: "instruction not supported by this shard".into(),
+                    });
+                    continue;
+                }
+                Some(pb::coordinator_instruction::Payload::TransferOwnership(t))
+                    if t.to_shard_id == self.id =>
+                {
+                    self.idle.extend(t.machine_ids.iter().cloned());
+                    String::new()
+                }
+                _ => continue,
+            };
+            self.acks.push(pb::InstructAck {
+                instruction_id: ins.instruction_id.clone(),
+                outcome: pb::instruct_ack::Outcome::Accepted as i32,
+                reason,
+            });
+        }
+        Ok(())
+    }
+
+    pub fn transfers(&self) -> Vec<(String, pb::TransferOwnership, i64)> {
+        self.seen
+            .iter()
+            .filter_map(|i| match &i.payload {
+                Some(pb::coordinator_instruction::Payload::TransferOwnership(t)) => {
+                    Some((i.instruction_id.clone(), t.clone(), i.coordinator_term))
+                }
+                _ => None,
+            })
+            .collect()
+    }
+}
+
+pub fn gpu_shortfall() -> pb::Shortfall {
+    pb::Shortfall {
+        requirements: vec![pb::NodeSelectorRequirement {
+            key: "node.kubernetes.io/instance-type".into(),
+            operator: pb::node_selector_requirement::Operator::In as i32,
+            values: vec!["gpu".into()],
+        }],
+        priority: 100,
+        age_cycles: 5,
+        ..Default::default()
+    }
+}

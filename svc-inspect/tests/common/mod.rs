@@ -90,6 +90,7 @@ pub fn shard_doubles() -> Vec<ShardDouble> {
             ],
             description: Some(desc("s1", 7, 2, 2, 3, 1)),
             delay: None,
+            ..Default::default()
         },
         ShardDouble {
             shard_id: "s2".into(),
@@ -106,6 +107,7 @@ pub fn shard_doubles() -> Vec<ShardDouble> {
             // A gateway without ShardInfo: only the InspectNeeds header is known.
             description: None,
             delay: None,
+            ..Default::default()
         },
     ]
 }

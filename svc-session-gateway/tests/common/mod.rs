@@ -5,6 +5,7 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use bigfleet_fake_provider::{Catalog, FakeProvider, ProviderConfig, ServerHandle};
 use bigfleet_identity::TlsContext;
 use bigfleet_loadtest::decide_stub::{DecideStub, StubConfig, StubState};
 use bigfleet_mesh::{ChannelConfig, RunningServer, Target};
@@ -13,7 +14,8 @@ use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;
 use bigfleet_proto::mesh::v1::relay_client::RelayClient;
 use bigfleet_proto::v1alpha1::shard_client::ShardClient;
 use bigfleet_proto::v1alpha1::{
-    Acknowledgement, Hello, OperatorMessage, ShardMessage, operator_message, shard_message,
+    Acknowledgement, BootstrapRequest, Hello, OperatorMessage, ShardMessage, operator_message,
+    shard_message,
 };
 use svc_session_gateway::{GatewayConfig, GatewaySettings, RollupRate, Running};
 use tokio::sync::mpsc;
@@ -106,6 +108,23 @@ impl Harness {
         }
     }
 
+    /// Decide holds `cluster`'s first roll-up (timestamp 1), the last known good one, and
+    /// has been sent nothing else.
+    pub fn assert_only_the_first_rollup_forwarded(&self, cluster: &str) {
+        let held = self.stub.rollup(cluster).map(|r| r.timestamp_unix_nanos);
+        assert_eq!(held, Some(1), "last-known-good kept");
+        let applied = self.stub.applied.load(std::sync::atomic::Ordering::SeqCst);
+        assert_eq!(applied, 1, "never forwarded");
+    }
+
+    /// Waits for every session to be removed.
+    pub async fn wait_no_sessions(&self) {
+        bigfleet_testkit::wait_until(WAIT, "the session to be removed", async || {
+            self.gw().active_sessions() == 0
+        })
+        .await;
+    }
+
     pub async fn stop(mut self) {
         if let Some(g) = self.gateway.take() {
             g.shutdown().await.unwrap();
@@ -185,11 +204,53 @@ impl RawSession {
             .expect("empty frame")
     }
 
+    pub async fn next_bootstrap_request(&mut self) -> BootstrapRequest {
+        match self.next_payload().await {
+            shard_message::Payload::BootstrapRequest(r) => r,
+            other => panic!("expected a bootstrap request, got {other:?}"),
+        }
+    }
+
     pub async fn next_ack(&mut self) -> Acknowledgement {
         match self.next_payload().await {
             shard_message::Payload::Ack(a) => a,
             other => panic!("expected an ack, got {other:?}"),
         }
+    }
+}
+
+/// The fake provider's built-in catalog served on `<dir>/provider.sock`, and a decide
+/// configuration dialling it (for the caller to adjust and start).
+pub async fn decide_over_builtin_provider(
+    dir: &std::path::Path,
+) -> (svc_shard_decide::StartConfig, ServerHandle) {
+    let provider = Arc::new(
+        FakeProvider::from_catalog(&Catalog::builtin(), ProviderConfig::default()).unwrap(),
+    );
+    let provider_sock = dir.join("provider.sock");
+    let provider_srv = bigfleet_fake_provider::spawn_uds(&provider_sock, provider)
+        .await
+        .unwrap();
+    let decide =
+        svc_shard_decide::StartConfig::new(dir, format!("unix://{}", provider_sock.display()));
+    (decide, provider_srv)
+}
+
+/// A decide-published node state for `machine` in `cluster`, keyed like decide keys it.
+pub fn node_event(cluster: &str, machine: &str, state: i32) -> meshpb::ShardEvent {
+    let key = format!("node:{machine}");
+    meshpb::ShardEvent {
+        cluster_id: cluster.into(),
+        supersedes_key: key.clone(),
+        frame: Some(meshpb::shard_event::Frame::NodeStateUpdate(
+            bigfleet_proto::v1alpha1::NodeStateUpdate {
+                supersedes_key: key,
+                machine_id: machine.into(),
+                cluster_id: cluster.into(),
+                state,
+                ..Default::default()
+            },
+        )),
     }
 }
 
@@ -224,6 +285,14 @@ impl InternalClient {
         req: impl tonic::IntoRequest<meshpb::RequestBootstrapRequest>,
     ) -> Result<tonic::Response<meshpb::RequestBootstrapResponse>, tonic::Status> {
         self.relay.request_bootstrap(req).await
+    }
+
+    /// A RequestBootstrap that must be answered (any outcome).
+    pub async fn bootstrap(
+        &mut self,
+        req: meshpb::RequestBootstrapRequest,
+    ) -> meshpb::RequestBootstrapResponse {
+        self.request_bootstrap(req).await.unwrap().into_inner()
     }
 
     pub async fn send_reclaim(

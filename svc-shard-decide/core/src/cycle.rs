@@ -34,12 +34,80 @@ const WAKE_DUTY_FACTOR: u32 = 4;
 pub(crate) struct CycleRoom {
     pub(crate) demand: DemandView,
     parking: ParkingLedger,
-    /// Clusters whose first roll-up arrived (ADR-0036): Phase 3 may reclaim there.
+    /// Clusters whose first roll-up arrived (the original's ADR-0036): Phase 3 may reclaim there.
     gate: FxHashSet<String>,
     /// Since when provider Lists have been failing (cycles decide on stale inventory).
     stale_since: Option<Instant>,
-    /// When every connected cluster's hints were last evaluated.
-    hints_swept: Option<Instant>,
+    /// Where the rolling hint sweep stands (ADR-0127).
+    hints: HintSweep,
+}
+
+/// Slots the connected clusters are hashed into for the rolling hint sweep.
+const HINT_SLOTS: u64 = 64;
+
+/// The rolling hint sweep (ADR-0127): every connected cluster's hints are evaluated
+/// once per available-capacity interval, but a slice of the clusters per cycle — those
+/// whose hash slot came due since the last cycle — so the frames a changed supply
+/// causes leave spread over the interval instead of in one burst that stalls the
+/// gateway and every operator at once.
+#[derive(Debug)]
+pub(crate) struct HintSweep {
+    started: Instant,
+    /// Slots evaluated since `started` (a running count, not modulo).
+    done: u64,
+}
+
+impl HintSweep {
+    fn new(now: Instant) -> Self {
+        HintSweep {
+            started: now,
+            done: 0,
+        }
+    }
+
+    /// The slots that came due since the last call, as a filter over cluster ids
+    /// (`None`: nothing is due). A gap of a whole interval or more makes every slot due.
+    fn due(&mut self, interval: Duration, now: Instant) -> Option<SlotRange> {
+        let interval = interval.as_nanos().max(1);
+        let elapsed = now.saturating_duration_since(self.started).as_nanos();
+        let due = u64::try_from(elapsed.saturating_mul(u128::from(HINT_SLOTS)) / interval)
+            .unwrap_or(u64::MAX);
+        if due <= self.done {
+            return None;
+        }
+        let range = SlotRange {
+            from: self.done,
+            to: due,
+        };
+        self.done = due;
+        Some(range)
+    }
+}
+
+/// Running slot numbers `(from, to]` that came due in one cycle.
+#[derive(Debug, Clone, Copy)]
+struct SlotRange {
+    from: u64,
+    to: u64,
+}
+
+impl SlotRange {
+    fn contains(&self, cluster: &str) -> bool {
+        if self.to - self.from >= HINT_SLOTS {
+            return true;
+        }
+        let slot = hint_slot(cluster);
+        // The running slots from+1..=to, taken modulo HINT_SLOTS.
+        let first = (self.from + 1) % HINT_SLOTS;
+        let offset = (slot + HINT_SLOTS - first) % HINT_SLOTS;
+        offset < self.to - self.from
+    }
+}
+
+/// A cluster's sweep slot: stable for the process's life, spread evenly.
+fn hint_slot(cluster: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    BuildHasherDefault::<rustc_hash::FxHasher>::default().hash_one(cluster) % HINT_SLOTS
 }
 
 impl CycleRoom {
@@ -49,7 +117,7 @@ impl CycleRoom {
             parking: ParkingLedger::with_timing(parking),
             gate: FxHashSet::default(),
             stale_since: None,
-            hints_swept: None,
+            hints: HintSweep::new(Instant::now()),
         }
     }
 }
@@ -185,6 +253,8 @@ impl Decide {
         };
         let now = self.now();
         let t = Instant::now();
+        // Owned domains and transfers as of now (ADR-0128): taken alone, before the inventory.
+        let ownership = inner.ownership.lock().clone();
         let inv = inner.inventory.blocking_read();
         // The only moment the cycle touches ingest's room: collect what changed.
         let taken = inner.intake.lock().take();
@@ -205,6 +275,7 @@ impl Decide {
             now_unix_nanos: now,
             parking: Some(&room.parking),
             cluster_ready: Some(&ready),
+            ownership: Some(&ownership),
             ..CycleInput::with_fleet(inv.fleet(), demand)
         };
         let opts = CycleOptions {
@@ -252,31 +323,27 @@ impl Decide {
         phase("ledgers", t);
 
         let t = Instant::now();
-        // Every connected cluster's hints once per available-capacity interval (no key may
-        // emit more often anyway); in between only clusters whose demand changed or whose
-        // session just opened, so a quiet cycle does not walk every cluster's needs.
-        let sweep = room
-            .hints_swept
-            .is_none_or(|t| t.elapsed() >= inner.cfg.available_capacity_interval);
-        let hints_sent = if sweep {
-            room.hints_swept = Some(Instant::now());
-            self.emit_hints(&inv, &room.demand, None)
-        } else {
-            let mut touched: Vec<&str> = taken
-                .demand
-                .clusters
-                .iter()
-                .map(|c| c.cluster.as_str())
-                .chain(taken.sessions_opened.iter().map(String::as_str))
-                .collect();
-            touched.sort_unstable();
-            touched.dedup();
-            self.emit_hints(&inv, &room.demand, Some(&touched))
-        };
+        // Every connected cluster's hints once per available-capacity interval, a slice
+        // of the clusters per cycle (ADR-0127); besides, at once, clusters whose demand
+        // changed or whose session just opened.
+        let due = room
+            .hints
+            .due(inner.cfg.available_capacity_interval, Instant::now());
+        let touched: FxHashSet<&str> = taken
+            .demand
+            .clusters
+            .iter()
+            .map(|c| c.cluster.as_str())
+            .chain(taken.sessions_opened.iter().map(String::as_str))
+            .collect();
+        let hints_sent = self.emit_hints(&inv, &room.demand, |cluster| {
+            touched.contains(cluster) || due.is_some_and(|d| d.contains(cluster))
+        });
         phase("emit", t);
 
         let t = Instant::now();
         let decided = out.actions.len();
+        inner.history.lock().cycle_decided(cycle, now);
         let mut traces = inner
             .intake
             .lock()
@@ -396,6 +463,7 @@ impl Decide {
     }
 
     pub(crate) fn audit(&self, cycle: u64, action: &Action, outcome: &str) {
+        self.record_action(cycle, action, outcome, None);
         if let Some(log) = &self.inner.audit {
             log.lock().write(&AuditRecord::new(cycle, action, outcome));
         }
@@ -430,21 +498,25 @@ impl Decide {
     }
 
     /// One AvailableCapacity hint per (connected cluster, demanded
-    /// fingerprint), sent only when its value changed and the key's rate
-    /// limit allows; over every connected cluster, or `only` these. The supply behind a fingerprint is computed once per cycle,
-    /// however many clusters demand it.
-    fn emit_hints(&self, inv: &Inventory, demand: &DemandView, only: Option<&[&str]>) -> usize {
+    /// fingerprint), sent only when its value changed enough and the key's rate
+    /// limit allows; over the connected clusters `include` selects. The supply
+    /// behind a fingerprint is computed once per cycle, however many clusters
+    /// demand it.
+    fn emit_hints(
+        &self,
+        inv: &Inventory,
+        demand: &DemandView,
+        include: impl Fn(&str) -> bool,
+    ) -> usize {
         let inner = &self.inner;
         let sessions: Vec<String> = {
             let intake = inner.intake.lock();
-            match only {
-                None => intake.sessions.keys().cloned().collect(),
-                Some(clusters) => clusters
-                    .iter()
-                    .filter(|c| intake.sessions.contains_key(**c))
-                    .map(|c| (*c).to_owned())
-                    .collect(),
-            }
+            intake
+                .sessions
+                .keys()
+                .filter(|c| include(c))
+                .cloned()
+                .collect()
         };
         if sessions.is_empty() {
             return 0;
@@ -497,5 +569,58 @@ impl Decide {
             hints.retain(&cluster, |fp| seen.contains(fp));
         }
         sent
+    }
+}
+
+#[cfg(test)]
+mod hint_sweep_tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn nothing_is_due_before_the_first_slot_and_everything_after_a_whole_interval() {
+        let t0 = Instant::now();
+        let mut s = HintSweep::new(t0);
+        let interval = Duration::from_secs(64);
+        assert!(s.due(interval, t0).is_none());
+        assert!(s.due(interval, t0 + Duration::from_millis(999)).is_none());
+        let one = s.due(interval, t0 + Duration::from_secs(1)).unwrap();
+        let hits = (0..1000).filter(|i| one.contains(&format!("c{i}"))).count();
+        // One slot of 64: about 1/64 of the clusters, never all of them.
+        assert!(hits > 0 && hits < 100, "{hits}");
+        let all = s.due(interval, t0 + Duration::from_secs(200)).unwrap();
+        assert!((0..1000).all(|i| all.contains(&format!("c{i}"))));
+    }
+
+    proptest! {
+        /// However the cycles fall, every cluster is swept exactly once per
+        /// HINT_SLOTS slots: the sweep neither skips nor doubles a cluster.
+        #[test]
+        fn every_cluster_exactly_once_per_round(steps in proptest::collection::vec(1u64..20, 1..40)) {
+            let t0 = Instant::now();
+            let mut s = HintSweep::new(t0);
+            let interval = Duration::from_secs(HINT_SLOTS);
+            let clusters: Vec<String> = (0..300).map(|i| format!("cluster-{i}")).collect();
+            let mut seen = vec![0u32; clusters.len()];
+            let mut at = 0u64;
+            for step in steps {
+                // Never more than a whole round per cycle here.
+                at += step.min(HINT_SLOTS);
+                if let Some(r) = s.due(interval, t0 + Duration::from_secs(at)) {
+                    for (i, c) in clusters.iter().enumerate() {
+                        if r.contains(c) {
+                            seen[i] += 1;
+                        }
+                    }
+                }
+            }
+            let rounds = at / HINT_SLOTS;
+            for (i, c) in clusters.iter().enumerate() {
+                let slot = hint_slot(c);
+                // Slots 1..=at were swept; a cluster's slot s comes due at s, s+64, ...
+                let due_times = (1..=at).filter(|t| t % HINT_SLOTS == slot).count() as u32;
+                prop_assert_eq!(seen[i], due_times, "cluster {} slot {} rounds {}", c, slot, rounds);
+            }
+        }
     }
 }

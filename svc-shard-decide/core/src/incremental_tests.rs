@@ -1,6 +1,7 @@
 //! Decide's own cycle against a from-scratch one, and ingest against a busy cycle
 //! (issue 17). In-crate, because the comparison reads the cycle's room.
 
+use crate::edge;
 use crate::reconcile::{MachineSource, RawMachineList};
 use crate::shard::{Decide, DecideConfig};
 use crate::{Publisher, RailsConfig, ShardMetrics};
@@ -205,7 +206,7 @@ proptest! {
                     _ => rows.iter().map(|&(cpu, p, t)| need(cpu, p, t)).collect(),
                 };
                 last[c] = Some(needs.clone());
-                let resp = d.apply_rollup(&rollup(clusters[c], needs, at));
+                let resp = edge::apply_rollup(&d, &rollup(clusters[c], needs, at));
                 prop_assert!(resp.is_ok(), "{resp:?}");
             }
             {
@@ -236,24 +237,19 @@ fn an_identical_resend_neither_applies_demand_nor_wakes_a_cycle() {
     let m = d.metrics().clone();
     let wakeups = || m.cycle_wakeups.with_label_values(&["rollup"]).get();
     let demand = vec![need(4, 1, 0), need(2, 0, 1)];
-    let first = d
-        .apply_rollup(&rollup("a", demand.clone(), 10))
-        .expect("first");
+    let first = edge::apply_rollup(&d, &rollup("a", demand.clone(), 10)).expect("first");
     assert_eq!(first.outcome, mesh::RollupOutcome::Accepted as i32);
     assert_eq!((wakeups(), m.rollups_unchanged.get()), (1, 0));
     rt.block_on(d.run_cycle()).expect("cycle");
     // Same demand, a later operator timestamp and gateway arrival: recognised.
-    let again = d
-        .apply_rollup(&rollup("a", demand.clone(), 20))
-        .expect("again");
+    let again = edge::apply_rollup(&d, &rollup("a", demand.clone(), 20)).expect("again");
     assert_eq!(again.outcome, mesh::RollupOutcome::Accepted as i32);
     assert_eq!(again.need_rows, 2);
     assert_eq!((wakeups(), m.rollups_unchanged.get()), (1, 1));
     // Nothing for the next cycle to take: the demand view keeps its snapshot.
     assert!(d.inner.intake.lock().take().demand.is_empty());
     // A real change wakes again.
-    d.apply_rollup(&rollup("a", vec![need(4, 1, 0)], 30))
-        .expect("changed");
+    edge::apply_rollup(&d, &rollup("a", vec![need(4, 1, 0)], 30)).expect("changed");
     assert_eq!((wakeups(), m.rollups_unchanged.get()), (2, 1));
 }
 
@@ -271,12 +267,12 @@ fn a_resend_after_a_held_drop_is_judged_again() {
     );
     rt.block_on(d.run_cycle()).expect("first reconcile");
     let big: Vec<_> = (0..12).map(|i| need(4, i, 0)).collect();
-    d.apply_rollup(&rollup("a", big.clone(), 1)).expect("big");
-    let drop = d.apply_rollup(&rollup("a", vec![], 2)).expect("drop");
+    edge::apply_rollup(&d, &rollup("a", big.clone(), 1)).expect("big");
+    let drop = edge::apply_rollup(&d, &rollup("a", vec![], 2)).expect("drop");
     assert_eq!(drop.outcome, mesh::RollupOutcome::Quarantined as i32);
     // The re-send of the demand in force resets the count of consecutive drops, so it
     // must not be answered from the fingerprint.
-    d.apply_rollup(&rollup("a", big, 3)).expect("resend");
+    edge::apply_rollup(&d, &rollup("a", big, 3)).expect("resend");
     assert_eq!(d.metrics().rollups_unchanged.get(), 0);
     assert_eq!(d.inner.intake.lock().guard.held("a"), 0);
 }
@@ -288,7 +284,7 @@ async fn ack_within_bound(
     req: mesh::ApplyRollupRequest,
 ) -> Result<mesh::ApplyRollupResponse, &'static str> {
     let d = d.clone();
-    let call = tokio::task::spawn_blocking(move || d.apply_rollup(&req));
+    let call = tokio::task::spawn_blocking(move || edge::apply_rollup(&d, &req));
     match tokio::time::timeout(Duration::from_secs(10), call).await {
         Ok(Ok(Ok(resp))) => Ok(resp),
         Ok(Ok(Err(_))) => Err("rejected"),
@@ -360,19 +356,21 @@ fn hints_sweep_every_cluster_once_per_interval_and_changed_clusters_in_between()
     rt.block_on(async {
         d.run_cycle().await.expect("first reconcile");
         for (i, c) in ["c1", "c2"].into_iter().enumerate() {
-            d.session_opened(&mesh::SessionOpenedRequest {
-                cluster_id: c.into(),
-                session_id: 1 + i as u64,
-                protocol_version: String::new(),
-            })
-            .await;
+            edge::session_opened(
+                &d,
+                &mesh::SessionOpenedRequest {
+                    cluster_id: c.into(),
+                    session_id: 1 + i as u64,
+                    protocol_version: String::new(),
+                },
+            )
+            .await
+            .expect("session opened");
         }
         // More than the shard has, so the need stays unmet and its hint stays put.
-        d.apply_rollup(&rollup("c1", vec![need(64, 1, 0)], 1))
-            .expect("c1");
+        edge::apply_rollup(&d, &rollup("c1", vec![need(64, 1, 0)], 1)).expect("c1");
         assert_eq!(d.run_cycle().await.expect("sweep").hints_sent, 1);
-        d.apply_rollup(&rollup("c2", vec![need(64, 1, 0)], 2))
-            .expect("c2");
+        edge::apply_rollup(&d, &rollup("c2", vec![need(64, 1, 0)], 2)).expect("c2");
         assert_eq!(
             d.run_cycle().await.expect("partial").hints_sent,
             1,

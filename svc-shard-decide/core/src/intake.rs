@@ -14,9 +14,7 @@ use crate::publish::SessionSink;
 use crate::rails::{Admission, QuarantineGuard};
 use crate::shard::Decide;
 use crate::trace::{RollupTraces, current_trace_context};
-use bigfleet_conv::{
-    ConvError, RollupFingerprint, node_state_update, rollup_fingerprint, rollup_from_proto_with,
-};
+use bigfleet_conv::{ConvError, Rollup, RollupFingerprint, node_state_update};
 use bigfleet_model::Machine;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
@@ -92,78 +90,90 @@ impl Intake {
     }
 }
 
+/// What became of a roll-up, in domain terms; the service edge turns it into the wire
+/// answer (`crate::edge`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RollupVerdict {
+    /// The roll-up's demand is in force (applied now, or identical to what was):
+    /// `need_rows` rows for its cluster.
+    Accepted { need_rows: usize },
+    /// It came from `session`, which `current` has replaced: dropped.
+    Superseded { session: u64, current: u64 },
+    /// The quarantine holds it: `held` consecutive drops so far, `need_rows` rows of
+    /// earlier demand stay in force.
+    Quarantined { held: u32, need_rows: usize },
+}
+
 impl Decide {
-    /// The single ingest point for demand: recognises an identical re-send, else
-    /// converts and validates, applies the quarantine and the first-roll-up gate,
-    /// replaces the cluster's demand and wakes the cycle.
+    /// The answer to a roll-up that needs no conversion: one from a replaced session,
+    /// or an identical re-send of the cluster's demand in force with nothing held
+    /// against it (ADR-0111). `None`: convert it and call [`Decide::apply_rollup`].
+    pub fn rollup_precheck(
+        &self,
+        cluster: &str,
+        session: u64,
+        fingerprint: RollupFingerprint,
+    ) -> Option<RollupVerdict> {
+        let inner = &self.inner;
+        let intake = inner.intake.lock();
+        // A roll-up from a replaced session may still be in flight when the newer
+        // session's first roll-up has landed; applying it would overwrite newer demand
+        // with older (issue 16). Session ids grow across gateway restarts
+        // (clock-seeded), and the gateway reports SessionOpened before it forwards any
+        // roll-up of that session.
+        if session != 0
+            && let Some(&current) = intake.sessions.get(cluster)
+            && current > session
+        {
+            drop(intake);
+            inner.metrics.rollups_superseded.inc();
+            tracing::info!(
+                cluster = %bigfleet_telemetry::clip(cluster),
+                session,
+                current,
+                "roll-up from a replaced session dropped"
+            );
+            return Some(RollupVerdict::Superseded { session, current });
+        }
+        if !cluster.is_empty() && intake.unchanged(cluster, fingerprint) {
+            let need_rows = intake.needs.rows_of(cluster);
+            drop(intake);
+            inner.metrics.rollups_unchanged.inc();
+            return Some(RollupVerdict::Accepted { need_rows });
+        }
+        None
+    }
+
+    /// Counts and logs a roll-up refused as invalid, and gives the error to return.
+    pub(crate) fn rollup_rejected(&self, cluster: &str, e: ConvError) -> DecideError {
+        if !cluster.is_empty() {
+            self.inner
+                .metrics
+                .rollups_rejected
+                .with_label_values(&[bigfleet_telemetry::id_label(cluster), e.reason()])
+                .inc();
+        }
+        tracing::warn!(
+            cluster = %bigfleet_telemetry::clip(cluster),
+            error = %bigfleet_telemetry::clip(&e.to_string()),
+            "roll-up rejected"
+        );
+        DecideError::Rollup(e)
+    }
+
+    /// The single ingest point for demand: applies a converted, validated roll-up
+    /// (its wire form's `fingerprint` recognises later identical re-sends) through
+    /// the shard-wide dimension bound, the quarantine and the first-roll-up gate,
+    /// replaces the cluster's demand and wakes the cycle if it changed.
+    /// `received_at_unix_nanos` is when the gateway received it (0: now).
     pub fn apply_rollup(
         &self,
-        req: &mesh::ApplyRollupRequest,
-    ) -> Result<mesh::ApplyRollupResponse, DecideError> {
+        rollup: Rollup,
+        fingerprint: RollupFingerprint,
+        received_at_unix_nanos: i64,
+    ) -> Result<RollupVerdict, DecideError> {
         let inner = &self.inner;
-        let empty = pb::ClusterCapacityNeeds::default();
-        let wire = req.rollup.as_ref().unwrap_or(&empty);
-        let fp = rollup_fingerprint(wire);
-        let mut resp = mesh::ApplyRollupResponse {
-            shard_epoch: self.epoch_i64(),
-            coordinator_term: self.coordinator_term(),
-            ..Default::default()
-        };
-        {
-            let intake = inner.intake.lock();
-            // A roll-up from a replaced session may still be in flight when the newer
-            // session's first roll-up has landed; applying it would overwrite newer demand
-            // with older (issue 16). Session ids grow across gateway restarts
-            // (clock-seeded), and the gateway reports SessionOpened before it forwards any
-            // roll-up of that session.
-            if req.session_id != 0
-                && let Some(&current) = intake.sessions.get(&wire.cluster_id)
-                && current > req.session_id
-            {
-                drop(intake);
-                inner.metrics.rollups_superseded.inc();
-                tracing::info!(
-                    cluster = %bigfleet_telemetry::clip(&wire.cluster_id),
-                    session = req.session_id,
-                    current,
-                    "roll-up from a replaced session dropped"
-                );
-                resp.outcome = mesh::RollupOutcome::Superseded as i32;
-                resp.detail = format!(
-                    "session {} was replaced by session {current}",
-                    req.session_id
-                );
-                return Ok(resp);
-            }
-            if !wire.cluster_id.is_empty() && intake.unchanged(&wire.cluster_id, fp) {
-                let rows = intake.needs.rows_of(&wire.cluster_id);
-                drop(intake);
-                inner.metrics.rollups_unchanged.inc();
-                resp.outcome = mesh::RollupOutcome::Accepted as i32;
-                resp.need_rows = i32::try_from(rows).unwrap_or(i32::MAX);
-                return Ok(resp);
-            }
-        }
-        let rejected = |e: ConvError| {
-            if !wire.cluster_id.is_empty() {
-                inner
-                    .metrics
-                    .rollups_rejected
-                    .with_label_values(&[
-                        bigfleet_telemetry::id_label(&wire.cluster_id),
-                        e.reason(),
-                    ])
-                    .inc();
-            }
-            tracing::warn!(
-                cluster = %bigfleet_telemetry::clip(&wire.cluster_id),
-                error = %bigfleet_telemetry::clip(&e.to_string()),
-                "roll-up rejected"
-            );
-            DecideError::Rollup(e)
-        };
         let config = self.config();
-        let rollup = rollup_from_proto_with(wire, &config.rollup_limits).map_err(rejected)?;
         let cluster = rollup.cluster.clone();
         let rows = rollup.needs.len();
         let totals = crate::rails::requested_totals(&rollup.needs);
@@ -173,8 +183,8 @@ impl Decide {
             .map(|n| n.fingerprint().to_owned())
             .collect();
         let now = self.now();
-        let received = if req.received_at_unix_nanos > 0 {
-            req.received_at_unix_nanos
+        let received = if received_at_unix_nanos > 0 {
+            received_at_unix_nanos
         } else {
             now
         };
@@ -183,10 +193,14 @@ impl Decide {
         // The shard-wide dimension bound (ADR-0104), before the roll-up has any effect
         // (first-roll-up gate, quarantine), under the same lock that replaces the demand
         // so two clusters' roll-ups cannot pass it together.
-        intake
-            .needs
-            .check_dimensions(&cluster, &rollup.needs, config.max_shard_dimensions)
-            .map_err(rejected)?;
+        if let Err(e) =
+            intake
+                .needs
+                .check_dimensions(&cluster, &rollup.needs, config.max_shard_dimensions)
+        {
+            drop(intake);
+            return Err(self.rollup_rejected(&cluster, e));
+        }
         let accepted_before = intake.guard.accepted(&cluster);
         let admission = intake.guard.admit(&cluster, rows, &totals);
         let held = intake.guard.held(&cluster);
@@ -200,8 +214,9 @@ impl Decide {
                     .to_owned(),
             ));
         }
-        // Any roll-up proves the operator reported (ADR-0036); a held one opens the gate
-        // only while earlier demand of this process stays in force (ADR-0105).
+        // Any roll-up proves the operator reported (the original's ADR-0036); a held one
+        // opens the gate only while earlier demand of this process stays in force
+        // (ADR-0105).
         if admission.opens_gate(accepted_before) {
             intake.gate_opened.push(cluster.clone());
         }
@@ -214,16 +229,13 @@ impl Decide {
                 .with_label_values(&[&cluster])
                 .set(i64::from(held));
             tracing::warn!(cluster = %cluster, rows, held = n, "roll-up drops most demand; quarantined");
-            resp.outcome = mesh::RollupOutcome::Quarantined as i32;
-            resp.detail = format!(
-                "held {n} consecutive drop(s); {} more confirmation(s) apply it",
-                crate::rails::QUARANTINE_CONFIRMATIONS - n
-            );
-            resp.need_rows = i32::try_from(in_force).unwrap_or(i32::MAX);
-            return Ok(resp);
+            return Ok(RollupVerdict::Quarantined {
+                held: n,
+                need_rows: in_force,
+            });
         }
         let in_force = intake.needs.replace(&cluster, rollup.needs, received);
-        let changed = intake.applied.insert(cluster.clone(), fp) != Some(fp);
+        let changed = intake.applied.insert(cluster.clone(), fingerprint) != Some(fingerprint);
         if changed {
             intake
                 .changed
@@ -244,8 +256,6 @@ impl Decide {
             .provisioning
             .lock()
             .observe_demand(&cluster, fps.iter().map(String::as_str), now);
-        resp.outcome = mesh::RollupOutcome::Accepted as i32;
-        resp.need_rows = i32::try_from(in_force).unwrap_or(i32::MAX);
         if changed {
             inner
                 .metrics
@@ -254,21 +264,21 @@ impl Decide {
                 .inc();
             self.wake();
         }
-        Ok(resp)
+        Ok(RollupVerdict::Accepted {
+            need_rows: in_force,
+        })
     }
 
     /// A session became live: mark the cluster connected and resync every
     /// machine bound to it.
-    pub async fn session_opened(
-        &self,
-        req: &mesh::SessionOpenedRequest,
-    ) -> mesh::SessionOpenedResponse {
+    /// Returns how many machines were resynced.
+    pub async fn session_opened(&self, cluster: &str, session: u64, protocol: &str) -> usize {
         let inner = &self.inner;
         {
             let mut intake = inner.intake.lock();
             let s = &mut intake.sessions;
-            let event = match s.insert(req.cluster_id.clone(), req.session_id) {
-                Some(prev) if prev != req.session_id => "replaced",
+            let event = match s.insert(cluster.to_owned(), session) {
+                Some(prev) if prev != session => "replaced",
                 Some(_) => "reopened",
                 None => "installed",
             };
@@ -280,42 +290,38 @@ impl Decide {
                     .inc();
             }
             inner.metrics.active_sessions.set(s.len() as i64);
-            intake.sessions_opened.push(req.cluster_id.clone());
+            intake.sessions_opened.push(cluster.to_owned());
         }
-        inner.hints.lock().forget(&req.cluster_id);
+        inner.hints.lock().forget(cluster);
         debug_assert_eq!(
             crate::locks::tracked_held(),
             0,
             "inventory is the outermost lock"
         );
         let inv = inner.inventory.read().await;
-        let mut n: i32 = 0;
-        for m in inv.bound_to(&req.cluster_id) {
-            self.publish_node(&m, &req.cluster_id);
+        let mut n = 0;
+        for m in inv.bound_to(cluster) {
+            self.publish_node(&m, cluster);
             n += 1;
         }
-        tracing::info!(cluster = %req.cluster_id, session = req.session_id, protocol = %req.protocol_version, resync = n, "session opened");
-        mesh::SessionOpenedResponse {
-            shard_epoch: self.epoch_i64(),
-            coordinator_term: self.coordinator_term(),
-            resync_machines: n,
-        }
+        tracing::info!(cluster = %cluster, session, protocol = %protocol, resync = n, "session opened");
+        n
     }
 
     /// A session ended: forget the cluster's hint state (a stale close for a
     /// replaced session is ignored).
-    pub fn session_closed(&self, req: &mesh::SessionClosedRequest) {
+    pub fn session_closed(&self, cluster: &str, session: u64, reason: &str) {
         let inner = &self.inner;
         {
             let mut intake = inner.intake.lock();
             let s = &mut intake.sessions;
-            match s.get(&req.cluster_id) {
-                Some(&current) if current != req.session_id => {
-                    tracing::debug!(cluster = %req.cluster_id, session = req.session_id, current, "stale session close ignored");
+            match s.get(cluster) {
+                Some(&current) if current != session => {
+                    tracing::debug!(cluster = %cluster, session, current, "stale session close ignored");
                     return;
                 }
                 Some(_) => {
-                    s.remove(&req.cluster_id);
+                    s.remove(cluster);
                     inner
                         .metrics
                         .session_lifecycle
@@ -326,8 +332,8 @@ impl Decide {
             }
             inner.metrics.active_sessions.set(s.len() as i64);
         }
-        inner.hints.lock().forget(&req.cluster_id);
-        tracing::info!(cluster = %req.cluster_id, session = req.session_id, reason = %req.reason, "session closed");
+        inner.hints.lock().forget(cluster);
+        tracing::info!(cluster = %cluster, session, reason = %reason, "session closed");
     }
 
     pub(crate) fn publish_node(&self, m: &Machine, cluster: &str) {

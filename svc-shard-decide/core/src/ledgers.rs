@@ -158,9 +158,13 @@ pub struct VerdictTable {
 /// cycle over 50K rows allocates nothing for it; a collision could only carry
 /// one row's age to another, an observation, never a decision.
 fn row_key(row: &VerdictRow) -> u64 {
-    use std::hash::{DefaultHasher, Hash, Hasher};
+    // FxHasher, not SipHash: this runs for every demand row every cycle, and a key only
+    // carries a row's unmet age to the next table inside this process (never persisted);
+    // the worst a crafted collision can do is hand one of the sender's own rows another's
+    // age, among rows the roll-up limits bound.
+    use std::hash::{Hash, Hasher};
     let n = row.need();
-    let mut h = DefaultHasher::new();
+    let mut h = rustc_hash::FxHasher::default();
     n.cluster.hash(&mut h);
     n.fingerprint().hash(&mut h);
     match &row.verdict.source {
@@ -264,6 +268,18 @@ pub struct HintValue {
     pub cost_per_hour: f64,
 }
 
+/// Whether `next` differs from the last emitted value by enough to be worth a frame:
+/// any change of confidence or price, any count change when the count is small, and
+/// otherwise at least `min_change` of the last emitted count. Small drifts add up
+/// against the last *emitted* value, so they are sent once they matter.
+fn worth_sending(min_change: f64, last: HintValue, next: HintValue) -> bool {
+    if last.confidence != next.confidence || last.cost_per_hour != next.cost_per_hour {
+        return true;
+    }
+    let step = (f64::from(last.count.max(0)) * min_change).floor().max(1.0);
+    f64::from(last.count.abs_diff(next.count)) >= step
+}
+
 #[derive(Debug, Clone, Copy)]
 struct HintState {
     last: HintValue,
@@ -276,23 +292,39 @@ struct HintState {
 #[derive(Debug)]
 pub struct HintCache {
     interval: Duration,
+    /// Smallest relative change of a count worth a frame (ADR-0127); 0 = any change.
+    min_change: f64,
     clusters: FxHashMap<String, FxHashMap<String, HintState>>,
 }
 
 impl HintCache {
     pub fn new(interval: Duration) -> Self {
+        HintCache::with_min_change(interval, 0.0)
+    }
+
+    /// A cache that also holds back count changes smaller than `min_change` of the last
+    /// emitted count (ADR-0127).
+    pub fn with_min_change(interval: Duration, min_change: f64) -> Self {
         HintCache {
             interval,
+            min_change: if min_change.is_finite() {
+                min_change.clamp(0.0, 1.0)
+            } else {
+                0.0
+            },
             clusters: FxHashMap::default(),
         }
     }
 
     /// Whether to emit `value` for (cluster, fingerprint) now; records the emit.
     pub fn should_emit(&mut self, cluster: &str, fp: &str, value: HintValue, now: Instant) -> bool {
+        let (interval, min_change) = (self.interval, self.min_change);
         let per = self.clusters.entry(cluster.to_owned()).or_default();
         match per.get_mut(fp) {
             Some(st) => {
-                if st.last == value || now.duration_since(st.emitted_at) < self.interval {
+                if !worth_sending(min_change, st.last, value)
+                    || now.duration_since(st.emitted_at) < interval
+                {
                     return false;
                 }
                 *st = HintState {
@@ -649,6 +681,35 @@ mod tests {
         assert!(c.should_emit("a", "fp", v(2), t1));
         c.retain("a", |_| false);
         assert_eq!(c.keys(), 1);
+    }
+
+    #[test]
+    fn hints_hold_back_small_count_changes() {
+        let mut c = HintCache::with_min_change(Duration::from_secs(5), 0.1);
+        let t = |s| Instant::now() + Duration::from_secs(s);
+        let v = |n, conf| HintValue {
+            count: n,
+            confidence: conf,
+            cost_per_hour: 1.0,
+        };
+        assert!(c.should_emit("a", "fp", v(1000, 4), t(0)));
+        // 5 % below the last emitted count: held back however long it has been.
+        assert!(!c.should_emit("a", "fp", v(950, 4), t(10)));
+        // The drift adds up against the last emitted value: 10 % is sent.
+        assert!(c.should_emit("a", "fp", v(900, 4), t(20)));
+        // A confidence change is always sent (once the interval allows).
+        assert!(c.should_emit("a", "fp", v(899, 3), t(30)));
+        // Small counts are exact: 3 → 2 is sent.
+        assert!(c.should_emit("b", "fp", v(3, 4), t(0)));
+        assert!(c.should_emit("b", "fp", v(2, 4), t(10)));
+        // A price change is always sent.
+        let mut priced = v(2, 4);
+        priced.cost_per_hour = 2.0;
+        assert!(c.should_emit("b", "fp", priced, t(20)));
+        // With 0 every change counts (the original's behaviour).
+        let mut exact = HintCache::new(Duration::from_secs(5));
+        assert!(exact.should_emit("a", "fp", v(1000, 4), t(0)));
+        assert!(exact.should_emit("a", "fp", v(999, 4), t(10)));
     }
 
     #[test]

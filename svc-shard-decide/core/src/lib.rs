@@ -26,7 +26,9 @@ pub mod actions;
 pub mod actuation;
 mod cycle;
 pub mod demand;
+pub mod edge;
 mod errors;
+pub mod history;
 #[cfg(test)]
 mod incremental_tests;
 mod intake;
@@ -35,6 +37,7 @@ pub mod ledgers;
 pub mod locks;
 pub mod metrics;
 pub mod needs;
+pub mod ownership;
 pub mod publish;
 pub mod rails;
 pub mod reconcile;
@@ -45,15 +48,19 @@ pub mod trace;
 mod work;
 
 pub use actuation::EpochSource;
+pub use history::{ActionRecord, DEFAULT_ACTION_HISTORY, HistoryQuery};
+pub use intake::RollupVerdict;
 pub use metrics::ShardMetrics;
+pub use ownership::TransferVerdict;
 pub use publish::{Events, Publisher, SessionSink, forward_to_gateway};
 pub use rails::RailsConfig;
 pub use reconcile::{MachineSource, ProviderClient};
 pub use service::DecideService;
 pub use shard::{
-    CycleError, CycleReport, DEFAULT_WAKE_INTERVAL_MS, Decide, DecideConfig, DecideError,
-    ReconcileStats, SummaryView, machine_view,
+    CycleError, CycleReport, DEFAULT_AVAILABLE_CAPACITY_MIN_CHANGE, DEFAULT_WAKE_INTERVAL_MS,
+    Decide, DecideConfig, DecideError, ReconcileStats, SummaryView, machine_view,
 };
+pub use work::{MachinePatch, Transition, WorkGrant};
 
 /// gRPC message limit on every client and server (full-replacement roll-ups
 /// and 500K-machine Lists blow the 4 MiB default).

@@ -11,7 +11,7 @@
 //! more than a quarter of the buffer. A cluster's session-open resync (one frame per
 //! machine it holds) therefore neither delays nor drops other clusters' frames.
 
-use bigfleet_mesh::MeshChannel;
+use bigfleet_mesh::{Backoff, BackoffPolicy, MeshChannel};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;
 use prometheus::IntCounter;
@@ -225,7 +225,10 @@ pub async fn forward_to_gateway(
         .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
         .max_encoding_message_size(crate::MAX_MESSAGE_SIZE);
     let run = async {
-        let mut backoff = Duration::from_millis(100);
+        let mut backoff = Backoff::new(BackoffPolicy::new(
+            Duration::from_millis(100),
+            Duration::from_secs(5),
+        ));
         loop {
             let mut c = client.clone();
             match c
@@ -242,7 +245,7 @@ pub async fn forward_to_gateway(
                         .map(|s| (s.cluster_id, s.session_id))
                         .collect();
                     sink.sessions_live(sessions);
-                    backoff = Duration::from_millis(100);
+                    backoff.reset();
                     let stream = futures::stream::unfold(rx.clone(), |rx| async move {
                         let ev = rx.lock().await.recv().await;
                         ev.map(|e| (e, rx))
@@ -265,8 +268,7 @@ pub async fn forward_to_gateway(
                 }
                 Err(e) => tracing::debug!(error = %e, "gateway not reachable yet"),
             }
-            tokio::time::sleep(backoff).await;
-            backoff = (backoff * 2).min(Duration::from_secs(5));
+            backoff.sleep().await;
         }
     };
     tokio::select! {

@@ -168,7 +168,10 @@ impl mesh::ingest_server::Ingest for DecideService {
         request: Request<mesh::ApplyRollupRequest>,
     ) -> Result<Response<mesh::ApplyRollupResponse>, Status> {
         Self::require_local(&request)?;
-        Ok(Response::new(self.decide.apply_rollup(request.get_ref())?))
+        Ok(Response::new(crate::edge::apply_rollup(
+            &self.decide,
+            request.get_ref(),
+        )?))
     }
 
     async fn session_opened(
@@ -176,11 +179,9 @@ impl mesh::ingest_server::Ingest for DecideService {
         request: Request<mesh::SessionOpenedRequest>,
     ) -> Result<Response<mesh::SessionOpenedResponse>, Status> {
         Self::require_local(&request)?;
-        let req = request.into_inner();
-        if req.cluster_id.is_empty() {
-            return Err(Status::invalid_argument("cluster_id must not be empty"));
-        }
-        Ok(Response::new(self.decide.session_opened(&req).await))
+        Ok(Response::new(
+            crate::edge::session_opened(&self.decide, request.get_ref()).await?,
+        ))
     }
 
     async fn session_closed(
@@ -188,7 +189,7 @@ impl mesh::ingest_server::Ingest for DecideService {
         request: Request<mesh::SessionClosedRequest>,
     ) -> Result<Response<mesh::SessionClosedResponse>, Status> {
         Self::require_local(&request)?;
-        self.decide.session_closed(request.get_ref());
+        crate::edge::session_closed(&self.decide, request.get_ref());
         Ok(Response::new(mesh::SessionClosedResponse {}))
     }
 }
@@ -238,7 +239,7 @@ impl mesh::work_server::Work for DecideService {
         request: Request<mesh::TransitionRequest>,
     ) -> Result<Response<mesh::TransitionResponse>, Status> {
         self.bind_worker(&request)?;
-        let machine = self.decide.transition(request.get_ref()).await?;
+        let machine = crate::edge::transition(&self.decide, request.get_ref()).await?;
         Ok(Response::new(mesh::TransitionResponse {
             machine: Some(machine),
         }))
@@ -266,7 +267,7 @@ async fn serve_worker(
         // Likewise for the actuation gate: a term that begins after the look wakes us.
         let mut gate = decide.inner.actuation.subscribe();
         while credits > 0 {
-            let Some(item) = decide.hand_out(stream).await else {
+            let Some(item) = crate::edge::hand_out(&decide, stream).await else {
                 break;
             };
             credits -= 1;
@@ -278,7 +279,7 @@ async fn serve_worker(
             msg = inbound.message() => match msg {
                 Ok(Some(m)) => match m.msg {
                     Some(Msg::Credit(c)) => credits = credits.saturating_add(u64::from(c.n)),
-                    Some(Msg::Done(d)) => decide.done(&d),
+                    Some(Msg::Done(d)) => crate::edge::done(&decide, &d),
                     Some(Msg::Hello(_)) | None => {}
                 },
                 Ok(None) => break,
@@ -436,4 +437,143 @@ impl mesh::shard_info_server::ShardInfo for DecideService {
             actions_in_flight: i32::try_from(inflight).unwrap_or(i32::MAX),
         }))
     }
+
+    async fn recent_actions(
+        &self,
+        request: Request<mesh::RecentActionsRequest>,
+    ) -> Result<Response<mesh::RecentActionsResponse>, Status> {
+        let req = request.into_inner();
+        let d = &self.decide;
+        let (_, capacity, recorded) = d.history_size();
+        let records = d.recent_actions(&crate::history::HistoryQuery {
+            cluster: req.cluster_id,
+            since_unix_nanos: req.since_unix_nanos,
+            after_seq: req.after_seq,
+            limit: usize::try_from(req.limit).unwrap_or(usize::MAX),
+        });
+        let shard = &d.config().shard_id;
+        Ok(Response::new(mesh::RecentActionsResponse {
+            actions: records
+                .iter()
+                .map(|r| action_record_to_proto(shard, r))
+                .collect(),
+            capacity: u32::try_from(capacity).unwrap_or(u32::MAX),
+            recorded,
+            unreachable: Vec::new(),
+        }))
+    }
+
+    async fn list_machines(
+        &self,
+        request: Request<mesh::ListMachinesRequest>,
+    ) -> Result<Response<mesh::ListMachinesResponse>, Status> {
+        let req = request.into_inner();
+        let d = &self.decide;
+        let MachinePage { rows, total, next } = {
+            let inv = d.inner.inventory.read().await;
+            machine_page(&inv, &req)?
+        };
+        let shard = &d.config().shard_id;
+        Ok(Response::new(mesh::ListMachinesResponse {
+            machines: rows
+                .iter()
+                .map(|(m, idle_since)| mesh::MachineRow {
+                    shard_id: shard.clone(),
+                    machine: Some(crate::shard::machine_view(m)),
+                    idle_since_unix_nanos: *idle_since,
+                })
+                .collect(),
+            total_matching: total,
+            next_after_machine_id: next,
+            unreachable: Vec::new(),
+        }))
+    }
+}
+
+/// Most machines one ListMachines page carries, and the page size when none is asked.
+const MAX_MACHINE_PAGE: usize = 5000;
+const DEFAULT_MACHINE_PAGE: usize = 500;
+
+/// A history record as the mesh sees it.
+pub fn action_record_to_proto(
+    shard_id: &str,
+    r: &crate::history::ActionRecord,
+) -> mesh::ActionRecord {
+    mesh::ActionRecord {
+        shard_id: shard_id.to_owned(),
+        seq: r.seq,
+        cycle: i64::try_from(r.cycle).unwrap_or(i64::MAX),
+        kind: r.kind.as_str().to_owned(),
+        reason: r.reason().to_owned(),
+        machine_id: r.machine.clone(),
+        cluster_id: r.cluster.clone(),
+        need_fingerprint: r.need_fingerprint.clone(),
+        group: r.group.clone(),
+        priority: r.priority,
+        grace_seconds: r.grace.map_or(0.0, |g| g.as_secs_f64()),
+        action_id: r.action_id.clone(),
+        outcome: r.outcome.clone(),
+        decided_at_unix_nanos: r.decided_at_unix_nanos,
+        started_at_unix_nanos: r.started_at_unix_nanos,
+        finished_at_unix_nanos: r.finished_at_unix_nanos,
+        run_nanos: r.run_nanos(),
+    }
+}
+
+/// One ListMachines page before conversion.
+pub(crate) struct MachinePage {
+    /// Machines in id order, each with its idle-since time (0 unless Idle).
+    rows: Vec<(bigfleet_model::Machine, i64)>,
+    /// Machines matching the filters, all pages.
+    total: u64,
+    /// The id to continue after; empty on the last page.
+    next: String,
+}
+
+/// One page of `inv` in id order.
+pub(crate) fn machine_page(
+    inv: &crate::inventory::Inventory,
+    req: &mesh::ListMachinesRequest,
+) -> Result<MachinePage, Status> {
+    let states = req
+        .states
+        .iter()
+        .map(|&s| bigfleet_conv::machine_state_from_proto(s))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| Status::invalid_argument(e.to_string()))?;
+    let limit = match req.limit {
+        0 => DEFAULT_MACHINE_PAGE,
+        n => usize::try_from(n)
+            .unwrap_or(MAX_MACHINE_PAGE)
+            .min(MAX_MACHINE_PAGE),
+    };
+    let matches = |id: &str| {
+        (states.is_empty() || inv.state_of(id).is_some_and(|s| states.contains(&s)))
+            && (req.cluster_id.is_empty() || inv.cluster_of(id) == Some(req.cluster_id.as_str()))
+    };
+    let mut total = 0u64;
+    let mut ids: Vec<&str> = inv
+        .ids()
+        .filter(|id| matches(id))
+        .inspect(|_| total += 1)
+        .filter(|id| *id > req.after_machine_id.as_str())
+        .collect();
+    // Only the page (and one more, to know whether another follows) needs ordering.
+    if ids.len() > limit + 1 {
+        ids.select_nth_unstable(limit);
+        ids.truncate(limit + 1);
+    }
+    ids.sort_unstable();
+    let more = ids.len() > limit;
+    ids.truncate(limit);
+    let next = if more {
+        ids.last().map(|s| (*s).to_owned()).unwrap_or_default()
+    } else {
+        String::new()
+    };
+    let rows = ids
+        .iter()
+        .filter_map(|id| inv.get(id).map(|m| (m, inv.idle_since_of(id).unwrap_or(0))))
+        .collect();
+    Ok(MachinePage { rows, total, next })
 }

@@ -24,7 +24,7 @@ use bigfleet_fencing::SequenceMinter;
 use bigfleet_model::{Action, Machine, MachineState};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::Readiness;
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, AtomicI64, AtomicU64, Ordering};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -34,6 +34,8 @@ pub use crate::errors::{CycleError, DecideError};
 
 /// Default of [`DecideConfig::wake_interval`].
 pub const DEFAULT_WAKE_INTERVAL_MS: u64 = 250;
+/// Default smallest relative change of an AvailableCapacity count worth a frame (ADR-0127).
+pub const DEFAULT_AVAILABLE_CAPACITY_MIN_CHANGE: f64 = 0.1;
 
 #[derive(Debug, Clone)]
 pub struct DecideConfig {
@@ -54,11 +56,15 @@ pub struct DecideConfig {
     /// incremental one.
     pub full_list_interval: Duration,
     pub available_capacity_interval: Duration,
+    /// Smallest relative change of an AvailableCapacity count worth a frame (ADR-0127).
+    pub available_capacity_min_change: f64,
     pub rails: RailsConfig,
     /// Acquisition-parking thresholds, in time (ADR-0105).
     pub parking: ParkingTiming,
     /// Bound of the action queue.
     pub queue_capacity: usize,
+    /// Bound of the recent-actions ring (ADR-0125); zero keeps none.
+    pub action_history: usize,
     /// Engine threads (1 = sequential, 0 = the global rayon pool).
     pub engine_threads: usize,
     pub release: ReleasePolicy,
@@ -88,9 +94,11 @@ impl Default for DecideConfig {
             incremental_reconcile: false,
             full_list_interval: Duration::from_secs(60),
             available_capacity_interval: Duration::from_secs(5),
+            available_capacity_min_change: DEFAULT_AVAILABLE_CAPACITY_MIN_CHANGE,
             rails: RailsConfig::default(),
             parking: ParkingTiming::default(),
             queue_capacity: DEFAULT_QUEUE_CAPACITY,
+            action_history: crate::history::DEFAULT_ACTION_HISTORY,
             engine_threads: 0,
             release: ReleasePolicy::default(),
             provider_address: String::new(),
@@ -174,8 +182,11 @@ pub(crate) struct Inner {
     pub(crate) shortfalls: Ordered<ShortfallLedger>,
     pub(crate) hints: Ordered<HintCache>,
     pub(crate) provisioning: Ordered<ProvisioningClock>,
-    domains: Ordered<BTreeSet<(String, String)>>,
+    /// Owned domains and transferred machines (ADR-0128); see `ownership.rs`.
+    pub(crate) ownership: Ordered<bigfleet_decision::Ownership>,
     pub(crate) audit: Option<Ordered<AuditLog>>,
+    /// Recent actions and their outcomes (ADR-0125).
+    pub(crate) history: Ordered<crate::history::ActionHistory>,
     /// The cycle's own state; holding it is what makes a cycle the only one running.
     pub(crate) cycle_room: Arc<tokio::sync::Mutex<CycleRoom>>,
     pub(crate) work_ready: Notify,
@@ -312,11 +323,23 @@ impl Decide {
             hints: Ordered::new(
                 Level::Leaf,
                 "hints",
-                HintCache::new(cfg.available_capacity_interval),
+                HintCache::with_min_change(
+                    cfg.available_capacity_interval,
+                    cfg.available_capacity_min_change,
+                ),
             ),
             provisioning: Ordered::new(Level::Leaf, "provisioning", ProvisioningClock::default()),
-            domains: Ordered::new(Level::Leaf, "domains", BTreeSet::new()),
+            ownership: Ordered::new(
+                Level::Leaf,
+                "domains",
+                bigfleet_decision::Ownership::everything(),
+            ),
             audit,
+            history: Ordered::new(
+                Level::Leaf,
+                "history",
+                crate::history::ActionHistory::new(cfg.action_history),
+            ),
             cycle_room: Arc::new(tokio::sync::Mutex::new(CycleRoom::new(cfg.parking))),
             work_ready: Notify::new(),
             wake: Notify::new(),
@@ -391,28 +414,6 @@ impl Decide {
             .coordinator_term
             .fetch_max(term, Ordering::AcqRel)
             .max(term)
-    }
-
-    /// Topology domains (key, value) the coordinator assigned to this shard;
-    /// empty means "everything" (single-shard mode).
-    pub fn owned_domains(&self) -> BTreeSet<(String, String)> {
-        self.inner.domains.lock().clone()
-    }
-
-    /// Adds a domain; idempotent. Returns whether it was new.
-    pub fn assign_domain(&self, key: &str, value: &str) -> bool {
-        self.inner
-            .domains
-            .lock()
-            .insert((key.to_owned(), value.to_owned()))
-    }
-
-    /// Removes a domain; idempotent. Returns whether it was present.
-    pub fn unassign_domain(&self, key: &str, value: &str) -> bool {
-        self.inner
-            .domains
-            .lock()
-            .remove(&(key.to_owned(), value.to_owned()))
     }
 
     /// Inventory counts for reports.

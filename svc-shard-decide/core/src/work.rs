@@ -7,11 +7,8 @@
 use crate::actions::{ActionLedger, InFlight};
 use crate::errors::DecideError;
 use crate::rails::{ReclaimBudget, kind_label};
-use crate::shard::{Decide, applicable, machine_view};
-use bigfleet_conv::{action_to_proto, machine_from_proto, machine_state_from_proto};
-use bigfleet_model::{ActionKind, Host, Machine, MachineState, check_transition};
-use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::v1alpha1 as pb;
+use crate::shard::{Decide, applicable};
+use bigfleet_model::{Action, ActionKind, Host, Machine, MachineState, check_transition};
 use rustc_hash::FxHashMap;
 use std::time::Instant;
 
@@ -35,11 +32,63 @@ impl WorkRoom {
     }
 }
 
+/// One action handed to a worker, with the fencing range its provider calls use.
+#[derive(Debug, Clone)]
+pub struct WorkGrant {
+    /// Unique id of this hand-out; Transition and Done refer to it.
+    pub action_id: String,
+    pub action: Action,
+    /// The machine as decide held it when handing the action out.
+    pub machine: Option<Machine>,
+    pub shard_id: String,
+    /// The epoch of the term that allowed the hand-out.
+    pub epoch: u64,
+    /// Fencing sequence numbers `[sequence_base, sequence_limit)` reserved for it.
+    pub sequence_base: u64,
+    pub sequence_limit: u64,
+    /// The cycle that decided it.
+    pub cycle: u64,
+    /// W3C trace context of the roll-up behind it (ADR-0080).
+    pub trace_context: Vec<(String, String)>,
+}
+
+/// A worker's report that a machine it holds an action for changed state.
+#[derive(Debug, Clone)]
+pub struct Transition {
+    pub machine_id: String,
+    /// The hand-out the change belongs to; must be the machine's action in flight.
+    pub action_id: String,
+    /// The state the worker saw (compare and swap with decide's).
+    pub from: MachineState,
+    pub to: MachineState,
+    pub patch: MachinePatch,
+    /// Short reason for logs.
+    pub reason: String,
+}
+
+/// Attribute changes that go with a transition; `None` leaves a field alone.
+#[derive(Debug, Clone, Default)]
+pub struct MachinePatch {
+    pub cluster: Option<String>,
+    pub host: Option<Host>,
+    pub assigned_priority: Option<i32>,
+    pub assigned_interruption_penalty_dollars: Option<f64>,
+    pub assigned_reclamation_penalty_dollars: Option<f64>,
+    pub assigned_need_fingerprint: Option<String>,
+    pub assigned_group: Option<String>,
+    pub last_error: Option<String>,
+    /// Replaces the machine's shard metadata when not empty.
+    pub shard_metadata: std::collections::BTreeMap<String, String>,
+    /// The provider's view of the machine (price, probability, allocatable, labels,
+    /// and the host unless `host` is set).
+    pub provider_view: Option<Machine>,
+}
+
 impl Decide {
     /// Hands the next queued action to `stream`, or `None` when nothing is
     /// queued or hand-outs are paused (no leadership term). Re-checks the
     /// machine's live state first.
-    pub async fn hand_out(&self, stream: u64) -> Option<mesh::WorkItem> {
+    pub async fn hand_out(&self, stream: u64) -> Option<WorkGrant> {
         let inner = &self.inner;
         // Read once: the item carries exactly the epoch of the term that allowed it.
         let epoch = inner.actuation.actuating_epoch()?;
@@ -86,7 +135,7 @@ impl Decide {
             inner.metrics.reclaims_capped.inc_by(over_budget as u64);
         }
         let f = f?;
-        let machine = inv.get(f.action.machine_id()).map(|m| machine_view(&m));
+        let machine = inv.get(f.action.machine_id());
         drop(inv);
         let base = match inner.minter.next_base() {
             Ok(b) => b,
@@ -101,17 +150,14 @@ impl Decide {
         let kind = kind_label(f.action.kind());
         inner.metrics.actions_total.with_label_values(&[kind]).inc();
         self.refresh_ledger_gauges();
-        Some(mesh::WorkItem {
+        Some(WorkGrant {
             action_id: f.action_id.clone(),
-            action: Some(action_to_proto(&f.action)),
+            action: f.action.clone(),
             machine,
-            fencing: Some(mesh::Fencing {
-                shard_id: inner.cfg.shard_id.clone(),
-                epoch: i64::try_from(epoch).unwrap_or(i64::MAX),
-                sequence_base: i64::try_from(base.base).unwrap_or(i64::MAX),
-                sequence_limit: i64::try_from(base.base.saturating_add(base.spacing))
-                    .unwrap_or(i64::MAX),
-            }),
+            shard_id: inner.cfg.shard_id.clone(),
+            epoch,
+            sequence_base: base.base,
+            sequence_limit: base.base.saturating_add(base.spacing),
             cycle: f.cycle,
             trace_context: f
                 .trace
@@ -127,13 +173,14 @@ impl Decide {
         self.inner.metrics.execute_inflight.set(f as i64);
     }
 
-    /// A worker finished an action: free the machine, count and audit the outcome.
-    pub fn done(&self, done: &mesh::worker_message::Done) {
-        let Some(f) = self.inner.work.lock().ledger.complete(&done.action_id) else {
-            tracing::debug!(action = %done.action_id, "done for an unknown or abandoned action");
+    /// A worker finished hand-out `action_id` with `outcome` (a label such as
+    /// `success`, `fenced`, `provider_error`): free the machine, count and audit it.
+    pub fn done(&self, action_id: &str, outcome: &str) {
+        let Some(f) = self.inner.work.lock().ledger.complete(action_id) else {
+            tracing::debug!(action = %action_id, "done for an unknown or abandoned action");
             return;
         };
-        self.finish(&f, &done.outcome);
+        self.finish(&f, outcome);
     }
 
     fn finish(&self, f: &InFlight, outcome: &str) {
@@ -143,7 +190,7 @@ impl Decide {
             .action_execute_outcomes
             .with_label_values(&[kind_label(f.action.kind()), outcome])
             .inc();
-        self.audit(f.cycle, &f.action, outcome);
+        self.audit_in_flight(f, outcome);
         self.refresh_ledger_gauges();
     }
 
@@ -166,28 +213,18 @@ impl Decide {
         freed.len()
     }
 
-    /// A worker reports a state change of a machine it holds an action for.
-    pub async fn transition(
-        &self,
-        req: &mesh::TransitionRequest,
-    ) -> Result<pb::Machine, DecideError> {
+    /// A worker reports a state change of a machine it holds an action for; returns
+    /// the machine as decide now holds it.
+    pub async fn transition(&self, req: Transition) -> Result<Machine, DecideError> {
         let inner = &self.inner;
-        let from = machine_state_from_proto(req.from_state)
-            .map_err(|e| DecideError::Invalid(e.to_string()))?;
-        let to = machine_state_from_proto(req.to_state)
-            .map_err(|e| DecideError::Invalid(e.to_string()))?;
-        let patch = req.patch.clone().unwrap_or_default();
-        let view = match &patch.provider_view {
-            Some(v) => Some(machine_from_proto(v).map_err(|e| {
-                inner
-                    .metrics
-                    .machines_rejected
-                    .with_label_values(&[e.reason()])
-                    .inc();
-                DecideError::Invalid(format!("provider_view: {e}"))
-            })?),
-            None => None,
-        };
+        let Transition {
+            machine_id,
+            action_id,
+            from,
+            to,
+            patch,
+            reason,
+        } = req;
         let now = self.now();
         debug_assert_eq!(
             crate::locks::tracked_held(),
@@ -196,27 +233,26 @@ impl Decide {
         );
         let mut inv = inner.inventory.write().await;
         let cur = inv
-            .get(&req.machine_id)
-            .ok_or_else(|| DecideError::UnknownMachine(req.machine_id.clone()))?;
-        match inner.work.lock().ledger.in_flight(&req.machine_id) {
-            Some(f) if f.action_id == req.action_id => {}
+            .get(&machine_id)
+            .ok_or_else(|| DecideError::UnknownMachine(machine_id.clone()))?;
+        match inner.work.lock().ledger.in_flight(&machine_id) {
+            Some(f) if f.action_id == action_id => {}
             _ => {
                 return Err(DecideError::Stale(format!(
-                    "action {:?} is not in flight for machine {:?}",
-                    req.action_id, req.machine_id
+                    "action {action_id:?} is not in flight for machine {machine_id:?}"
                 )));
             }
         }
         if cur.state != from {
             return Err(DecideError::Stale(format!(
-                "machine {:?} is {}, not {from}",
-                req.machine_id, cur.state
+                "machine {machine_id:?} is {}, not {from}",
+                cur.state
             )));
         }
         check_transition(from, to).map_err(|e| DecideError::Invalid(e.to_string()))?;
         let mut next = cur.clone();
         let cur_cluster = cur.cluster;
-        apply_patch(&mut next, to, &patch, view)?;
+        apply_patch(&mut next, to, patch)?;
         next.invariant()
             .map_err(|e| DecideError::Invalid(e.to_string()))?;
         let prev_cluster = cur_cluster;
@@ -235,9 +271,9 @@ impl Decide {
             self.publish_node(&next, &notify);
         }
         drop(inv);
-        tracing::debug!(machine = %next.id, %from, %to, reason = %req.reason, "transition applied");
+        tracing::debug!(machine = %next.id, %from, %to, reason = %reason, "transition applied");
         self.observe_phases(&next, from, to, now);
-        Ok(machine_view(&next))
+        Ok(next)
     }
 
     fn observe_phases(&self, m: &Machine, from: MachineState, to: MachineState, now: i64) {
@@ -279,14 +315,9 @@ impl Decide {
 }
 
 /// Applies a worker's patch for a transition into `to`.
-fn apply_patch(
-    m: &mut Machine,
-    to: MachineState,
-    patch: &mesh::MachinePatch,
-    view: Option<Machine>,
-) -> Result<(), DecideError> {
+fn apply_patch(m: &mut Machine, to: MachineState, patch: MachinePatch) -> Result<(), DecideError> {
     m.state = to;
-    if let Some(v) = view {
+    if let Some(v) = patch.provider_view {
         m.price_per_hour = v.price_per_hour;
         m.interruption_probability = v.interruption_probability;
         m.allocatable = v.allocatable;
@@ -295,14 +326,11 @@ fn apply_patch(
             m.host = v.host;
         }
     }
-    if let Some(h) = &patch.host {
-        m.host = Host {
-            provider: h.provider.clone(),
-            reference: h.r#ref.clone(),
-        };
+    if let Some(h) = patch.host {
+        m.host = h;
     }
-    if let Some(c) = &patch.cluster {
-        m.cluster.clone_from(c);
+    if let Some(c) = patch.cluster {
+        m.cluster = c;
     }
     if let Some(p) = patch.assigned_priority {
         m.assigned_priority = p;
@@ -326,21 +354,17 @@ fn apply_patch(
             *field = d;
         }
     }
-    if let Some(fp) = &patch.assigned_need_fingerprint {
-        m.assigned_need_fingerprint.clone_from(fp);
+    if let Some(fp) = patch.assigned_need_fingerprint {
+        m.assigned_need_fingerprint = fp;
     }
-    if let Some(g) = &patch.assigned_group {
-        m.assigned_group.clone_from(g);
+    if let Some(g) = patch.assigned_group {
+        m.assigned_group = g;
     }
-    if let Some(e) = &patch.last_error {
-        m.last_error.clone_from(e);
+    if let Some(e) = patch.last_error {
+        m.last_error = e;
     }
     if !patch.shard_metadata.is_empty() {
-        m.shard_metadata = patch
-            .shard_metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
+        m.shard_metadata = patch.shard_metadata;
     }
     if matches!(to, MachineState::Idle | MachineState::Speculative) {
         m.clear_assignment();

@@ -9,6 +9,7 @@ use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::v1alpha1 as pb;
 use common::*;
 use std::time::Duration;
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::{DecideConfig, EpochSource};
 use tokio::sync::watch;
 
@@ -28,9 +29,7 @@ async fn hand_out_follows_the_leased_terms() {
         ..cfg_rails_off()
     };
     let h = Harness::start_with(cfg, p).await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(24, 50)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(24, 50)])).unwrap();
     // No term: the cycle still decides and queues.
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.enqueued, 6);
@@ -90,9 +89,7 @@ async fn a_fixed_source_always_hands_out_under_the_process_epoch() {
         p,
     )
     .await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(4, 50)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(4, 50)])).unwrap();
     h.decide.run_cycle().await.unwrap();
     assert_eq!(h.decide.actuating_epoch(), Some(12));
     let mut client = h.client();

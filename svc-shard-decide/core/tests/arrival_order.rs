@@ -15,6 +15,7 @@ use futures::future::BoxFuture;
 use pb::shard_read_server::ShardRead;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::reconcile::RawMachineList;
 use svc_shard_decide_core::shard::Clock;
 use svc_shard_decide_core::{
@@ -74,7 +75,7 @@ fn ask_with(d: &Decide, clock: &AtomicI64, cluster: &str, at: i64, more: &[u32])
         received_at_unix_nanos: 0,
         session_id: 0,
     };
-    let resp = d.apply_rollup(&req).unwrap();
+    let resp = edge::apply_rollup(d, &req).unwrap();
     assert_eq!(resp.outcome, mesh::RollupOutcome::Accepted as i32);
 }
 
@@ -167,5 +168,5 @@ fn ask_nothing(d: &Decide, clock: &AtomicI64, cluster: &str, at: i64) {
         received_at_unix_nanos: 0,
         session_id: 0,
     };
-    d.apply_rollup(&req).unwrap();
+    edge::apply_rollup(d, &req).unwrap();
 }

@@ -12,6 +12,7 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use common::*;
 use std::time::Duration;
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::rails::{AuditRecord, reclaim_budget};
 use svc_shard_decide_core::{DecideConfig, RailsConfig};
 
@@ -86,9 +87,7 @@ async fn a_failed_list_keeps_serving_demand_from_known_idle_machines() {
     let h = stale_fixture().await;
     h.provider.fail_next_lists(1000);
     // Demand arrives while the provider cannot be listed.
-    h.decide
-        .apply_rollup(&rollup("c2", vec![need(8, 5)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c2", vec![need(8, 5)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert!(r.stale, "decided on the last-known inventory");
     assert_eq!((r.enqueued, r.held_stale), (2, 0), "{r:?}");
@@ -117,15 +116,13 @@ async fn a_failed_list_keeps_serving_demand_from_known_idle_machines() {
 #[tokio::test]
 async fn a_failed_list_never_reclaims_and_reclaims_resume_after_it() {
     let h = stale_fixture().await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(16, 10)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(16, 10)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.decided, 0, "c1's demand holds its machines");
     h.provider.fail_next_lists(1000);
     // c1 withdraws its demand while the provider cannot be listed: its machines may have
     // changed in ways decide cannot see, so nothing is taken away.
-    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert!(r.stale);
     assert_eq!((r.decided, r.enqueued, r.held_stale), (4, 0, 4), "{r:?}");
@@ -179,18 +176,14 @@ async fn needs_starved_by_others_are_counted_as_retries_exhausted() {
     h.decide.run_cycle().await.unwrap();
     // One machine, two needs for it: the higher priority claims it, the other is starved
     // with matching supply in sight (contention-bound, not catalog-bound).
-    h.decide
-        .apply_rollup(&rollup("hi", vec![need(4, 9)]))
-        .unwrap();
-    h.decide
-        .apply_rollup(&rollup("lo", vec![need(4, 1)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("hi", vec![need(4, 9)])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("lo", vec![need(4, 1)])).unwrap();
     h.decide.run_cycle().await.unwrap();
     assert_eq!(h.decide.metrics().retries_exhausted.get(), 1);
     // A need nothing matches is catalog-bound: not counted.
     let mut gpu = need(4, 1);
     gpu.requirements[0].values = vec!["p4d.24xlarge".into()];
-    h.decide.apply_rollup(&rollup("gpu", vec![gpu])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("gpu", vec![gpu])).unwrap();
     h.decide.run_cycle().await.unwrap();
     assert_eq!(h.decide.metrics().retries_exhausted.get(), 2);
 }
@@ -326,7 +319,7 @@ async fn first_rollup_gate_blocks_reclaims_until_the_cluster_reports() {
     assert_eq!(r.decided, 0, "no roll-up yet: no reclaim");
     assert_eq!(r.enqueued, 0);
 
-    let resp = h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    let resp = edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     assert_eq!(resp.outcome, mesh::RollupOutcome::Accepted as i32);
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!((r.decided, r.enqueued), (100, 100));
@@ -362,7 +355,7 @@ async fn reclaim_budget_spans_cycles_and_counts_at_hand_out() {
         ..cfg_rails_off()
     };
     let h = Harness::start_with(cfg, p).await;
-    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     let mut client = h.client();
     let mut w = Worker::connect(&mut client, "w").await;
     w.credit(10_000).await;
@@ -430,10 +423,8 @@ async fn pause_or_dry_run(paused: bool, dry_run: bool) -> (Harness, tempfile::Te
     };
     let h = Harness::start_with(cfg, p).await;
     // c1 drops its demand (reclaims), c9 asks for 2 machines (bootstraps).
-    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
-    h.decide
-        .apply_rollup(&rollup("c9", vec![need(8, 100)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c9", vec![need(8, 100)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.decided, 12);
     assert_eq!(r.enqueued, 0, "nothing executes");
@@ -604,9 +595,7 @@ async fn max_actions_per_cycle_truncates_and_asks_for_follow_up() {
         ..cfg_rails_off()
     };
     let h = Harness::start_with(cfg, p).await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(40, 5)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(40, 5)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(
         (r.decided, r.enqueued, r.deferred, r.follow_up),
@@ -620,9 +609,7 @@ async fn shortfalls_age_and_report_top_by_priority() {
     let p = TestProvider::default();
     p.put(pm("i0", pb::MachineState::Idle, ""));
     let h = Harness::start_with(cfg_rails_off(), p).await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(400, 5)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(400, 5)])).unwrap();
     for _ in 0..3 {
         h.decide.run_cycle().await.unwrap();
     }
@@ -640,7 +627,7 @@ async fn shortfalls_age_and_report_top_by_priority() {
         1
     );
     // Demand withdrawn: the shortfall vanishes.
-    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     h.decide.run_cycle().await.unwrap();
     assert!(h.decide.shortfalls(100).is_empty());
 }
@@ -652,9 +639,7 @@ async fn idle_machines_bootstrap_for_demand() {
         p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
     }
     let h = Harness::start_with(cfg_rails_off(), p).await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(8, 5)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(8, 5)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!((r.decided, r.enqueued), (2, 2));
     let mut client = h.client();

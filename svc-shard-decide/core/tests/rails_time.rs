@@ -17,6 +17,7 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::reconcile::RawMachineList;
 use svc_shard_decide_core::shard::Clock;
 use svc_shard_decide_core::{
@@ -144,17 +145,19 @@ impl World {
 
     /// Takes every action decide hands out; reclaims start draining at once.
     async fn take_all(&mut self) {
-        while let Some(item) = self.d.hand_out(1).await {
+        while let Some(item) = edge::hand_out(&self.d, 1).await {
             let action = item.action.as_ref().unwrap();
             assert_eq!(action.kind, mesh::ActionKind::Reclaim as i32, "{action:?}");
-            self.d
-                .transition(&transition(
+            edge::transition(
+                &self.d,
+                &transition(
                     &item,
                     pb::MachineState::Configured,
                     pb::MachineState::Draining,
-                ))
-                .await
-                .unwrap();
+                ),
+            )
+            .await
+            .unwrap();
             self.source.update(&action.machine_id, |m| {
                 m.state = pb::MachineState::Draining as i32;
             });
@@ -177,26 +180,27 @@ impl World {
         self.draining = rest;
         for d in done {
             assert!(d.started < now);
-            self.d
-                .transition(&transition(
-                    &d.item,
-                    pb::MachineState::Draining,
-                    pb::MachineState::Idle,
-                ))
-                .await
-                .unwrap();
+            edge::transition(
+                &self.d,
+                &transition(&d.item, pb::MachineState::Draining, pb::MachineState::Idle),
+            )
+            .await
+            .unwrap();
             let id = d.item.action.as_ref().unwrap().machine_id.clone();
             self.source.update(&id, |m| {
                 m.state = pb::MachineState::Idle as i32;
                 m.cluster.clear();
                 m.shard_metadata.clear();
             });
-            self.d.done(&mesh::worker_message::Done {
-                action_id: d.item.action_id.clone(),
-                outcome: "success".into(),
-                detail: String::new(),
-                elapsed_ms: 1,
-            });
+            edge::done(
+                &self.d,
+                &mesh::worker_message::Done {
+                    action_id: d.item.action_id.clone(),
+                    outcome: "success".into(),
+                    detail: String::new(),
+                    elapsed_ms: 1,
+                },
+            );
             self.size -= 1;
         }
     }
@@ -244,7 +248,7 @@ async fn a_withdrawal_under_one_second_cycles_never_exceeds_the_budget_in_any_wi
         clock.store(T0 + sec * SEC, Ordering::SeqCst);
         w.finish_drains().await;
         if sec % 10 == 0 {
-            let r = w.d.apply_rollup(&rollup("c1", vec![])).unwrap();
+            let r = edge::apply_rollup(&w.d, &rollup("c1", vec![])).unwrap();
             if r.outcome == mesh::RollupOutcome::Accepted as i32 {
                 accepted_at.get_or_insert(sec);
                 w.cycle().await;
@@ -322,11 +326,11 @@ async fn quarantine_catches_a_rollup_whose_quantities_drop_to_zero() {
     let source = source_with("c1", 20);
     let d = decide(DecideConfig::default(), &source, &clock);
     d.reconcile().await.unwrap();
-    let r = d.apply_rollup(&rollup("c1", twenty_rows(4))).unwrap();
+    let r = edge::apply_rollup(&d, &rollup("c1", twenty_rows(4))).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     // The same twenty rows, every quantity zero: the row count alone never noticed.
     for held in 1..=2 {
-        let r = d.apply_rollup(&rollup("c1", twenty_rows(0))).unwrap();
+        let r = edge::apply_rollup(&d, &rollup("c1", twenty_rows(0))).unwrap();
         assert_eq!(r.outcome, mesh::RollupOutcome::Quarantined as i32, "{r:?}");
         assert_eq!(
             d.metrics()
@@ -343,7 +347,7 @@ async fn quarantine_catches_a_rollup_whose_quantities_drop_to_zero() {
         assert_eq!(cpu, 80_000, "the previous demand stays in force");
     }
     // The third consecutive drop applies.
-    let r = d.apply_rollup(&rollup("c1", twenty_rows(0))).unwrap();
+    let r = edge::apply_rollup(&d, &rollup("c1", twenty_rows(0))).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
 }
 
@@ -355,7 +359,7 @@ async fn after_a_restart_the_quarantine_baseline_still_holds() {
     // The first incarnation accepts the cluster's demand (80 cores on 20 machines)...
     let first = decide(cfg.clone(), &source, &clock);
     first.reconcile().await.unwrap();
-    let r = first.apply_rollup(&rollup("c1", twenty_rows(4))).unwrap();
+    let r = edge::apply_rollup(&first, &rollup("c1", twenty_rows(4))).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     drop(first);
 
@@ -363,14 +367,14 @@ async fn after_a_restart_the_quarantine_baseline_still_holds() {
     clock.fetch_add(60 * SEC, Ordering::SeqCst);
     let d = decide(cfg, &source, &clock);
     // Before it has listed the provider it cannot judge the cluster: not applied.
-    let err = d.apply_rollup(&rollup("c1", twenty_rows(0))).unwrap_err();
+    let err = edge::apply_rollup(&d, &rollup("c1", twenty_rows(0))).unwrap_err();
     assert!(matches!(err, DecideError::NotReady(_)), "{err}");
     assert_eq!(tonic::Status::from(err).code(), tonic::Code::Unavailable);
     // Listed: the 20 machines the cluster holds are the baseline, and a roll-up asking
     // for nothing of them is held.
     d.reconcile().await.unwrap();
     for held in 1..=2 {
-        let r = d.apply_rollup(&rollup("c1", twenty_rows(0))).unwrap();
+        let r = edge::apply_rollup(&d, &rollup("c1", twenty_rows(0))).unwrap();
         assert_eq!(r.outcome, mesh::RollupOutcome::Quarantined as i32, "{r:?}");
         assert_eq!(r.need_rows, 0, "no demand of this process is in force");
         // Held with no demand in force: the first-roll-up gate stays closed, so the
@@ -379,7 +383,7 @@ async fn after_a_restart_the_quarantine_baseline_still_holds() {
         assert_eq!((c.decided, c.enqueued), (0, 0), "held {held}");
     }
     // The third consecutive drop confirms it; then the reclaim budget paces the drain.
-    let r = d.apply_rollup(&rollup("c1", twenty_rows(0))).unwrap();
+    let r = edge::apply_rollup(&d, &rollup("c1", twenty_rows(0))).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     let c = d.run_cycle().await.unwrap();
     assert_eq!((c.decided, c.enqueued, c.capped), (20, 1, 19));
@@ -388,7 +392,7 @@ async fn after_a_restart_the_quarantine_baseline_still_holds() {
     let clock2 = Arc::new(AtomicI64::new(T0));
     let d = decide(DecideConfig::default(), &source_with("c2", 20), &clock2);
     d.reconcile().await.unwrap();
-    let r = d.apply_rollup(&rollup("c2", twenty_rows(4))).unwrap();
+    let r = edge::apply_rollup(&d, &rollup("c2", twenty_rows(4))).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
 }
 
@@ -407,12 +411,12 @@ async fn clusters_holding_little_and_guard_off_are_never_unjudged_or_held() {
         &source_with("c1", 20),
         &clock,
     );
-    let r = d.apply_rollup(&rollup("c1", vec![])).unwrap();
+    let r = edge::apply_rollup(&d, &rollup("c1", vec![])).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     // Nine machines: a drop cannot release ten, so it is not held.
     let d = decide(DecideConfig::default(), &source_with("c1", 9), &clock);
     d.reconcile().await.unwrap();
-    let r = d.apply_rollup(&rollup("c1", vec![])).unwrap();
+    let r = edge::apply_rollup(&d, &rollup("c1", vec![])).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     assert!(d.cluster_needs("c1").is_empty());
 }

@@ -14,6 +14,7 @@ use futures::future::BoxFuture;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::reconcile::RawMachineList;
 use svc_shard_decide_core::{
     Decide, DecideService, MachineSource, ProviderClient, Publisher, ShardMetrics,
@@ -81,16 +82,17 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
                 UnixListener::bind(&decide_sock).unwrap(),
             )),
     );
-    decide
-        .session_opened(&mesh::SessionOpenedRequest {
+    edge::session_opened(
+        &decide,
+        &mesh::SessionOpenedRequest {
             cluster_id: "c1".into(),
             session_id: 1,
             protocol_version: "v1alpha1".into(),
-        })
-        .await;
-    decide
-        .apply_rollup(&rollup("c1", vec![need(4, 50)]))
-        .unwrap();
+        },
+    )
+    .await
+    .expect("session opened");
+    edge::apply_rollup(&decide, &rollup("c1", vec![need(4, 50)])).unwrap();
     assert_eq!(decide.run_cycle().await.unwrap().enqueued, 1);
 
     let mut client =

@@ -8,6 +8,7 @@ use bigfleet_conv::{REJECT_REASON_METADATA, RollupLimits};
 use bigfleet_proto::v1alpha1 as pb;
 use common::*;
 use svc_shard_decide_core::DecideConfig;
+use svc_shard_decide_core::edge;
 use svc_shard_decide_core::shard::DecideError;
 
 fn with_resources(names: &[String]) -> pb::CapacityNeed {
@@ -100,12 +101,10 @@ async fn a_rollup_naming_100k_distinct_resources_is_rejected() {
     let all = names("r", 100_000);
     let per_need = RollupLimits::DEFAULT_MAX_RESOURCE_ENTRIES;
     let huge = rollup("c1", all.chunks(per_need).map(with_resources).collect());
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(4, 100)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(4, 100)])).unwrap();
     let before = h.decide.cluster_needs("c1");
 
-    let err = h.decide.apply_rollup(&huge).unwrap_err();
+    let err = edge::apply_rollup(&h.decide, &huge).unwrap_err();
     assert!(matches!(&err, DecideError::Rollup(e) if e.reason() == "limit_rollup_dimensions"));
     assert_eq!(rejected_reason(&h, "c1", "limit_rollup_dimensions"), 1);
     assert_eq!(h.decide.cluster_needs("c1"), before);
@@ -121,13 +120,11 @@ async fn the_shard_bound_stops_what_the_rollup_bounds_let_through() {
     })
     .await;
     let all = names("r", 100_000);
-    let err = h
-        .decide
-        .apply_rollup(&rollup(
-            "c1",
-            all.chunks(1_000).map(with_resources).collect(),
-        ))
-        .unwrap_err();
+    let err = edge::apply_rollup(
+        &h.decide,
+        &rollup("c1", all.chunks(1_000).map(with_resources).collect()),
+    )
+    .unwrap_err();
     let DecideError::Rollup(e) = &err else {
         panic!("{err}")
     };
@@ -160,20 +157,26 @@ async fn the_shard_dimension_bound_spans_clusters() {
     .await;
     let d = &h.decide;
     let v = |xs: &[&str]| xs.iter().map(|x| (*x).to_owned()).collect::<Vec<_>>();
-    d.apply_rollup(&rollup("c1", vec![with_resources(&v(&["cpu", "memory"]))]))
-        .unwrap();
-    d.apply_rollup(&rollup(
-        "c2",
-        vec![with_resources(&v(&[
-            "cpu",
-            "nvidia.com/gpu",
-            "example.com/x",
-        ]))],
-    ))
+    edge::apply_rollup(
+        d,
+        &rollup("c1", vec![with_resources(&v(&["cpu", "memory"]))]),
+    )
+    .unwrap();
+    edge::apply_rollup(
+        d,
+        &rollup(
+            "c2",
+            vec![with_resources(&v(&[
+                "cpu",
+                "nvidia.com/gpu",
+                "example.com/x",
+            ]))],
+        ),
+    )
     .unwrap();
     assert_eq!(d.demand_dimensions(), 4);
     let c3 = rollup("c3", vec![with_resources(&v(&["example.com/y"]))]);
-    let err = d.apply_rollup(&c3).unwrap_err();
+    let err = edge::apply_rollup(d, &c3).unwrap_err();
     assert!(
         err.to_string()
             .contains("max-shard-resource-dimensions = 4"),
@@ -182,23 +185,27 @@ async fn the_shard_dimension_bound_spans_clusters() {
     assert_eq!(rejected_reason(&h, "c3", "limit_shard_dimensions"), 1);
     assert!(d.cluster_needs("c3").is_empty());
     // c2 re-sending its own names is not growth.
-    d.apply_rollup(&rollup(
-        "c2",
-        vec![with_resources(&v(&["example.com/x", "nvidia.com/gpu"]))],
-    ))
+    edge::apply_rollup(
+        d,
+        &rollup(
+            "c2",
+            vec![with_resources(&v(&["example.com/x", "nvidia.com/gpu"]))],
+        ),
+    )
     .unwrap();
     // c1 stops naming memory: the slot is free for c3.
-    d.apply_rollup(&rollup("c1", vec![with_resources(&v(&["cpu"]))]))
-        .unwrap();
-    d.apply_rollup(&c3).unwrap();
+    edge::apply_rollup(d, &rollup("c1", vec![with_resources(&v(&["cpu"]))])).unwrap();
+    edge::apply_rollup(d, &c3).unwrap();
     assert_eq!(d.demand_dimensions(), 4);
 }
 
 #[tokio::test]
 async fn the_default_ceiling_accepts_every_priority() {
     let h = Harness::start(cfg_rails_off()).await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(1, i32::MAX), need(1, i32::MIN)]))
-        .unwrap();
+    edge::apply_rollup(
+        &h.decide,
+        &rollup("c1", vec![need(1, i32::MAX), need(1, i32::MIN)]),
+    )
+    .unwrap();
     assert_eq!(h.decide.need_rows(), 2);
 }

@@ -12,6 +12,7 @@ use bigfleet_testkit::wait_until;
 use common::*;
 use std::collections::HashSet;
 use std::time::Duration;
+use svc_shard_decide_core::edge;
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(3);
@@ -23,9 +24,7 @@ async fn bootstrap_harness(n: usize) -> Harness {
         p.put(pm(&format!("i{i:03}"), pb::MachineState::Idle, ""));
     }
     let h = Harness::start_with(cfg_rails_off(), p).await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(4 * n as u32, 50)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(4 * n as u32, 50)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.enqueued, n);
     h
@@ -143,13 +142,16 @@ async fn a_disconnected_worker_frees_its_machine_for_rederivation() {
 #[tokio::test]
 async fn reconcile_skips_in_flight_machines_configuring_to_idle_race() {
     let mut h = bootstrap_harness(1).await;
-    h.decide
-        .session_opened(&mesh::SessionOpenedRequest {
+    edge::session_opened(
+        &h.decide,
+        &mesh::SessionOpenedRequest {
             cluster_id: "c1".into(),
             session_id: 7,
             protocol_version: "v1alpha1".into(),
-        })
-        .await;
+        },
+    )
+    .await
+    .expect("session opened");
     let mut client = h.client();
     let mut w = Worker::connect(&mut client, "w").await;
     w.credit(1).await;
@@ -331,7 +333,7 @@ async fn drain_completion_notifies_the_cluster_it_left() {
         .insert("bigfleet.lucy.sh/assigned-priority".into(), "3".into());
     p.put(m);
     let mut h = Harness::start_with(cfg_rails_off(), p).await;
-    h.decide.apply_rollup(&rollup("c1", vec![])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.enqueued, 1);
     h.drain_events();
@@ -412,9 +414,8 @@ async fn sessions_resync_and_hints_are_deduplicated() {
     );
 
     // A need that cannot be met with what is idle keeps a stable hint.
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(400, 1)]))
-        .unwrap();
+
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(400, 1)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.hints_sent, 1);
     let hint = h
@@ -509,12 +510,8 @@ async fn inspect_needs_header_filter_limit_and_order() {
     let (hdr, rows) = inspect(&mut reader, "", 0).await;
     assert_eq!((hdr.cycle, hdr.total_needs, rows.len()), (0, 0, 0));
 
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(400, 1), need(4, 9)]))
-        .unwrap();
-    h.decide
-        .apply_rollup(&rollup("c2", vec![need(4, 5)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(400, 1), need(4, 9)])).unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c2", vec![need(4, 5)])).unwrap();
     h.decide.run_cycle().await.unwrap();
     let (hdr, rows) = inspect(&mut reader, "", 0).await;
     assert_eq!((hdr.cycle, hdr.total_needs), (1, 3));
@@ -582,9 +579,7 @@ async fn the_run_loop_wakes_on_accepted_rollups() {
         h.decide.cycle_count() == 1
     })
     .await;
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(4, 1)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(4, 1)])).unwrap();
     wait_until(LONG, "roll-up woke a cycle", async || {
         h.decide.cycle_count() == 2
     })
@@ -606,28 +601,32 @@ async fn a_roll_up_from_a_replaced_session_never_overwrites_the_newer_demand() {
         session_id: session,
         ..rollup("c1", needs)
     };
-    h.decide.session_opened(&open(10)).await;
-    let r = h.decide.apply_rollup(&from(10, vec![need(1, 1)])).unwrap();
+    edge::session_opened(&h.decide, &open(10))
+        .await
+        .expect("session opened");
+    let r = edge::apply_rollup(&h.decide, &from(10, vec![need(1, 1)])).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     // The operator reconnects: session 11 replaces 10 and reports three needs.
-    h.decide.session_opened(&open(11)).await;
-    let r = h
-        .decide
-        .apply_rollup(&from(11, vec![need(1, 1), need(2, 1), need(3, 1)]))
-        .unwrap();
+    edge::session_opened(&h.decide, &open(11))
+        .await
+        .expect("session opened");
+    let r = edge::apply_rollup(
+        &h.decide,
+        &from(11, vec![need(1, 1), need(2, 1), need(3, 1)]),
+    )
+    .unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     assert_eq!(h.decide.need_rows(), 3);
     // Session 10's last roll-up arrives late: dropped, the newer demand stands.
-    let r = h.decide.apply_rollup(&from(10, vec![need(9, 1)])).unwrap();
+    let r = edge::apply_rollup(&h.decide, &from(10, vec![need(9, 1)])).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Superseded as i32);
     assert_eq!(h.decide.need_rows(), 3);
     assert_eq!(h.decide.metrics().rollups_superseded.get(), 1);
     // A restarted gateway's sessions carry larger ids, so they are never mistaken for stale.
-    h.decide.session_opened(&open(5_000)).await;
-    let r = h
-        .decide
-        .apply_rollup(&from(5_000, vec![need(4, 1)]))
-        .unwrap();
+    edge::session_opened(&h.decide, &open(5_000))
+        .await
+        .expect("session opened");
+    let r = edge::apply_rollup(&h.decide, &from(5_000, vec![need(4, 1)])).unwrap();
     assert_eq!(r.outcome, mesh::RollupOutcome::Accepted as i32);
     assert_eq!(h.decide.need_rows(), 1);
 }
@@ -646,9 +645,7 @@ async fn a_lying_provider_causes_no_removal_wave() {
     }
     let mut h = Harness::start_with(cfg_rails_off(), p.clone()).await;
     h.decide.reconcile().await.unwrap();
-    h.decide
-        .apply_rollup(&rollup("c1", vec![need(160, 5)]))
-        .unwrap();
+    edge::apply_rollup(&h.decide, &rollup("c1", vec![need(160, 5)])).unwrap();
     // Settle: whatever the engine wants to do with the truth, it has done.
     for _ in 0..3 {
         h.decide.reconcile().await.unwrap();

@@ -34,12 +34,6 @@ pub async fn node_readiness_adr0056(mut client: Client, provider: &FakeProvider)
     provider
         .mark_ready(&id)
         .map_err(|e| Failure(format!("mark_ready: {e}")))?;
-    wait_state(
-        &mut client,
-        &id,
-        MachineState::Configured,
-        Duration::from_secs(10),
-    )
-    .await?;
+    wait_state(&mut client, &id, MachineState::Configured, SETTLE).await?;
     Ok(None)
 }

@@ -153,6 +153,12 @@ pub(super) async fn list(
         .map_err(|s| Failure(format!("List: {:?} {}", s.code(), s.message())))
 }
 
+/// How long a transition with no grace period may take to reach its target state.
+pub(super) const SETTLE: Duration = Duration::from_secs(10);
+
+/// How long a drain with the cases' 30 s grace period may take to reach IDLE.
+pub(super) const DRAIN_SETTLE: Duration = Duration::from_secs(30);
+
 /// Polls Get every 100 ms until the machine is in `target`; FAILED (when not the target)
 /// ends the wait early.
 pub(super) async fn wait_state(
@@ -214,7 +220,7 @@ pub(super) async fn claim_speculative(client: &mut Client) -> Result<String, Fai
 pub(super) async fn make_idle(client: &mut Client, ctx: &Ctx) -> Result<String, Failure> {
     let id = claim_speculative(client).await?;
     ack_op("Create", client.create(create_req(&id, ctx.next())).await)?;
-    wait_state(client, &id, MachineState::Idle, Duration::from_secs(10)).await?;
+    wait_state(client, &id, MachineState::Idle, SETTLE).await?;
     Ok(id)
 }
 
@@ -231,13 +237,7 @@ pub(super) async fn make_configured(
             .configure(configure_req(&id, cluster, metadata, ctx.next()))
             .await,
     )?;
-    wait_state(
-        client,
-        &id,
-        MachineState::Configured,
-        Duration::from_secs(10),
-    )
-    .await?;
+    wait_state(client, &id, MachineState::Configured, SETTLE).await?;
     Ok(id)
 }
 

@@ -8,13 +8,7 @@ pub async fn full_lifecycle(mut client: Client) -> Outcome {
     let ctx = Ctx::new("lifecycle");
     let id = claim_speculative(&mut client).await?;
     ack_op("Create", client.create(create_req(&id, ctx.next())).await)?;
-    wait_state(
-        &mut client,
-        &id,
-        MachineState::Idle,
-        Duration::from_secs(10),
-    )
-    .await?;
+    wait_state(&mut client, &id, MachineState::Idle, SETTLE).await?;
     let cluster = cluster_name();
     ack_op(
         "Configure",
@@ -22,26 +16,14 @@ pub async fn full_lifecycle(mut client: Client) -> Outcome {
             .configure(configure_req(&id, &cluster, BTreeMap::new(), ctx.next()))
             .await,
     )?;
-    let m = wait_state(
-        &mut client,
-        &id,
-        MachineState::Configured,
-        Duration::from_secs(10),
-    )
-    .await?;
+    let m = wait_state(&mut client, &id, MachineState::Configured, SETTLE).await?;
     ensure!(
         m.cluster == cluster,
         "configured machine reports cluster {:?}, sent {cluster:?}",
         m.cluster
     );
     ack_op("Drain", client.drain(drain_req(&id, 30, ctx.next())).await)?;
-    wait_state(
-        &mut client,
-        &id,
-        MachineState::Idle,
-        Duration::from_secs(30),
-    )
-    .await?;
+    wait_state(&mut client, &id, MachineState::Idle, DRAIN_SETTLE).await?;
     match client.delete(delete_req(&id, ctx.next())).await {
         Err(s) if s.code() == Code::Unimplemented => {
             return Ok(Some("Delete is unimplemented (allowed)".into()));
@@ -50,13 +32,7 @@ pub async fn full_lifecycle(mut client: Client) -> Outcome {
             ack_op("Delete", r)?;
         }
     }
-    wait_state(
-        &mut client,
-        &id,
-        MachineState::Speculative,
-        Duration::from_secs(10),
-    )
-    .await?;
+    wait_state(&mut client, &id, MachineState::Speculative, SETTLE).await?;
     Ok(None)
 }
 

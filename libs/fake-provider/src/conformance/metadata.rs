@@ -61,13 +61,7 @@ pub async fn metadata_echoed_on_get_and_list(mut client: Client) -> Outcome {
     if let Some(m) = &ack.machine {
         check_bound(m, &cluster, &metadata, "TransitionAck")?;
     }
-    let m = wait_state(
-        &mut client,
-        &id,
-        MachineState::Configured,
-        Duration::from_secs(10),
-    )
-    .await?;
+    let m = wait_state(&mut client, &id, MachineState::Configured, SETTLE).await?;
     check_bound(&m, &cluster, &metadata, "Get")?;
     let (machines, _) = list(
         &mut client,
@@ -89,13 +83,7 @@ pub async fn metadata_and_binding_clear_on_drain(mut client: Client) -> Outcome 
     let metadata = well_known_metadata();
     let id = make_configured(&mut client, &ctx, &cluster_name(), metadata).await?;
     ack_op("Drain", client.drain(drain_req(&id, 30, ctx.next())).await)?;
-    let m = wait_state(
-        &mut client,
-        &id,
-        MachineState::Idle,
-        Duration::from_secs(30),
-    )
-    .await?;
+    let m = wait_state(&mut client, &id, MachineState::Idle, DRAIN_SETTLE).await?;
     ensure!(
         m.cluster.is_empty(),
         "drained machine still reports cluster {:?}",

@@ -97,8 +97,14 @@ pub async fn list_filters_by_state(mut client: Client) -> Outcome {
 }
 
 pub async fn list_max_results(mut client: Client) -> Outcome {
-    let (machines, _) = list(
-        &mut client,
+    list_one_page(&mut client).await?;
+    Ok(None)
+}
+
+/// A List with `max_results = 1`, checked to hold at most one machine.
+async fn list_one_page(client: &mut Client) -> Result<(Vec<Machine>, Vec<u8>), Failure> {
+    let (page, revision) = list(
+        client,
         ListFilter {
             max_results: 1,
             ..ListFilter::default()
@@ -106,11 +112,11 @@ pub async fn list_max_results(mut client: Client) -> Outcome {
     )
     .await?;
     ensure!(
-        machines.len() <= 1,
+        page.len() <= 1,
         "List(max_results=1) returned {} machines",
-        machines.len()
+        page.len()
     );
-    Ok(None)
+    Ok((page, revision))
 }
 
 /// ADR-0108: a List cut short by `max_results` should return no revision cursor, because
@@ -125,19 +131,7 @@ pub async fn list_truncated_page_cursor(mut client: Client) -> Outcome {
             "fewer than two machines listed; nothing to truncate".into(),
         ));
     }
-    let (page, revision) = list(
-        &mut client,
-        ListFilter {
-            max_results: 1,
-            ..ListFilter::default()
-        },
-    )
-    .await?;
-    ensure!(
-        page.len() <= 1,
-        "List(max_results=1) returned {} machines",
-        page.len()
-    );
+    let (_, revision) = list_one_page(&mut client).await?;
     if revision.is_empty() {
         Ok(None)
     } else {

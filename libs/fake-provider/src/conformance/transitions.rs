@@ -68,13 +68,7 @@ pub async fn transitional_state_observability(mut client: Client) -> Outcome {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
     if !reached {
-        wait_state(
-            &mut client,
-            &id,
-            MachineState::Idle,
-            Duration::from_secs(10),
-        )
-        .await?;
+        wait_state(&mut client, &id, MachineState::Idle, SETTLE).await?;
     }
     Ok(None)
 }

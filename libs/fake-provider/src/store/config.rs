@@ -209,7 +209,17 @@ pub struct Token<'a> {
     pub sequence: i64,
 }
 
-impl Token<'_> {
+impl<'a> Token<'a> {
+    /// The token a transition request carries in its `shard_id`, `shard_epoch` and
+    /// `sequence_number` fields.
+    pub fn new(shard_id: &'a str, epoch: i64, sequence: i64) -> Self {
+        Token {
+            shard_id,
+            epoch,
+            sequence,
+        }
+    }
+
     /// The all-zero token: an in-process caller that opts out of fencing.
     pub fn is_zero(&self) -> bool {
         self.shard_id.is_empty() && self.epoch == 0 && self.sequence == 0

@@ -234,15 +234,7 @@ impl Inner {
                 self.fail_next
                     .insert((machine_id.into(), kind), Injection::Fail { message });
             }
-            if let Some(log) = &mut self.actuations {
-                log.record(
-                    kind.as_str(),
-                    machine_id,
-                    (token.shard_id, token.epoch, token.sequence),
-                    op,
-                    true,
-                );
-            }
+            self.log_actuation(kind, machine_id, token, op, true);
             return Ok(TransitionAck {
                 operation_id: format!("op-{op}"),
                 machine: Some(self.to_proto(slot)),
@@ -299,20 +291,33 @@ impl Inner {
                 DueKind::Timeout,
             );
         }
+        self.log_actuation(kind, machine_id, token, op, false);
+        tracing::debug!(machine = machine_id, op = %kind, operation = op, "accepted");
+        Ok(TransitionAck {
+            operation_id: format!("op-{op}"),
+            machine: Some(self.to_proto(slot)),
+        })
+    }
+
+    /// Appends an accepted call (`replay`: answered from the record, no new work) to the
+    /// actuation log, when one is open.
+    fn log_actuation(
+        &mut self,
+        kind: OpKind,
+        machine_id: &str,
+        token: Token<'_>,
+        op: u64,
+        replay: bool,
+    ) {
         if let Some(log) = &mut self.actuations {
             log.record(
                 kind.as_str(),
                 machine_id,
                 (token.shard_id, token.epoch, token.sequence),
                 op,
-                false,
+                replay,
             );
         }
-        tracing::debug!(machine = machine_id, op = %kind, operation = op, "accepted");
-        Ok(TransitionAck {
-            operation_id: format!("op-{op}"),
-            machine: Some(self.to_proto(slot)),
-        })
     }
 
     /// Slots matching `filter` in slot order, and the cursor to hand back.

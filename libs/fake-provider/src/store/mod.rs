@@ -88,6 +88,35 @@ struct Record {
     framed: Box<[u8]>,
 }
 
+impl Record {
+    /// A machine as it enters the store (seeded or added): no metadata, no error, no
+    /// operation on record yet; its `framed` entry is written when it is inserted.
+    fn arriving(
+        id: Box<str>,
+        state: MachineState,
+        tpl: Arc<Template>,
+        host: Host,
+        cluster: Option<Box<str>>,
+    ) -> Self {
+        Record {
+            id,
+            state,
+            tpl,
+            host,
+            cluster,
+            metadata: None,
+            last_error: None,
+            last_op: None,
+            generation: 0,
+            needs_ready: false,
+            ready: false,
+            awaiting_ready: false,
+            doom: None,
+            framed: Box::default(),
+        }
+    }
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 enum DueKind {
     Complete,
@@ -252,26 +281,14 @@ impl FakeProvider {
                     pool.clusters[c % pool.clusters.len()].as_str().into()
                 }
             });
-            let record = Record {
-                host: if has_host_in(seed.state) {
-                    Host::Own
-                } else {
-                    Host::None
-                },
-                last_error: (seed.state == MachineState::Failed).then(|| "seeded as failed".into()),
-                id: seed.id.into(),
-                state: seed.state,
-                tpl,
-                cluster,
-                metadata: None,
-                last_op: None,
-                generation: 0,
-                needs_ready: false,
-                ready: false,
-                awaiting_ready: false,
-                doom: None,
-                framed: Box::default(),
+            let host = if has_host_in(seed.state) {
+                Host::Own
+            } else {
+                Host::None
             };
+            let mut record = Record::arriving(seed.id.into(), seed.state, tpl, host, cluster);
+            record.last_error =
+                (seed.state == MachineState::Failed).then(|| "seeded as failed".into());
             if g.index.contains_key(&record.id) {
                 return Err(CatalogError::DuplicateMachine {
                     id: record.id.into(),
@@ -356,21 +373,13 @@ impl FakeProvider {
 
     /// SPECULATIVE → CREATING → IDLE.
     pub fn create(&self, req: &CreateRequest) -> Result<TransitionAck, ProviderError> {
-        let token = Token {
-            shard_id: &req.shard_id,
-            epoch: req.shard_epoch,
-            sequence: req.sequence_number,
-        };
+        let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
         self.mutate(OpKind::Create, &req.machine_id, token, |_| {}, || Ok(()))
     }
 
     /// IDLE → CONFIGURING → CONFIGURED; stores `cluster_id` and `shard_metadata` verbatim.
     pub fn configure(&self, req: &ConfigureRequest) -> Result<TransitionAck, ProviderError> {
-        let token = Token {
-            shard_id: &req.shard_id,
-            epoch: req.shard_epoch,
-            sequence: req.sequence_number,
-        };
+        let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
         self.mutate(
             OpKind::Configure,
             &req.machine_id,
@@ -394,21 +403,13 @@ impl FakeProvider {
 
     /// CONFIGURED → DRAINING → IDLE; the binding and metadata clear on arrival in IDLE.
     pub fn drain(&self, req: &DrainRequest) -> Result<TransitionAck, ProviderError> {
-        let token = Token {
-            shard_id: &req.shard_id,
-            epoch: req.shard_epoch,
-            sequence: req.sequence_number,
-        };
+        let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
         self.mutate(OpKind::Drain, &req.machine_id, token, |_| {}, || Ok(()))
     }
 
     /// IDLE → DELETING → SPECULATIVE (UNIMPLEMENTED when deletes are switched off).
     pub fn delete(&self, req: &DeleteRequest) -> Result<TransitionAck, ProviderError> {
-        let token = Token {
-            shard_id: &req.shard_id,
-            epoch: req.shard_epoch,
-            sequence: req.sequence_number,
-        };
+        let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
         self.mutate(OpKind::Delete, &req.machine_id, token, |_| {}, || Ok(()))
     }
 
@@ -611,22 +612,9 @@ impl FakeProvider {
         if g.index.contains_key(id.as_str()) {
             return Err(ProviderError::AlreadyExists { id });
         }
-        let record = Record {
-            id: id.into(),
-            state,
-            tpl: Template::new(statics),
-            host,
-            cluster,
-            metadata,
-            last_error,
-            last_op: None,
-            generation: 0,
-            needs_ready: false,
-            ready: false,
-            awaiting_ready: false,
-            doom: None,
-            framed: Box::default(),
-        };
+        let mut record = Record::arriving(id.into(), state, Template::new(statics), host, cluster);
+        record.metadata = metadata;
+        record.last_error = last_error;
         let slot = g.insert(record);
         g.touch(slot);
         Ok(())

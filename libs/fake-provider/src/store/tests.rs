@@ -600,8 +600,9 @@ fn timed_transitions_complete_after_their_latency() {
     assert_eq!(state(&p, &id), MachineState::Idle);
 }
 
-#[test]
-fn transition_timeout_fails_stuck_machines() {
+/// A provider whose transitions wait to be completed by hand, with a 20 ms transition
+/// timeout, and a machine whose Create it has just accepted.
+fn creating_with_a_20ms_timeout() -> (FakeProvider, String) {
     let p = provider(ProviderConfig {
         transitions: TransitionModel::all(Completion::Staged),
         transition_timeout: Some(Duration::from_millis(20)),
@@ -609,6 +610,12 @@ fn transition_timeout_fails_stuck_machines() {
     });
     let id = first(&p, MachineState::Speculative);
     p.create(&create(&id, "s", 1, 1)).unwrap();
+    (p, id)
+}
+
+#[test]
+fn transition_timeout_fails_stuck_machines() {
+    let (p, id) = creating_with_a_20ms_timeout();
     std::thread::sleep(Duration::from_millis(30));
     let m = p.get(&id).unwrap();
     assert_eq!(m.state, MachineState::Failed as i32);
@@ -622,13 +629,7 @@ fn transition_timeout_fails_stuck_machines() {
 
 #[test]
 fn completed_transitions_are_not_failed_by_their_old_timeout() {
-    let p = provider(ProviderConfig {
-        transitions: TransitionModel::all(Completion::Staged),
-        transition_timeout: Some(Duration::from_millis(20)),
-        ..ProviderConfig::default()
-    });
-    let id = first(&p, MachineState::Speculative);
-    p.create(&create(&id, "s", 1, 1)).unwrap();
+    let (p, id) = creating_with_a_20ms_timeout();
     p.complete_staged(&id).unwrap();
     std::thread::sleep(Duration::from_millis(30));
     assert_eq!(state(&p, &id), MachineState::Idle);

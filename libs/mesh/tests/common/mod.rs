@@ -10,7 +10,10 @@ use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use bigfleet_mesh::{MeshChannel, peer_of};
+use bigfleet_mesh::{
+    ChannelConfig, ClientStackConfig, MeshChannel, MeshServer, RetryPolicy, RunningServer,
+    ServerStackConfig, dial, peer_of,
+};
 use prost::Message;
 use tonic::body::Body;
 use tonic::server::NamedService;
@@ -149,6 +152,13 @@ pub fn echo_descriptor_set() -> &'static [u8] {
         json_name: Some(name.into()),
         ..Default::default()
     };
+    // Both services declare the one method `Say(EchoRequest) returns (EchoReply)`.
+    let say = MethodDescriptorProto {
+        name: Some("Say".into()),
+        input_type: Some(".test.v1.EchoRequest".into()),
+        output_type: Some(".test.v1.EchoReply".into()),
+        ..Default::default()
+    };
     let set = FileDescriptorSet {
         file: vec![FileDescriptorProto {
             name: Some("test/v1/echo.proto".into()),
@@ -169,23 +179,13 @@ pub fn echo_descriptor_set() -> &'static [u8] {
             service: vec![
                 ServiceDescriptorProto {
                     name: Some("Echo".into()),
-                    method: vec![MethodDescriptorProto {
-                        name: Some("Say".into()),
-                        input_type: Some(".test.v1.EchoRequest".into()),
-                        output_type: Some(".test.v1.EchoReply".into()),
-                        ..Default::default()
-                    }],
+                    method: vec![say.clone()],
                     ..Default::default()
                 },
                 // Described but never served: reflection must not advertise it.
                 ServiceDescriptorProto {
                     name: Some("Unserved".into()),
-                    method: vec![MethodDescriptorProto {
-                        name: Some("Say".into()),
-                        input_type: Some(".test.v1.EchoRequest".into()),
-                        output_type: Some(".test.v1.EchoReply".into()),
-                        ..Default::default()
-                    }],
+                    method: vec![say.clone()],
                     ..Default::default()
                 },
             ],
@@ -200,4 +200,34 @@ pub fn code(r: &Result<EchoReply, Status>) -> Code {
         Ok(_) => Code::Ok,
         Err(s) => s.code(),
     }
+}
+
+/// A client stack that makes one attempt: a test sees each call's own outcome.
+pub fn no_retry() -> ClientStackConfig {
+    ClientStackConfig {
+        retry: RetryPolicy::none(),
+        ..ClientStackConfig::default()
+    }
+}
+
+/// A channel to `target` (`http://…` or `unix://…`) with one attempt per call.
+pub async fn dial_once(target: &str) -> MeshChannel {
+    dial(target, &ChannelConfig::default(), &no_retry())
+        .await
+        .unwrap()
+}
+
+/// `echo` served on a loopback TCP port behind the stack `cfg`.
+pub async fn serve_echo(cfg: ServerStackConfig, echo: Echo) -> RunningServer {
+    MeshServer::new("echo", cfg)
+        .tcp("127.0.0.1:0".parse().unwrap())
+        .add_service(echo)
+        .start()
+        .await
+        .unwrap()
+}
+
+/// The `http://` target of a server's TCP listener.
+pub fn tcp_target(s: &RunningServer) -> String {
+    format!("http://{}", s.tcp_addr().unwrap())
 }
