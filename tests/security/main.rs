@@ -14,6 +14,7 @@ use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;
 use bigfleet_proto::mesh::v1::raft_client::RaftClient;
 use bigfleet_proto::mesh::v1::relay_client::RelayClient;
+use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
@@ -308,13 +309,51 @@ async fn the_gateway_public_port_serves_each_caller_only_its_contract() {
     .inspect_needs(pb::InspectNeedsRequest::default())
     .await;
     assert_eq!(code(&r), Code::PermissionDenied);
+    // The action history and the machine list name every cluster's machines and why they
+    // moved: readers only, never an operator or a worker, and nobody without a certificate.
+    let history = |tls: Option<std::sync::Arc<rustls::ClientConfig>>| {
+        let addr = shard.gateway_addr;
+        async move {
+            let ch = match channel(addr, tls).await {
+                Ok(ch) => ch,
+                Err(_) => return (Code::Unavailable, Code::Unavailable),
+            };
+            let mut c = ShardInfoClient::new(ch);
+            let actions = c
+                .recent_actions(mesh::RecentActionsRequest::default())
+                .await
+                .map(|_| ());
+            let machines = c
+                .list_machines(mesh::ListMachinesRequest::default())
+                .await
+                .map(|_| ());
+            (code(&actions), code(&machines))
+        }
+    };
+    for role in ["cluster/c1", "shard/shard-0/execute", "shard/shard-0"] {
+        assert_eq!(
+            history(Some(pki.client(role))).await,
+            (Code::PermissionDenied, Code::PermissionDenied),
+            "{role}"
+        );
+    }
+    let (a, m) = history(None).await;
+    assert!(
+        a != Code::Ok && m != Code::Ok,
+        "plaintext read the history: {a:?} {m:?}"
+    );
+    // A reader is served (the rows above are not vacuous).
+    assert_eq!(
+        history(Some(pki.client("readonly"))).await,
+        (Code::Ok, Code::Ok)
+    );
     let denied = metric_sum(
         shard.gateway_metrics,
         "grpc_server_handled_total",
         &["PermissionDenied"],
     )
     .await;
-    assert!(denied >= 13.0, "refusals are counted: {denied}");
+    assert!(denied >= 19.0, "refusals are counted: {denied}");
 }
 
 /// Opens a Work stream with a worker Hello for shard-0, as an execute worker would.
