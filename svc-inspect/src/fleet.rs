@@ -463,28 +463,10 @@ impl Fleet {
             after_seq: 0,
             ..req.clone()
         };
-        let answers: Vec<(String, Result<mesh::RecentActionsResponse, String>)> =
-            futures::stream::iter(registry.into_iter().map(|entry| {
-                let forward = forward.clone();
-                async move {
-                    let result = match self.channel(&entry) {
-                        Err(e) => Err(e),
-                        Ok(channel) => {
-                            self.bounded(async {
-                                let mut client = bigfleet_mesh::with_message_limits!(
-                                    ShardInfoClient::new(channel)
-                                );
-                                Ok(client.recent_actions(forward).await?.into_inner())
-                            })
-                            .await
-                        }
-                    };
-                    self.count("RecentActions", &result);
-                    (entry.shard_id, result)
-                }
-            }))
-            .buffer_unordered(FANOUT_CONCURRENCY)
-            .collect()
+        let answers = self
+            .ask_each_shard(registry, "RecentActions", forward, |mut c, r| async move {
+                c.recent_actions(r).await
+            })
             .await;
         let mut out = mesh::RecentActionsResponse::default();
         for (shard_id, result) in answers {
@@ -530,28 +512,10 @@ impl Fleet {
             limit: u32::try_from(limit).unwrap_or(u32::MAX),
             ..req.clone()
         };
-        let answers: Vec<(String, Result<mesh::ListMachinesResponse, String>)> =
-            futures::stream::iter(registry.into_iter().map(|entry| {
-                let forward = forward.clone();
-                async move {
-                    let result = match self.channel(&entry) {
-                        Err(e) => Err(e),
-                        Ok(channel) => {
-                            self.bounded(async {
-                                let mut client = bigfleet_mesh::with_message_limits!(
-                                    ShardInfoClient::new(channel)
-                                );
-                                Ok(client.list_machines(forward).await?.into_inner())
-                            })
-                            .await
-                        }
-                    };
-                    self.count("ListMachines", &result);
-                    (entry.shard_id, result)
-                }
-            }))
-            .buffer_unordered(FANOUT_CONCURRENCY)
-            .collect()
+        let answers = self
+            .ask_each_shard(registry, "ListMachines", forward, |mut c, r| async move {
+                c.list_machines(r).await
+            })
             .await;
         let mut out = mesh::ListMachinesResponse::default();
         let mut more = false;
@@ -647,6 +611,42 @@ impl Fleet {
     }
 
     /// Runs `f` under the per-shard timeout, turning statuses into display strings.
+    /// One ShardInfo call to every shard of `registry` (at most [`FANOUT_CONCURRENCY`] at
+    /// once, each bounded by the shard timeout and counted under `rpc`), with each shard's
+    /// answer or why it has none.
+    async fn ask_each_shard<Req, Resp, Fut>(
+        &self,
+        registry: Vec<pb::ShardRegistryEntry>,
+        rpc: &'static str,
+        request: Req,
+        call: impl Fn(ShardInfoClient<MeshChannel>, Req) -> Fut,
+    ) -> Vec<(String, Result<Resp, String>)>
+    where
+        Req: Clone,
+        Fut: Future<Output = Result<tonic::Response<Resp>, Status>>,
+    {
+        let call = &call;
+        futures::stream::iter(registry.into_iter().map(|entry| {
+            let request = request.clone();
+            async move {
+                let result = match self.channel(&entry) {
+                    Err(e) => Err(e),
+                    Ok(channel) => {
+                        let client =
+                            bigfleet_mesh::with_message_limits!(ShardInfoClient::new(channel));
+                        self.bounded(async { Ok(call(client, request).await?.into_inner()) })
+                            .await
+                    }
+                };
+                self.count(rpc, &result);
+                (entry.shard_id, result)
+            }
+        }))
+        .buffer_unordered(FANOUT_CONCURRENCY)
+        .collect()
+        .await
+    }
+
     async fn bounded<T>(&self, f: impl Future<Output = Result<T, Status>>) -> Result<T, String> {
         match tokio::time::timeout(self.cfg.shard_timeout, f).await {
             Ok(Ok(v)) => Ok(v),
