@@ -14,6 +14,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
+mod common;
+
 /// A coordinator replica: a follower hints at `leader`, the leader answers
 /// (or fails with UNAVAILABLE while `down`).
 #[derive(Clone, Default)]
@@ -30,16 +32,10 @@ fn not_leader(hint: &str) -> Status {
     s
 }
 
-fn unimplemented<T>() -> Result<Response<T>, Status> {
-    Err(Status::unimplemented("test replica"))
-}
+common::coordinator_reporting_to!(Replica);
 
-#[tonic::async_trait]
-impl Coordinator for Replica {
-    async fn report_shard(
-        &self,
-        _: Request<pb::ShardReport>,
-    ) -> Result<Response<pb::ReportAck>, Status> {
+impl Replica {
+    async fn report(&self, _: Request<pb::ShardReport>) -> Result<Response<pb::ReportAck>, Status> {
         *self.reports.lock() += 1;
         if let Some(hint) = self.leader.lock().clone() {
             return Err(not_leader(&hint));
@@ -60,67 +56,6 @@ impl Coordinator for Replica {
                 })),
             }],
         }))
-    }
-    async fn assign_domain(
-        &self,
-        _: Request<pb::AssignDomainRequest>,
-    ) -> Result<Response<pb::AssignDomainResponse>, Status> {
-        unimplemented()
-    }
-    async fn unassign_domain(
-        &self,
-        _: Request<pb::UnassignDomainRequest>,
-    ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
-        unimplemented()
-    }
-    async fn remove_shard(
-        &self,
-        _: Request<pb::RemoveShardRequest>,
-    ) -> Result<Response<pb::RemoveShardResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_shards(
-        &self,
-        _: Request<pb::ListShardsRequest>,
-    ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_domain_assignments(
-        &self,
-        _: Request<pb::ListDomainAssignmentsRequest>,
-    ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_shard_reports(
-        &self,
-        _: Request<pb::ListShardReportsRequest>,
-    ) -> Result<Response<pb::ListShardReportsResponse>, Status> {
-        unimplemented()
-    }
-    async fn join_raft_cluster(
-        &self,
-        _: Request<pb::JoinRaftClusterRequest>,
-    ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
-        unimplemented()
-    }
-    type SnapshotSaveStream = futures::stream::Empty<Result<pb::SnapshotSaveChunk, Status>>;
-    async fn snapshot_save(
-        &self,
-        _: Request<pb::SnapshotSaveRequest>,
-    ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
-        unimplemented()
-    }
-    async fn list_quotas(
-        &self,
-        _: Request<pb::ListQuotasRequest>,
-    ) -> Result<Response<pb::ListQuotasResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_providers(
-        &self,
-        _: Request<pb::ListProvidersRequest>,
-    ) -> Result<Response<pb::ListProvidersResponse>, Status> {
-        unimplemented()
     }
 }
 

@@ -13,6 +13,8 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
+mod common;
+
 /// Answers ReportShard from a script and records every report.
 #[derive(Default, Clone)]
 struct ScriptedCoordinator {
@@ -20,16 +22,10 @@ struct ScriptedCoordinator {
     reports: Arc<Mutex<Vec<pb::ShardReport>>>,
 }
 
-fn unimplemented<T>() -> Result<Response<T>, Status> {
-    Err(Status::unimplemented("scripted coordinator"))
-}
+common::coordinator_reporting_to!(ScriptedCoordinator);
 
-#[tonic::async_trait]
-impl Coordinator for ScriptedCoordinator {
-    async fn report_shard(
-        &self,
-        r: Request<pb::ShardReport>,
-    ) -> Result<Response<pb::ReportAck>, Status> {
+impl ScriptedCoordinator {
+    async fn report(&self, r: Request<pb::ShardReport>) -> Result<Response<pb::ReportAck>, Status> {
         self.reports.lock().push(r.into_inner());
         let next = self.replies.lock().pop_front();
         next.unwrap_or_else(|| {
@@ -40,67 +36,6 @@ impl Coordinator for ScriptedCoordinator {
             })
         })
         .map(Response::new)
-    }
-    async fn assign_domain(
-        &self,
-        _: Request<pb::AssignDomainRequest>,
-    ) -> Result<Response<pb::AssignDomainResponse>, Status> {
-        unimplemented()
-    }
-    async fn unassign_domain(
-        &self,
-        _: Request<pb::UnassignDomainRequest>,
-    ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
-        unimplemented()
-    }
-    async fn remove_shard(
-        &self,
-        _: Request<pb::RemoveShardRequest>,
-    ) -> Result<Response<pb::RemoveShardResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_shards(
-        &self,
-        _: Request<pb::ListShardsRequest>,
-    ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_domain_assignments(
-        &self,
-        _: Request<pb::ListDomainAssignmentsRequest>,
-    ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_shard_reports(
-        &self,
-        _: Request<pb::ListShardReportsRequest>,
-    ) -> Result<Response<pb::ListShardReportsResponse>, Status> {
-        unimplemented()
-    }
-    async fn join_raft_cluster(
-        &self,
-        _: Request<pb::JoinRaftClusterRequest>,
-    ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
-        unimplemented()
-    }
-    type SnapshotSaveStream = futures::stream::Empty<Result<pb::SnapshotSaveChunk, Status>>;
-    async fn snapshot_save(
-        &self,
-        _: Request<pb::SnapshotSaveRequest>,
-    ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
-        unimplemented()
-    }
-    async fn list_quotas(
-        &self,
-        _: Request<pb::ListQuotasRequest>,
-    ) -> Result<Response<pb::ListQuotasResponse>, Status> {
-        unimplemented()
-    }
-    async fn list_providers(
-        &self,
-        _: Request<pb::ListProvidersRequest>,
-    ) -> Result<Response<pb::ListProvidersResponse>, Status> {
-        unimplemented()
     }
 }
 
