@@ -825,6 +825,7 @@ fn phase_means(a: &Scrape, b: &Scrape) -> std::collections::BTreeMap<String, f64
         "ledgers",
         "emit",
         "execute",
+        "verdicts",
     ]
     .into_iter()
     .filter_map(|p| {

@@ -214,6 +214,7 @@ async fn main() -> anyhow::Result<()> {
         "ledgers",
         "emit",
         "execute",
+        "verdicts",
     ];
     let base_phases: Vec<_> = phases
         .iter()

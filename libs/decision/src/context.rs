@@ -85,16 +85,24 @@ impl<'a> Ctx<'a> {
         let any_same = demand
             .iter()
             .any(|n| n.profile.same_requirement().is_some());
-        let demand_vectors = demand
-            .iter()
-            .flat_map(|n| [&n.aggregate_resources, &n.min_unit])
-            .collect();
+        #[cfg(debug_assertions)]
+        if let Some(names) = input.demand_dimensions {
+            check_dimensions(demand, names);
+        }
+        let demand_vectors = match input.demand_dimensions {
+            Some(_) => Vec::new(),
+            None => demand
+                .iter()
+                .flat_map(|n| [&n.aggregate_resources, &n.min_unit])
+                .collect(),
+        };
         let snap = Snapshot::build(
             fleet,
             BuildSpec {
                 keys,
                 destinations: input.creating_destinations,
                 demand_vectors,
+                demand_names: input.demand_dimensions.unwrap_or_default(),
                 demand_clusters: demand.iter().map(|n| n.cluster.as_str()).collect(),
                 own_index: any_same,
                 free_groups: any_same || verdicts,
@@ -108,9 +116,7 @@ impl<'a> Ctx<'a> {
             needs.push(CompiledNeed {
                 src: Src::Input(k as u32),
                 cp,
-                cluster: snap
-                    .cluster_id(&n.cluster)
-                    .expect("demand clusters are known"),
+                cluster: snap.demand_cluster_ids[k],
                 agg: snap.dense(&n.aggregate_resources),
                 mu: snap.dense(&n.min_unit),
                 parked: false,
@@ -130,6 +136,25 @@ impl<'a> Ctx<'a> {
                 .unwrap_or_default(),
         }
     }
+}
+
+/// A caller's kept dimension set must be exactly what the demand names (debug builds:
+/// every test that passes one checks it).
+#[cfg(debug_assertions)]
+fn check_dimensions(demand: &[Need], names: &[String]) {
+    let mut seen: Vec<&str> = demand
+        .iter()
+        .flat_map(|n| n.aggregate_resources.iter().chain(n.min_unit.iter()))
+        .map(|(name, _)| name)
+        .collect();
+    seen.sort_unstable();
+    seen.dedup();
+    let mut kept: Vec<&str> = names.iter().map(String::as_str).collect();
+    kept.sort_unstable();
+    assert_eq!(
+        kept, seen,
+        "CycleInput::demand_dimensions differs from the demand's names"
+    );
 }
 
 pub(crate) fn pool_for(threads: usize) -> Arc<rayon::ThreadPool> {

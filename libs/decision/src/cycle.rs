@@ -50,6 +50,11 @@ pub struct CycleInput<'a> {
     /// The machines this shard may act on (ADR-0128); `None` = every machine.
     /// Foreign machines stay facts: no action ever names one.
     pub ownership: Option<&'a Ownership>,
+    /// Every resource name the demand's aggregates and min units carry, when the
+    /// caller keeps that set as demand changes (it saves reading every vector each
+    /// cycle). Exactly that set: a missing name is an error, an extra one a
+    /// dimension nobody asked for. `None`: the engine reads the vectors.
+    pub demand_dimensions: Option<&'a [String]>,
 }
 
 impl<'a> CycleInput<'a> {
@@ -73,6 +78,7 @@ impl<'a> CycleInput<'a> {
             parking: None,
             cluster_ready: None,
             ownership: None,
+            demand_dimensions: None,
         }
     }
 }

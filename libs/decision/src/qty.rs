@@ -14,9 +14,37 @@ use std::collections::HashSet;
 pub(crate) type Qty = SmallVec<[i64; 6]>;
 
 /// The cycle's resource dimensions, sorted by name.
-#[derive(Debug, Default, Clone)]
+#[derive(Debug, Clone)]
 pub(crate) struct Dims<'a> {
     names: Vec<&'a str>,
+    /// Dimension index by a cheap digest of the name ([`slot`]): every demand vector is
+    /// converted each cycle, and one table read plus one equality check per entry costs
+    /// less than walking the sorted names with string comparisons.
+    slots: [u16; SLOTS],
+}
+
+impl Default for Dims<'_> {
+    fn default() -> Self {
+        Dims::from_sorted(Vec::new())
+    }
+}
+
+const SLOTS: usize = 256;
+/// No dimension's name falls in this slot.
+const EMPTY: u16 = u16::MAX;
+/// Several do: search the names.
+const SHARED: u16 = u16::MAX - 1;
+
+/// The digest: length and first and last bytes.
+#[inline]
+fn slot(name: &str) -> usize {
+    let b = name.as_bytes();
+    let (first, last) = (b.first().copied(), b.last().copied());
+    let h = (b.len() as u32)
+        .wrapping_mul(31)
+        .wrapping_add(u32::from(first.unwrap_or(0)).wrapping_mul(7))
+        .wrapping_add(u32::from(last.unwrap_or(0)).wrapping_mul(131));
+    (h as usize) % SLOTS
 }
 
 impl<'a> Dims<'a> {
@@ -45,7 +73,43 @@ impl<'a> Dims<'a> {
             }
         }
         names.sort_unstable();
-        Dims { names }
+        Dims::from_sorted(names)
+    }
+
+    fn from_sorted(names: Vec<&'a str>) -> Dims<'a> {
+        let mut slots = [EMPTY; SLOTS];
+        for (i, n) in names.iter().enumerate() {
+            let s = &mut slots[slot(n)];
+            // More names than u16 indexes (never in practice: ADR-0104 bounds them) or a
+            // shared slot: the lookup falls back to a search.
+            *s = match (*s, u16::try_from(i)) {
+                (EMPTY, Ok(i)) if i < SHARED => i,
+                _ => SHARED,
+            };
+        }
+        Dims { names, slots }
+    }
+
+    /// The index of `name`, if it is a dimension.
+    #[inline]
+    fn index(&self, name: &str) -> Option<usize> {
+        match self.slots[slot(name)] {
+            EMPTY => None,
+            SHARED => self.names.binary_search(&name).ok(),
+            i => (self.names[usize::from(i)] == name).then_some(usize::from(i)),
+        }
+    }
+
+    /// [`Self::collect`] over `vectors`, plus `names`.
+    pub(crate) fn collect_with(
+        vectors: impl IntoIterator<Item = &'a ResourceVector>,
+        names: impl IntoIterator<Item = &'a str>,
+    ) -> Dims<'a> {
+        let mut all = Self::collect(vectors).names;
+        all.extend(names);
+        all.sort_unstable();
+        all.dedup();
+        Dims::from_sorted(all)
     }
 
     pub(crate) fn len(&self) -> usize {
@@ -56,16 +120,12 @@ impl<'a> Dims<'a> {
         SmallVec::from_elem(0, self.names.len())
     }
 
-    /// Dense form of `v`. Both sides are sorted by name, so this is a merge walk.
-    /// Names unknown to the table are ignored (callers collect every vector first).
+    /// Dense form of `v`. Names unknown to the table are ignored (callers collect
+    /// every vector first).
     pub(crate) fn dense(&self, v: &ResourceVector) -> Qty {
         let mut out = self.zero();
-        let mut i = 0;
         for (name, milli) in v.iter() {
-            while i < self.names.len() && self.names[i] < name {
-                i += 1;
-            }
-            if i < self.names.len() && self.names[i] == name {
+            if let Some(i) = self.index(name) {
                 out[i] = milli;
             }
         }
@@ -225,6 +285,35 @@ mod tests {
             }
             proptest::prop_assert_eq!(k, steps);
             proptest::prop_assert_eq!(run, stepped);
+        }
+    }
+
+    proptest::proptest! {
+        /// The slot lookup converts exactly like a search of the names, whatever the
+        /// names (short alphabets make shared and empty slots common).
+        #[test]
+        fn dense_equals_a_search_of_the_names(
+            table in proptest::collection::vec("[ab.]{0,4}", 0..12),
+            picks in proptest::collection::vec((0usize..12, 1i64..100), 0..6),
+            others in proptest::collection::vec(("[ab.c]{0,4}", 1i64..100), 0..3),
+        ) {
+            let tv = ResourceVector::from_milli(table.iter().map(|n| (n.as_str(), 1)));
+            let dims = Dims::collect([&tv]);
+            // Mostly names the table has (found through shared slots too), some it may not.
+            let known = picks
+                .iter()
+                .filter(|_| !table.is_empty())
+                .map(|(i, m)| (table[i % table.len()].as_str(), *m));
+            let v = ResourceVector::from_milli(
+                known.chain(others.iter().map(|(n, m)| (n.as_str(), *m))),
+            );
+            let mut want = dims.zero();
+            for (name, milli) in v.iter() {
+                if let Some(i) = dims.names.iter().position(|d| *d == name) {
+                    want[i] = milli;
+                }
+            }
+            proptest::prop_assert_eq!(dims.dense(&v), want);
         }
     }
 

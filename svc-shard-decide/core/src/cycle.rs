@@ -42,6 +42,16 @@ pub(crate) struct CycleRoom {
     hints: HintSweep,
 }
 
+/// What a cycle hands on for its verdict table, built once its actions are enqueued.
+struct PendingVerdicts {
+    cycle: u64,
+    now: i64,
+    demand: Arc<Vec<Need>>,
+    verdicts: Vec<bigfleet_decision::NeedVerdict>,
+    listed_at: i64,
+    stale: bool,
+}
+
 /// Slots the connected clusters are hashed into for the rolling hint sweep.
 const HINT_SLOTS: u64 = 64;
 
@@ -219,8 +229,10 @@ impl Decide {
             .set((self.now().saturating_sub(listed_at)).max(0) as f64 / 1e9);
         let this = self.clone();
         let span = tracing::info_span!("decide_cycle", shard = %self.inner.cfg.shard_id);
-        let report = tokio::task::spawn_blocking(move || {
-            this.decide_blocking(&mut room, span, observe, stale, listed_at)
+        let (report, verdicts, room) = tokio::task::spawn_blocking(move || {
+            let (report, verdicts) =
+                this.decide_blocking(&mut room, span, observe, stale, listed_at)?;
+            Ok::<_, CycleError>((report, verdicts, room))
         })
         .await
         .map_err(|e| CycleError::Join(e.to_string()))??;
@@ -229,7 +241,38 @@ impl Decide {
             m.cycle_duration.observe(started.elapsed().as_secs_f64());
         }
         self.inner.work_ready.notify_waiters();
+        // The decision is out; the verdict table readers see (InspectNeeds, reports) is
+        // published next, off the path from demand to enqueued action (ADR-0134). The
+        // room stays held, so tables are published in cycle order and the next cycle's
+        // demand view finds the generation the previous table released.
+        let this = self.clone();
+        tokio::task::spawn_blocking(move || {
+            let _room = room;
+            let t = Instant::now();
+            this.publish_verdicts(verdicts);
+            if observe {
+                this.inner
+                    .metrics
+                    .cycle_phase_duration
+                    .with_label_values(&["verdicts"])
+                    .observe(t.elapsed().as_secs_f64());
+            }
+        })
+        .await
+        .map_err(|e| CycleError::Join(e.to_string()))?;
         Ok(report)
+    }
+
+    /// Builds the cycle's verdict table, carrying unmet ages over from the one it
+    /// replaces, and swaps it in whole.
+    fn publish_verdicts(&self, job: PendingVerdicts) {
+        let prev = self.verdicts();
+        let mut table = VerdictTable::build(&prev, job.cycle, job.now, &job.demand, job.verdicts);
+        table.inventory_listed_at_unix_nanos = job.listed_at;
+        table.inventory_stale = job.stale;
+        // The previous table is freed outside the lock readers wait on.
+        let old = std::mem::replace(&mut *self.inner.verdicts.write(), Arc::new(table));
+        drop((prev, old));
     }
 
     fn decide_blocking(
@@ -239,7 +282,7 @@ impl Decide {
         observe: bool,
         stale: bool,
         listed_at: i64,
-    ) -> Result<CycleReport, CycleError> {
+    ) -> Result<(CycleReport, PendingVerdicts), CycleError> {
         let _entered = span.enter();
         let trace = current_trace_context();
         let inner = &self.inner;
@@ -276,6 +319,7 @@ impl Decide {
             parking: Some(&room.parking),
             cluster_ready: Some(&ready),
             ownership: Some(&ownership),
+            demand_dimensions: Some(room.demand.dimensions()),
             ..CycleInput::with_fleet(inv.fleet(), demand)
         };
         let opts = CycleOptions {
@@ -313,13 +357,14 @@ impl Decide {
             m.shortfalls.set(s.len() as i64);
             s.len()
         };
-        let prev = self.verdicts();
-        let mut table = VerdictTable::build(&prev, cycle, now, demand, out.verdicts);
-        table.inventory_listed_at_unix_nanos = listed_at;
-        table.inventory_stale = stale;
-        // The previous table is freed outside the lock readers wait on.
-        let old = std::mem::replace(&mut *inner.verdicts.write(), Arc::new(table));
-        drop((prev, old));
+        let verdicts = PendingVerdicts {
+            cycle,
+            now,
+            demand: Arc::clone(demand),
+            verdicts: out.verdicts,
+            listed_at,
+            stale,
+        };
         phase("ledgers", t);
 
         let t = Instant::now();
@@ -442,7 +487,7 @@ impl Decide {
                 .observe(decided_at.duration_since(c.accepted_at).as_secs_f64());
         }
 
-        Ok(CycleReport {
+        let report = CycleReport {
             cycle,
             machines: inv.len(),
             needs: demand.len(),
@@ -459,7 +504,8 @@ impl Decide {
             shortfalls: shortfall_count,
             stale,
             held_stale: held.len(),
-        })
+        };
+        Ok((report, verdicts))
     }
 
     pub(crate) fn audit(&self, cycle: u64, action: &Action, outcome: &str) {

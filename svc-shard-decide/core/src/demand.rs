@@ -9,8 +9,9 @@
 //! property tests compare against a from-scratch sort.
 
 use bigfleet_model::{Need, snapshot_order};
-use rustc_hash::{FxHashMap, FxHashSet};
+use rustc_hash::FxHashMap;
 use std::cmp::Ordering;
+use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -51,10 +52,47 @@ pub struct DemandView {
     sorted: Arc<Vec<Need>>,
     /// The snapshot before `sorted`, and the changes that turned it into `sorted`.
     previous: Option<(Arc<Vec<Need>>, Changes)>,
+    /// How many aggregate and min-unit entries name each resource, so the engine gets
+    /// the demand's dimensions without reading every row (`CycleInput::demand_dimensions`).
+    name_counts: BTreeMap<String, u32>,
+    /// `name_counts`' keys.
+    names: Vec<String>,
 }
 
-/// Clusters and their rows now (empty: withdrawn).
-type Changes = Vec<(String, Vec<Need>)>;
+/// Adds (or takes away) the resource names `needs` carry; whether the set of names changed.
+fn count_names(counts: &mut BTreeMap<String, u32>, needs: &[Need], add: bool) -> bool {
+    let mut changed = false;
+    for (name, _) in needs
+        .iter()
+        .flat_map(|n| n.aggregate_resources.iter().chain(n.min_unit.iter()))
+    {
+        if add {
+            let c = counts.entry(name.to_owned()).or_insert_with(|| {
+                changed = true;
+                0
+            });
+            *c += 1;
+        } else if let Some(c) = counts.get_mut(name) {
+            *c -= 1;
+            if *c == 0 {
+                counts.remove(name);
+                changed = true;
+            }
+        }
+    }
+    changed
+}
+
+/// One changed cluster: where its old rows sat (their priority and arrival) and its
+/// rows now (empty: withdrawn).
+#[derive(Debug)]
+struct Change {
+    cluster: String,
+    old: Vec<(i32, i64)>,
+    new: Vec<Need>,
+}
+
+type Changes = Vec<Change>;
 
 /// The snapshot order, total within one cluster: ties of [`snapshot_order`]
 /// (same cluster, priority and arrival) keep roll-up order, carried as `index`.
@@ -62,29 +100,68 @@ fn stable_cmp(a: (&Need, usize), b: (&Need, usize)) -> Ordering {
     snapshot_order(a.0, b.0).then(a.1.cmp(&b.1))
 }
 
+/// [`snapshot_order`] of `row` against a row of `cluster` with this priority and arrival.
+fn order_against(row: &Need, priority: i32, arrival: i64, cluster: &str) -> Ordering {
+    priority
+        .cmp(&row.priority())
+        .then(row.arrival_unix_nanos.cmp(&arrival))
+        .then_with(|| row.cluster.as_str().cmp(cluster))
+}
+
 /// `base` with every listed cluster's rows replaced by the listed ones (moved, not cloned).
+///
+/// Rows that tie in [`snapshot_order`] share a cluster, so a changed cluster's old rows
+/// are found by binary search on their (priority, arrival, cluster), and each new row's
+/// place likewise: the work is one pass of moves plus a few searches per changed row,
+/// with no per-row hashing or comparing of the clusters that did not change.
 fn patch(base: Vec<Need>, changes: &Changes) -> Vec<Need> {
-    let changed: FxHashSet<&str> = changes.iter().map(|(c, _)| c.as_str()).collect();
-    // The new rows, in snapshot order. Within a cluster, roll-up order breaks ties.
+    // Index ranges of the rows that leave, merged and in order.
+    let mut gone: Vec<(usize, usize)> = Vec::new();
+    for c in changes {
+        for &(priority, arrival) in &c.old {
+            let lo = base.partition_point(|r| {
+                order_against(r, priority, arrival, &c.cluster) == Ordering::Less
+            });
+            let hi = lo
+                + base[lo..].partition_point(|r| {
+                    order_against(r, priority, arrival, &c.cluster) == Ordering::Equal
+                });
+            if lo < hi {
+                gone.push((lo, hi));
+            }
+        }
+    }
+    gone.sort_unstable();
+    // The new rows, in snapshot order (roll-up order breaks ties within a cluster),
+    // each with the index of the first base row that goes after it. A new row never
+    // ties with a kept row: a tie needs the same cluster, and a cluster's rows are
+    // either all kept or all replaced.
     let mut fresh: Vec<(Need, usize)> = Vec::new();
-    for (_, needs) in changes {
-        fresh.extend(needs.iter().cloned().enumerate().map(|(i, n)| (n, i)));
+    for c in changes {
+        fresh.extend(c.new.iter().cloned().enumerate().map(|(i, n)| (n, i)));
     }
     fresh.sort_by(|a, b| stable_cmp((&a.0, a.1), (&b.0, b.1)));
-    // Kept rows are already in order; the two runs never tie (a tie needs the same
-    // cluster, and a cluster is in exactly one of them).
+    let fresh: Vec<(usize, Need)> = fresh
+        .into_iter()
+        .map(|(n, _)| {
+            let at = base.partition_point(|r| snapshot_order(r, &n) == Ordering::Less);
+            (at, n)
+        })
+        .collect();
+    let mut fresh = fresh.into_iter().peekable();
     let mut out = Vec::with_capacity(base.len() + fresh.len());
-    let mut fresh = fresh.into_iter().map(|(n, _)| n).peekable();
-    for n in base {
-        if changed.contains(n.cluster.as_str()) {
-            continue;
-        }
-        while let Some(f) = fresh.next_if(|f| snapshot_order(f, &n) == Ordering::Less) {
+    let mut gone = gone.into_iter().peekable();
+    for (i, n) in base.into_iter().enumerate() {
+        while let Some((_, f)) = fresh.next_if(|(at, _)| *at <= i) {
             out.push(f);
+        }
+        while gone.next_if(|&(_, hi)| hi <= i).is_some() {}
+        if gone.peek().is_some_and(|&(lo, _)| lo <= i) {
+            continue;
         }
         out.push(n);
     }
-    out.extend(fresh);
+    out.extend(fresh.map(|(_, f)| f));
     out
 }
 
@@ -98,17 +175,34 @@ impl DemandView {
         if changes.is_empty() {
             return;
         }
+        let mut names_changed = false;
         let now: Changes = changes
             .clusters
             .iter()
-            .map(|c| (c.cluster.clone(), c.needs.clone()))
+            .map(|c| {
+                let old = match &c.needs[..] {
+                    [] => self.by_cluster.remove(&c.cluster),
+                    new => self.by_cluster.insert(c.cluster.clone(), new.to_vec()),
+                };
+                names_changed |= count_names(&mut self.name_counts, &c.needs, true);
+                names_changed |=
+                    count_names(&mut self.name_counts, old.as_deref().unwrap_or(&[]), false);
+                let mut old: Vec<(i32, i64)> = old
+                    .iter()
+                    .flatten()
+                    .map(|n| (n.priority(), n.arrival_unix_nanos))
+                    .collect();
+                old.sort_unstable();
+                old.dedup();
+                Change {
+                    cluster: c.cluster.clone(),
+                    old,
+                    new: c.needs.clone(),
+                }
+            })
             .collect();
-        for (cluster, needs) in &now {
-            if needs.is_empty() {
-                self.by_cluster.remove(cluster);
-            } else {
-                self.by_cluster.insert(cluster.clone(), needs.clone());
-            }
+        if names_changed {
+            self.names = self.name_counts.keys().cloned().collect();
         }
         let current = std::mem::take(&mut self.sorted);
         let base = match self.previous.take() {
@@ -126,6 +220,11 @@ impl DemandView {
     /// Every row, in snapshot order.
     pub fn sorted(&self) -> &Arc<Vec<Need>> {
         &self.sorted
+    }
+
+    /// Every resource name the rows' aggregates and min units carry, sorted.
+    pub fn dimensions(&self) -> &[String] {
+        &self.names
     }
 
     /// One cluster's rows in roll-up order (empty when it has none).
@@ -149,9 +248,11 @@ mod tests {
     use bigfleet_model::{Operator, PenaltyBucket, Profile, Requirement};
     use proptest::prelude::*;
 
+    /// A need whose resources name a dimension of its own besides cpu, so the kept
+    /// dimension set changes as demand comes and goes.
     fn need(prio: i32, tag: &str) -> Need {
         let req = Requirement::new("tag", Operator::In, [tag.to_owned()]);
-        Need::new(
+        let mut n = Need::new(
             "",
             Profile::new(
                 vec![req],
@@ -160,7 +261,13 @@ mod tests {
                 PenaltyBucket::Zero,
                 PenaltyBucket::Zero,
             ),
-        )
+        );
+        n.aggregate_resources = bigfleet_model::ResourceVector::from_milli([
+            ("cpu".to_owned(), 1000),
+            (format!("r-{tag}"), 1),
+        ]);
+        n.min_unit = bigfleet_model::ResourceVector::from_milli([(format!("u-{tag}"), 1)]);
+        n
     }
 
     /// Takes what changed from `table` the way ingest hands it to the cycle.
@@ -232,6 +339,14 @@ mod tests {
                 let scratch = t.snapshot();
                 prop_assert_eq!(v.sorted().as_slice(), scratch.as_slice());
                 prop_assert_eq!(v.len(), t.len());
+                let mut names: Vec<String> = scratch
+                    .iter()
+                    .flat_map(|n| n.aggregate_resources.iter().chain(n.min_unit.iter()))
+                    .map(|(name, _)| name.to_owned())
+                    .collect();
+                names.sort_unstable();
+                names.dedup();
+                prop_assert_eq!(v.dimensions(), names.as_slice());
             }
             drop(reader);
         }

@@ -68,7 +68,7 @@ impl ShardMetrics {
             )?,
             cycle_phase_duration: r.histogram_vec(
                 "bigfleet_shard_cycle_phase_duration_seconds",
-                "Duration of each phase of a cycle.",
+                "Duration of each phase of a cycle: reconcile, snapread, engine, ledgers, emit, execute; then verdicts (publishing the verdict table once the actions are enqueued, outside bigfleet_shard_cycle_duration_seconds).",
                 &["phase"],
                 &cycle_buckets(),
             )?,

@@ -1,7 +1,7 @@
 //! The NeedsTable: each cluster's latest full-replacement demand.
 
 use bigfleet_conv::{ConvError, Limit};
-use bigfleet_model::{ClusterId, Need, snapshot_order};
+use bigfleet_model::{ClusterId, Need, Profile, snapshot_order};
 use rustc_hash::FxHashMap;
 use std::collections::{BTreeMap, HashSet};
 use std::sync::Arc;
@@ -24,6 +24,46 @@ pub struct NeedsTable {
     dims: BTreeMap<String, u32>,
     /// Each cluster's distinct resource names, sorted.
     cluster_dims: FxHashMap<ClusterId, Vec<String>>,
+    profiles: SharedProfiles,
+}
+
+/// One `Arc<Profile>` per fingerprint across every cluster's demand. Each roll-up
+/// decodes its own copies; sharing them lets the engine, whose profile registry looks
+/// an `Arc` up by address before it hashes a fingerprint, compile each profile once
+/// a cycle at the cost of an address lookup per need (issue 17).
+#[derive(Debug)]
+struct SharedProfiles {
+    by_fingerprint: FxHashMap<String, Arc<Profile>>,
+    /// Size at which profiles no demand holds any more are swept out: twice the live
+    /// count after the last sweep, so the map stays within twice what is in use.
+    sweep_at: usize,
+}
+
+impl Default for SharedProfiles {
+    fn default() -> Self {
+        SharedProfiles {
+            by_fingerprint: FxHashMap::default(),
+            sweep_at: SharedProfiles::MIN_SWEEP,
+        }
+    }
+}
+
+impl SharedProfiles {
+    const MIN_SWEEP: usize = 1024;
+
+    fn share(&mut self, profile: &Arc<Profile>) -> Arc<Profile> {
+        if let Some(shared) = self.by_fingerprint.get(profile.fingerprint()) {
+            return Arc::clone(shared);
+        }
+        if self.by_fingerprint.len() >= self.sweep_at {
+            // Held only here: no row, snapshot or verdict table carries it.
+            self.by_fingerprint.retain(|_, p| Arc::strong_count(p) > 1);
+            self.sweep_at = (2 * self.by_fingerprint.len()).max(Self::MIN_SWEEP);
+        }
+        self.by_fingerprint
+            .insert(profile.fingerprint().to_owned(), Arc::clone(profile));
+        Arc::clone(profile)
+    }
 }
 
 /// The distinct resource names of `needs` (aggregates and min units), sorted. A linear
@@ -73,6 +113,7 @@ impl NeedsTable {
                 .unwrap_or(received_at);
             next.insert(fp.to_owned(), arrival);
             n.arrival_unix_nanos = arrival;
+            n.profile = self.profiles.share(&n.profile);
             n.cluster = cluster.to_owned();
             n.acquisition_parked = false;
         }
@@ -221,6 +262,29 @@ mod tests {
                 PenaltyBucket::Zero,
             ),
         )
+    }
+
+    #[test]
+    fn equal_profiles_share_one_arc_and_unused_ones_are_swept() {
+        let mut t = NeedsTable::new();
+        t.replace("a", vec![need(5, "x"), need(5, "y")], 1);
+        t.replace("b", vec![need(5, "x")], 1);
+        let (a, b) = (t.needs_of("a"), t.needs_of("b"));
+        assert!(Arc::ptr_eq(&a[0].profile, &b[0].profile));
+        assert!(!Arc::ptr_eq(&a[0].profile, &a[1].profile));
+        // Profiles no demand holds any more leave once the map reaches its sweep size.
+        for i in 0..3 * SharedProfiles::MIN_SWEEP {
+            t.replace("churn", vec![need(1, &format!("c{i}"))], 2);
+        }
+        let kept = t.profiles.by_fingerprint.len();
+        assert!(
+            kept <= 2 * SharedProfiles::MIN_SWEEP,
+            "{kept} profiles kept"
+        );
+        assert!(Arc::ptr_eq(
+            &t.needs_of("a")[0].profile,
+            &t.needs_of("b")[0].profile
+        ));
     }
 
     fn order(s: &[Need]) -> Vec<(String, String)> {

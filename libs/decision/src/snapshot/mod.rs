@@ -101,6 +101,8 @@ pub struct Snapshot<'a> {
     /// Clusters the demand names that no machine is bound to (ids after the fleet's).
     extra_clusters: Vec<&'a str>,
     extra_cluster_ids: FxHashMap<&'a str, u32>,
+    /// The cluster id of each `BuildSpec::demand_clusters` entry, in order.
+    pub(crate) demand_cluster_ids: Vec<u32>,
     /// Attribute keys the demand mentions; index = slot in shape attribute tuples.
     pub(crate) keys: Vec<&'a str>,
     pub(crate) dims: Dims<'a>,
@@ -216,8 +218,17 @@ impl<'a> Snapshot<'a> {
                 nfc + extra_clusters.len() as u32 - 1
             })
         };
-        for c in &spec.demand_clusters {
-            cluster_id(c);
+        // Rows of one cluster often sit together (same priority and arrival): comparing
+        // with the previous name is cheaper than hashing it again.
+        let mut demand_cluster_ids = Vec::with_capacity(spec.demand_clusters.len());
+        let mut last: Option<(&str, u32)> = None;
+        for &c in &spec.demand_clusters {
+            let id = match last {
+                Some((name, id)) if name == c => id,
+                _ => cluster_id(c),
+            };
+            last = Some((c, id));
+            demand_cluster_ids.push(id);
         }
 
         let recs: &'a [Rec] = &fleet.recs;
@@ -236,11 +247,12 @@ impl<'a> Snapshot<'a> {
         };
 
         // Dimensions and dense capacities, per fleet capacity symbol.
-        let dims = Dims::collect(
+        let dims = Dims::collect_with(
             fleet
                 .allocs
                 .iter()
                 .chain(spec.demand_vectors.iter().copied()),
+            spec.demand_names.iter().map(String::as_str),
         );
         let mut alloc_dense = Vec::with_capacity(fleet.allocs.len() * dims.len());
         for a in &fleet.allocs {
@@ -291,6 +303,7 @@ impl<'a> Snapshot<'a> {
             live: n,
             extra_clusters,
             extra_cluster_ids,
+            demand_cluster_ids,
             keys: spec.keys,
             dims,
             alloc_dense,
@@ -580,6 +593,9 @@ pub(crate) struct BuildSpec<'a> {
     pub destinations: Option<&'a HashMap<MachineId, ClusterId>>,
     /// Need aggregates and min units (their dimensions must exist).
     pub demand_vectors: Vec<&'a ResourceVector>,
+    /// Resource names the demand uses, when the caller keeps them (then
+    /// `demand_vectors` may be empty).
+    pub demand_names: &'a [String],
     /// Clusters the demand names.
     pub demand_clusters: Vec<&'a str>,
     /// Build the own-machine index (only Same needs use it).

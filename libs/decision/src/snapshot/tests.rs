@@ -66,6 +66,7 @@ fn settle(fleet: &Fleet) -> &Base {
         destinations: None,
         demand_vectors: Vec::new(),
         demand_clusters: Vec::new(),
+        demand_names: &[],
         own_index: true,
         free_groups: true,
         par: Parallelism::Off,
