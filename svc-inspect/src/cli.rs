@@ -73,6 +73,32 @@ pub struct Args {
     )]
     pub metrics_addr: String,
 
+    /// Between samples of the dashboard's history (fleet, per-shard and per-cluster
+    /// figures); `0s` turns sampling off. Each sample reads the fleet overview, the cluster
+    /// index (every shard's needs) and one RecentActions call per shard.
+    #[arg(long, env = "BIGFLEET_SAMPLE_INTERVAL", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub sample_interval: std::time::Duration,
+
+    /// Samples kept per history ring (fleet, each shard, each cluster); the oldest is
+    /// dropped first. 720 at 5s is one hour.
+    #[arg(long, env = "BIGFLEET_HISTORY_SAMPLES", default_value_t = crate::history::DEFAULT_SAMPLES)]
+    pub history_samples: usize,
+
+    /// Clusters whose history is kept. When full, a new cluster replaces the tracked one
+    /// seen longest ago if that one is gone from the latest sample, else it is not tracked.
+    /// Memory is bounded by about 32 bytes x samples x this.
+    #[arg(long, env = "BIGFLEET_HISTORY_MAX_CLUSTERS", default_value_t = crate::history::DEFAULT_MAX_CLUSTERS)]
+    pub history_max_clusters: usize,
+
+    /// Shards whose history is kept (same rule as --history-max-clusters).
+    #[arg(long, env = "BIGFLEET_HISTORY_MAX_SHARDS", default_value_t = crate::history::DEFAULT_MAX_SHARDS)]
+    pub history_max_shards: usize,
+
+    /// Between in-place refreshes of live dashboard pages (by the page's own script, no
+    /// reload); `0s` turns them off.
+    #[arg(long, env = "BIGFLEET_PAGE_REFRESH", default_value = "5s", value_parser = humantime::parse_duration)]
+    pub page_refresh: std::time::Duration,
+
     /// Graceful-shutdown deadline after SIGTERM.
     #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
     pub drain_timeout: Duration,
@@ -132,6 +158,16 @@ mod tests {
         assert_eq!(a.metrics_addr, ":8796");
         assert_eq!(a.cache_ttl, Duration::from_secs(2));
         assert_eq!(a.drain_timeout, Duration::from_secs(10));
+        assert_eq!(a.sample_interval, Duration::from_secs(5));
+        assert_eq!(
+            (
+                a.history_samples,
+                a.history_max_clusters,
+                a.history_max_shards
+            ),
+            (720, 256, 64)
+        );
+        assert_eq!(a.page_refresh, Duration::from_secs(5));
         assert!(
             Args::try_parse_from(["bigfleet-inspect"]).is_err(),
             "--coordinator-addr is required"

@@ -1,24 +1,8 @@
-//! Tiny HTML helpers: escaping (everything that is not our own markup goes through
-//! [`esc`]), URL path encoding, and time formatting.
+//! Tiny helpers for the pages: URL path encoding and time formatting. HTML escaping is the
+//! template library's job (maud escapes every interpolated value).
 
 use std::fmt::Write as _;
 use std::time::{Duration, UNIX_EPOCH};
-
-/// Escapes text for HTML element content and double- or single-quoted attribute values.
-pub fn esc(s: &str) -> String {
-    let mut out = String::with_capacity(s.len());
-    for c in s.chars() {
-        match c {
-            '&' => out.push_str("&amp;"),
-            '<' => out.push_str("&lt;"),
-            '>' => out.push_str("&gt;"),
-            '"' => out.push_str("&quot;"),
-            '\'' => out.push_str("&#39;"),
-            c => out.push(c),
-        }
-    }
-    out
-}
 
 /// Percent-encodes one URL path segment or query value (RFC 3986 unreserved characters
 /// pass through).
@@ -63,15 +47,6 @@ mod tests {
     use proptest::prelude::*;
 
     #[test]
-    fn escaping_covers_markup_and_quotes() {
-        assert_eq!(
-            esc(r#"<script>alert("x")</script> & 'y'"#),
-            "&lt;script&gt;alert(&quot;x&quot;)&lt;/script&gt; &amp; &#39;y&#39;"
-        );
-        assert_eq!(esc("plain-id_1"), "plain-id_1");
-    }
-
-    #[test]
     fn path_segments_are_encoded() {
         assert_eq!(pct("team a/b?c"), "team%20a%2Fb%3Fc");
         assert_eq!(pct("ü"), "%C3%BC");
@@ -89,12 +64,6 @@ mod tests {
     }
 
     proptest! {
-        #[test]
-        fn escaped_text_never_contains_markup(s in ".*") {
-            let e = esc(&s);
-            prop_assert!(!e.contains('<') && !e.contains('>') && !e.contains('"') && !e.contains('\''));
-        }
-
         #[test]
         fn encoded_segments_are_plain_ascii(s in ".*") {
             prop_assert!(pct(&s).bytes().all(|b| b.is_ascii_alphanumeric() || b"-._~%".contains(&b)));

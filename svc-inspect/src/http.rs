@@ -1,11 +1,17 @@
 //! The HTTP side: a JSON API under `/api/v1` and the dashboard pages, both paginated (a
-//! shard may hold 50K needs; no response carries more than [`MAX_PAGE_SIZE`] rows).
+//! shard may hold 50K needs; no response carries more than [`MAX_PAGE_SIZE`] rows), plus
+//! the sampled history (`/api/v1/history`, ADR-0136) and the dashboard's own stylesheet
+//! and script under `/static/`.
+//!
+//! Every page goes out with a strict Content-Security-Policy ([`CONTENT_SECURITY_POLICY`]):
+//! scripts, styles and fetches from this origin only, nothing inline, no framing.
 //!
 //! Served in plaintext even when the process runs mTLS, like the metrics port: browsers do
 //! not present bigfleet client certificates. Put it behind an authenticating Ingress, or keep
 //! the port in-cluster.
 
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::extract::{Path, Query, State};
@@ -16,12 +22,17 @@ use serde::{Deserialize, Serialize};
 
 use crate::error::InspectError;
 use crate::fleet::{Fleet, FleetNeeds};
+use crate::history::History;
 use crate::html::pct;
-use crate::pages;
+use crate::pages::{self, Shell};
 use crate::view::{
     ClusterNeedsView, ClusterView, DomainView, NeedRow, Page, ShardFetchView, ShardView,
     ShortfallView, SummaryView,
 };
+
+/// Sent with every response: the dashboard loads its stylesheet and its one script from
+/// this origin, fetches only from it, and nothing inline runs.
+pub const CONTENT_SECURITY_POLICY: &str = "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self'; connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'";
 
 /// Rows per page unless asked otherwise.
 pub const DEFAULT_PAGE_SIZE: usize = 50;
@@ -184,14 +195,41 @@ impl ListQuery {
     }
 }
 
-type Shared = Arc<Fleet>;
+/// What every handler reads.
+#[derive(Debug, Clone)]
+pub struct AppState {
+    pub fleet: Arc<Fleet>,
+    pub history: Arc<History>,
+    pub shell: Shell,
+}
 
-/// The dashboard and the JSON API.
-pub fn router(fleet: Arc<Fleet>) -> Router {
+impl AppState {
+    fn interval_ms(&self) -> u64 {
+        u64::try_from(self.history.interval().as_millis()).unwrap_or(u64::MAX)
+    }
+}
+
+type Shared = AppState;
+
+/// The dashboard and the JSON API; pages refresh in place every `refresh` (zero: never).
+pub fn router(fleet: Arc<Fleet>, history: Arc<History>, refresh: Duration) -> Router {
+    let state = AppState {
+        fleet,
+        history,
+        shell: Shell {
+            refresh_secs: refresh.as_secs(),
+        },
+    };
     Router::new()
         .route("/", get(overview_page))
         .route("/clusters", get(clusters_page))
         .route("/clusters/{id}", get(cluster_page))
+        .route("/shards/{id}", get(shard_page))
+        .route("/static/dashboard.css", get(stylesheet))
+        .route("/static/live.js", get(live_script))
+        .route("/api/v1/history", get(api_history))
+        .route("/api/v1/clusters/{id}/history", get(api_cluster_history))
+        .route("/api/v1/shards/{id}/history", get(api_shard_history))
         .route("/cluster", get(cluster_lookup))
         .route("/shortfalls", get(shortfalls_page))
         .route("/domains", get(domains_page))
@@ -206,7 +244,45 @@ pub fn router(fleet: Arc<Fleet>) -> Router {
         .route("/api/v1/actions", get(api_actions))
         .route("/api/v1/machines", get(api_machines))
         .fallback(not_found)
-        .with_state(fleet)
+        .with_state(state)
+        .layer(axum::middleware::map_response(security_headers))
+}
+
+async fn security_headers(mut r: Response) -> Response {
+    let h = r.headers_mut();
+    h.insert(
+        header::CONTENT_SECURITY_POLICY,
+        header::HeaderValue::from_static(CONTENT_SECURITY_POLICY),
+    );
+    h.insert(
+        header::X_CONTENT_TYPE_OPTIONS,
+        header::HeaderValue::from_static("nosniff"),
+    );
+    h.insert(
+        header::REFERRER_POLICY,
+        header::HeaderValue::from_static("no-referrer"),
+    );
+    r
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            // Versioned with the binary; a short cache keeps upgrades visible.
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+async fn stylesheet() -> Response {
+    asset("text/css; charset=utf-8", pages::STYLESHEET)
+}
+
+async fn live_script() -> Response {
+    asset("text/javascript; charset=utf-8", pages::LIVE_SCRIPT)
 }
 
 // --- responses ---
@@ -300,25 +376,27 @@ async fn load_cluster(
 
 // --- pages ---
 
-async fn overview_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn overview_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
     };
-    let o = fleet.overview().await;
+    let o = st.fleet.overview().await;
     html(pages::overview(
+        st.shell,
         &o,
         &Page::of(&o.shards, p.page, p.page_size),
+        &st.history.fleet(),
     ))
 }
 
-async fn shortfalls_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn shortfalls_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
     };
-    let o = fleet.overview().await;
-    html(pages::shortfalls(&o, &shortfall_page(&o, &p)))
+    let o = st.fleet.overview().await;
+    html(pages::shortfalls(st.shell, &o, &shortfall_page(&o, &p)))
 }
 
 fn shortfall_page(o: &crate::fleet::FleetOverview, p: &Paging) -> Page<ShortfallView> {
@@ -332,25 +410,27 @@ fn shortfall_page(o: &crate::fleet::FleetOverview, p: &Paging) -> Page<Shortfall
     }
 }
 
-async fn domains_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn domains_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
     };
-    let o = fleet.overview().await;
+    let o = st.fleet.overview().await;
     html(pages::domains(
+        st.shell,
         &o,
         &Page::of(&o.domains, p.page, p.page_size),
     ))
 }
 
-async fn clusters_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn clusters_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
     };
-    match fleet.clusters().await {
+    match st.fleet.clusters().await {
         Ok(index) => html(pages::clusters(
+            st.shell,
             &index,
             &Page::of(&index.clusters, p.page, p.page_size),
         )),
@@ -362,13 +442,84 @@ async fn clusters_page(State(fleet): State<Shared>, Query(q): Query<ListQuery>) 
 }
 
 async fn cluster_page(
-    State(fleet): State<Shared>,
+    State(st): State<Shared>,
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    match load_cluster(&fleet, &id, &q).await {
-        Ok(v) => html(pages::cluster(&v)),
+    match load_cluster(&st.fleet, &id, &q).await {
+        Ok(v) => {
+            let history = st.history.cluster(&id);
+            if history.is_none() && unknown_cluster(&v) {
+                return page_error(
+                    StatusCode::NOT_FOUND,
+                    "Unknown cluster",
+                    &format!(
+                        "No shard holds demand from cluster {id:?}, and inspect has not sampled it within its history window. Check the name on the Clusters page."
+                    ),
+                );
+            }
+            html(pages::cluster(
+                st.shell,
+                &v,
+                history.as_ref(),
+                st.interval_ms(),
+            ))
+        }
         Err((status, e)) => page_error(status, "Cluster unavailable", &e),
+    }
+}
+
+/// Sure to be unknown: every shard answered after at least one cycle, none holds a row of
+/// it. (A shard that did not answer, or has not decided yet, might.)
+fn unknown_cluster(v: &ClusterNeedsView) -> bool {
+    v.satisfied + v.unmet == 0
+        && !v.shards.is_empty()
+        && v.shards.iter().all(|s| s.reachable && s.cycle > 0)
+}
+
+async fn shard_page(State(st): State<Shared>, Path(id): Path<String>) -> Response {
+    let o = st.fleet.overview().await;
+    match o.shards.iter().find(|s| s.shard_id == id) {
+        Some(sh) => html(pages::shard(
+            st.shell,
+            &o,
+            sh,
+            st.history.shard(&id).as_ref(),
+            st.interval_ms(),
+        )),
+        None => page_error(
+            StatusCode::NOT_FOUND,
+            "Unknown shard",
+            &format!(
+                "The coordinator lists no shard {id:?}. The overview lists the shards it knows."
+            ),
+        ),
+    }
+}
+
+async fn api_history(State(st): State<Shared>) -> Response {
+    json(&st.history.fleet())
+}
+
+async fn api_cluster_history(State(st): State<Shared>, Path(id): Path<String>) -> Response {
+    match st.history.cluster(&id) {
+        Some(h) => json(&h),
+        None => json_error(
+            StatusCode::NOT_FOUND,
+            &format!(
+                "cluster {id:?} is not tracked (never sampled, or beyond --history-max-clusters)"
+            ),
+        ),
+    }
+}
+
+async fn api_shard_history(State(st): State<Shared>, Path(id): Path<String>) -> Response {
+    match st.history.shard(&id) {
+        Some(h) => json(&h),
+        None => json_error(
+            StatusCode::NOT_FOUND,
+            &format!("shard {id:?} is not tracked (never sampled, or beyond --history-max-shards)"),
+        ),
     }
 }
 
@@ -446,29 +597,35 @@ async fn load_machines(
     })
 }
 
-async fn api_actions(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
-    match load_actions(&fleet, &q).await {
+async fn api_actions(State(st): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_actions(&st.fleet, &q).await {
         Ok(v) => json(&v),
         Err((status, message)) => json_error(status, &message),
     }
 }
 
-async fn api_machines(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
-    match load_machines(&fleet, &q).await {
+async fn api_machines(State(st): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_machines(&st.fleet, &q).await {
         Ok(v) => json(&v),
         Err((status, message)) => json_error(status, &message),
     }
 }
 
-async fn actions_page(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
-    match load_actions(&fleet, &q).await {
-        Ok(v) => html(pages::actions(&v, q.cluster.as_deref().unwrap_or(""))),
+async fn actions_page(State(st): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_actions(&st.fleet, &q).await {
+        Ok(v) => html(pages::actions(
+            st.shell,
+            &v,
+            q.cluster.as_deref().unwrap_or(""),
+            q.shard.as_deref().unwrap_or(""),
+            &st.history.fleet(),
+        )),
         Err((status, message)) => page_error(status, "Recent actions", &message),
     }
 }
 
-async fn machines_page(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
-    match load_machines(&fleet, &q).await {
+async fn machines_page(State(st): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
+    match load_machines(&st.fleet, &q).await {
         Ok(v) => {
             // The filters the next-page link keeps.
             let mut keep = String::new();
@@ -482,23 +639,32 @@ async fn machines_page(State(fleet): State<Shared>, Query(q): Query<FanoutQuery>
                     keep.push_str(&format!("&{k}={}", pct(v)));
                 }
             }
-            html(pages::machines(&v, &keep))
+            html(pages::machines(
+                st.shell,
+                &v,
+                &pages::MachineFilters {
+                    cluster: q.cluster.as_deref().unwrap_or(""),
+                    shard: q.shard.as_deref().unwrap_or(""),
+                    state: q.state.as_deref().unwrap_or(""),
+                    keep,
+                },
+            ))
         }
         Err((status, message)) => page_error(status, "Machines", &message),
     }
 }
 
-async fn api_summary(State(fleet): State<Shared>) -> Response {
-    let summary: SummaryView = fleet.overview().await.summary();
+async fn api_summary(State(st): State<Shared>) -> Response {
+    let summary: SummaryView = st.fleet.overview().await.summary();
     json(&summary)
 }
 
-async fn api_shards(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn api_shards(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
     };
-    let o = fleet.overview().await;
+    let o = st.fleet.overview().await;
     json(&ShardsResponse {
         computed_at_unix_nanos: o.computed_at_unix_nanos,
         coordinator_reachable: o.coordinator_reachable,
@@ -507,12 +673,12 @@ async fn api_shards(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> 
     })
 }
 
-async fn api_clusters(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn api_clusters(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
     };
-    match fleet.clusters().await {
+    match st.fleet.clusters().await {
         Ok(index) => json(&ClustersResponse {
             computed_at_unix_nanos: index.computed_at_unix_nanos,
             coordinator_error: index.coordinator_error.clone(),
@@ -527,22 +693,22 @@ async fn api_clusters(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -
 }
 
 async fn api_cluster_needs(
-    State(fleet): State<Shared>,
+    State(st): State<Shared>,
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    match load_cluster(&fleet, &id, &q).await {
+    match load_cluster(&st.fleet, &id, &q).await {
         Ok(v) => json(&v),
         Err((status, e)) => json_error(status, &e),
     }
 }
 
-async fn api_shortfalls(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn api_shortfalls(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
     };
-    let o = fleet.overview().await;
+    let o = st.fleet.overview().await;
     json(&ShortfallsResponse {
         computed_at_unix_nanos: o.computed_at_unix_nanos,
         coordinator_reachable: o.coordinator_reachable,
@@ -551,12 +717,12 @@ async fn api_shortfalls(State(fleet): State<Shared>, Query(q): Query<ListQuery>)
     })
 }
 
-async fn api_domains(State(fleet): State<Shared>, Query(q): Query<ListQuery>) -> Response {
+async fn api_domains(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
     let p = match q.paging() {
         Ok(p) => p,
         Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
     };
-    let o = fleet.overview().await;
+    let o = st.fleet.overview().await;
     json(&DomainsResponse {
         coordinator_reachable: o.coordinator_reachable,
         coordinator_error: o.coordinator_error.clone(),

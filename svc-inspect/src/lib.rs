@@ -11,7 +11,10 @@
 //!   `bigfleet.mesh.v1.Inspect.FleetSummary` — under mTLS for readonly and admin only
 //!   ([`grpc::authz_policy`]); health and reflection on ([`grpc`]);
 //! * a JSON API under `/api/v1` ([`http`]);
-//! * a server-rendered dashboard without JavaScript ([`http`], pages in `pages`).
+//! * a server-rendered dashboard ([`http`], maud templates in `pages`) with a time axis: a
+//!   sampler keeps bounded fleet, per-shard and per-cluster history ([`history`]), drawn
+//!   as inline SVG sparklines; pages refresh in place through one small script served by
+//!   inspect itself and stay complete without it (ADR-0136).
 //!
 //! A shard or the coordinator being down never fails a whole answer: the unreachable party
 //! is reported next to the rest ([`fleet`]).
@@ -20,6 +23,7 @@
 //! with a [`Config`] for tests and `bigfleet up`.
 
 mod cache;
+mod chart;
 pub mod cli;
 pub mod coordinator;
 #[cfg(feature = "doubles")]
@@ -27,6 +31,7 @@ pub mod doubles;
 mod error;
 pub mod fleet;
 pub mod grpc;
+pub mod history;
 mod html;
 pub mod http;
 pub mod http_guard;
@@ -72,6 +77,12 @@ pub struct Config {
     /// HTTP request budget and in-flight cap.
     pub http_rate: bigfleet_mesh::RateLimit,
     pub http_max_in_flight: usize,
+    /// Between history samples; zero: no sampling.
+    pub sample_interval: Duration,
+    /// Bounds of the sampled history.
+    pub history: history::Limits,
+    /// Between in-place refreshes of live dashboard pages; zero (or under a second): never.
+    pub page_refresh: Duration,
 }
 
 impl Config {
@@ -97,10 +108,18 @@ impl Config {
                 burst: (args.http_rate * 2.0).ceil().max(1.0) as u32,
             },
             http_max_in_flight: args.http_max_in_flight,
+            sample_interval: args.sample_interval,
+            history: history::Limits {
+                samples: args.history_samples.max(1),
+                max_shards: args.history_max_shards,
+                max_clusters: args.history_max_clusters,
+            },
+            page_refresh: args.page_refresh,
         })
     }
 
-    /// Loopback on free ports, no metrics port, plaintext: for tests and local meshes.
+    /// Loopback on free ports, no metrics port, plaintext, no history sampling: for tests
+    /// and local meshes.
     pub fn local(coordinator_addr: &str) -> Self {
         let any = SocketAddr::from(([127, 0, 0, 1], 0));
         Self {
@@ -116,6 +135,11 @@ impl Config {
             http_token: None,
             http_rate: http_guard::DEFAULT_HTTP_RATE,
             http_max_in_flight: http_guard::DEFAULT_HTTP_CONCURRENCY,
+            // Off: a sampler's own coordinator and shard calls would show up in tests that
+            // count calls; tests that want history turn it on.
+            sample_interval: Duration::ZERO,
+            history: history::Limits::default(),
+            page_refresh: Duration::from_secs(pages::REFRESH_SECONDS),
         }
     }
 }
@@ -127,6 +151,7 @@ pub struct Running {
     http_task: JoinHandle<std::io::Result<()>>,
     metrics_addr: Option<SocketAddr>,
     metrics_task: Option<JoinHandle<std::io::Result<()>>>,
+    sampler: Option<JoinHandle<()>>,
     stop: CancellationToken,
     drain_timeout: Duration,
 }
@@ -160,6 +185,11 @@ impl Running {
     pub async fn shutdown(self) -> Result<(), InspectError> {
         self.stop.cancel();
         let grpc = self.grpc.shutdown().await;
+        if let Some(sampler) = self.sampler
+            && let Err(e) = sampler.await
+        {
+            tracing::warn!(error = %e, "history sampler task failed");
+        }
         for task in [Some(self.http_task), self.metrics_task]
             .into_iter()
             .flatten()
@@ -245,10 +275,14 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
         config.http_rate,
         config.http_max_in_flight,
     );
-    let router = http::router(Arc::clone(&fleet)).layer(axum::middleware::from_fn_with_state(
-        guard,
-        http_guard::guard,
+    let history = Arc::new(history::History::new(
+        config.history,
+        config.sample_interval,
     ));
+    let sampler = history::spawn_sampler(Arc::clone(&fleet), Arc::clone(&history), stop.clone());
+    let router = http::router(Arc::clone(&fleet), history, config.page_refresh).layer(
+        axum::middleware::from_fn_with_state(guard, http_guard::guard),
+    );
     let http_stop = stop.clone();
     let http_task = tokio::spawn(async move {
         axum::serve(listener, router)
@@ -278,6 +312,7 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
         http_task,
         metrics_addr,
         metrics_task,
+        sampler,
         stop,
         drain_timeout: config.drain_timeout,
     })

@@ -1,54 +1,29 @@
-//! The server-rendered dashboard: plain HTML with a little CSS, refreshed by a `<meta
-//! http-equiv="refresh">`. Pure functions from fleet data to markup; every piece of fleet
-//! data goes through [`esc`] (ids, addresses, errors and label values are not ours).
+//! The server-rendered dashboard: maud templates (every interpolated value is HTML-escaped
+//! by the template library; ids, addresses, errors and label values are not ours), a
+//! stylesheet and one small script served by inspect itself, sparklines as inline SVG.
+//!
+//! Live pages wrap their content in `<main id="live">` and carry `data-refresh` on the
+//! body: `/static/live.js` refetches the page and swaps that element in place (ADR-0136).
+//! Without JavaScript every page is complete; it just does not update.
 
-use std::fmt::Write as _;
+use maud::{DOCTYPE, Markup, html};
 
+use crate::chart::{span_text, sparkline};
 use crate::fleet::{ClusterIndex, FleetOverview};
-use crate::html::{coarse, esc, pct, timestamp};
+use crate::history::{ClusterSample, FleetHistory, KeyHistory, ShardSample};
+use crate::html::{coarse, pct, timestamp};
 use crate::view::{
     ClusterNeedsView, ClusterView, DomainView, MACHINE_STATES, NeedRow, Page, ShardFetchView,
-    ShortfallView, resources_text, short_state,
+    ShardView, ShortfallView, resources_text, short_state,
 };
 
-/// Seconds between automatic reloads of live pages.
-pub const REFRESH_SECONDS: u32 = 5;
+/// Seconds between in-place refreshes of live pages unless configured otherwise.
+pub const REFRESH_SECONDS: u64 = 5;
 
-const STYLE: &str = r#"
-:root{--fg:#1d2433;--muted:#5b6476;--line:#d9dee8;--bg:#f6f7fa;--ok:#1a7f37;--bad:#c62828;--warn:#9a6700;--accent:#2f5bd3}
-*{box-sizing:border-box}
-body{margin:0;font:14px/1.45 system-ui,-apple-system,"Segoe UI",Roboto,sans-serif;color:var(--fg);background:var(--bg)}
-header{display:flex;gap:24px;align-items:center;padding:10px 24px;background:#1d2433;color:#fff}
-header a{color:#dfe6ff;text-decoration:none;margin-right:14px}
-header .brand{font-weight:700;color:#fff;font-size:16px}
-header form{margin-left:auto}
-header input{padding:4px 8px;border-radius:4px;border:0;width:200px}
-header button{padding:4px 10px;border:0;border-radius:4px;background:var(--accent);color:#fff}
-main{padding:16px 24px;max-width:1600px}
-h1{font-size:20px;margin:4px 0 12px}
-h2{font-size:16px;margin:22px 0 8px}
-.cards{display:flex;flex-wrap:wrap;gap:12px}
-.card{background:#fff;border:1px solid var(--line);border-radius:6px;padding:10px 14px;min-width:130px}
-.card .n{font-size:22px;font-weight:600}
-.card .l{color:var(--muted);font-size:12px;text-transform:uppercase;letter-spacing:.04em}
-table{border-collapse:collapse;background:#fff;border:1px solid var(--line);width:100%}
-.scroll{overflow-x:auto}
-td.nowrap{white-space:nowrap}
-th,td{padding:5px 8px;border-bottom:1px solid var(--line);text-align:left;vertical-align:top}
-th{background:#eef1f6;font-weight:600;font-size:12px;white-space:nowrap}
-td.num,th.num{text-align:right;font-variant-numeric:tabular-nums}
-.ok{color:var(--ok);font-weight:600}
-.bad{color:var(--bad);font-weight:600}
-.warn{color:var(--warn);font-weight:600}
-.muted{color:var(--muted)}
-.banner{padding:10px 14px;border-radius:6px;margin:8px 0 14px;background:#fdecea;border:1px solid #f5c2c0;color:#7a1c17}
-.note{padding:8px 12px;border-radius:6px;margin:8px 0;background:#fff8e1;border:1px solid #f2dfa4}
-.pager{margin:10px 0;display:flex;gap:14px;align-items:center}
-.filters a{margin-right:10px}
-.filters a.on{font-weight:700;text-decoration:none;color:var(--fg)}
-code,.mono{font-family:ui-monospace,SFMono-Regular,Menlo,monospace;font-size:12px}
-footer{padding:14px 24px;color:var(--muted);font-size:12px}
-"#;
+/// The stylesheet served at `/static/dashboard.css`.
+pub const STYLESHEET: &str = include_str!("assets/dashboard.css");
+/// The refresh script served at `/static/live.js`.
+pub const LIVE_SCRIPT: &str = include_str!("assets/live.js");
 
 /// Which navigation entry is current.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -62,411 +37,522 @@ pub enum Nav {
     None,
 }
 
-struct Doc {
-    out: String,
+/// Page-independent settings.
+#[derive(Debug, Clone, Copy)]
+pub struct Shell {
+    /// Seconds between in-place refreshes of live pages; 0: never.
+    pub refresh_secs: u64,
 }
 
-impl Doc {
-    fn new(title: &str, nav: Nav, refresh: bool) -> Self {
-        let mut out = String::with_capacity(16 * 1024);
-        out.push_str("<!doctype html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">");
-        out.push_str("<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">");
-        if refresh {
-            let _ = write!(
-                out,
-                "<meta http-equiv=\"refresh\" content=\"{REFRESH_SECONDS}\">"
-            );
+impl Default for Shell {
+    fn default() -> Self {
+        Self {
+            refresh_secs: REFRESH_SECONDS,
         }
-        let _ = write!(
-            out,
-            "<title>{} · BigFleet</title><style>{STYLE}</style></head><body>",
-            esc(title)
-        );
-        out.push_str("<header><a class=\"brand\" href=\"/\">BigFleet</a><nav>");
-        for (entry, href, label) in [
-            (Nav::Overview, "/", "Overview"),
-            (Nav::Clusters, "/clusters", "Clusters"),
-            (Nav::Shortfalls, "/shortfalls", "Shortfalls"),
-            (Nav::Domains, "/domains", "Domains"),
-            (Nav::Actions, "/actions", "Actions"),
-            (Nav::Machines, "/machines", "Machines"),
-        ] {
-            let current = if entry == nav {
-                " aria-current=\"page\""
-            } else {
-                ""
-            };
-            let _ = write!(out, "<a href=\"{href}\"{current}>{label}</a>");
+    }
+}
+
+/// The document around a page's content; `live` pages refresh in place.
+fn layout(shell: Shell, title: &str, nav: Nav, live: bool, content: Markup) -> String {
+    let refresh = (live && shell.refresh_secs > 0).then_some(shell.refresh_secs);
+    html! {
+        (DOCTYPE)
+        html lang="en" {
+            head {
+                meta charset="utf-8";
+                meta name="viewport" content="width=device-width, initial-scale=1";
+                title { (title) " · BigFleet" }
+                link rel="stylesheet" href="/static/dashboard.css";
+                @if refresh.is_some() {
+                    script src="/static/live.js" defer {}
+                }
+            }
+            body data-refresh=[refresh] {
+                header {
+                    a.brand href="/" { "BigFleet" }
+                    nav {
+                        @for (entry, href, label) in [
+                            (Nav::Overview, "/", "Overview"),
+                            (Nav::Clusters, "/clusters", "Clusters"),
+                            (Nav::Shortfalls, "/shortfalls", "Shortfalls"),
+                            (Nav::Domains, "/domains", "Domains"),
+                            (Nav::Actions, "/actions", "Actions"),
+                            (Nav::Machines, "/machines", "Machines"),
+                        ] {
+                            a href=(href) aria-current=[(entry == nav).then_some("page")] { (label) }
+                        }
+                    }
+                    form action="/cluster" method="get" {
+                        input name="id" placeholder="cluster id" aria-label="cluster id";
+                        " "
+                        button { "Open" }
+                    }
+                }
+                main #live { (content) }
+                footer {
+                    span #live-status {
+                        @if let Some(s) = refresh { "Updates in place every " (s) " s." }
+                    }
+                    " JSON: "
+                    a href="/api/v1/summary" { "/api/v1/summary" }
+                    " · "
+                    a href="/api/v1/history" { "/api/v1/history" }
+                }
+            }
         }
-        out.push_str(
-            "</nav><form action=\"/cluster\" method=\"get\"><input name=\"id\" placeholder=\"cluster id\" aria-label=\"cluster id\"> <button>Open</button></form></header><main>",
-        );
-        Doc { out }
     }
+    .into_string()
+}
 
-    fn push(&mut self, s: &str) {
-        self.out.push_str(s);
-    }
-
-    fn finish(mut self, computed_at: i64, refresh: bool) -> String {
-        self.out.push_str("</main><footer>");
-        if computed_at > 0 {
-            let _ = write!(self.out, "Data assembled {}.", esc(&timestamp(computed_at)));
+fn assembled(computed_at: i64) -> Markup {
+    html! {
+        @if computed_at > 0 {
+            p.muted.assembled { "Data assembled " (timestamp(computed_at)) "." }
         }
-        if refresh {
-            let _ = write!(self.out, " This page reloads every {REFRESH_SECONDS} s.");
+    }
+}
+
+fn coordinator_banner(reachable: bool, error: &str) -> Markup {
+    html! {
+        @if !reachable {
+            div.banner role="alert" {
+                strong { "Coordinator unreachable." }
+                " Showing the shards known from its last answer. "
+                span.mono { (error) }
+            }
+        } @else if !error.is_empty() {
+            div.note {
+                strong { "Coordinator partly unreadable:" }
+                " "
+                span.mono { (error) }
+            }
         }
-        self.out.push_str(
-            " JSON: <a href=\"/api/v1/summary\">/api/v1/summary</a></footer></body></html>\n",
-        );
-        self.out
     }
 }
 
-fn coordinator_banner(doc: &mut Doc, reachable: bool, error: &str) {
-    if !reachable {
-        let _ = write!(
-            doc.out,
-            "<div class=\"banner\" role=\"alert\"><strong>Coordinator unreachable.</strong> Showing the shards known from its last answer. <span class=\"mono\">{}</span></div>",
-            esc(error)
-        );
-    } else if !error.is_empty() {
-        let _ = write!(
-            doc.out,
-            "<div class=\"note\"><strong>Coordinator partly unreadable:</strong> <span class=\"mono\">{}</span></div>",
-            esc(error)
-        );
+fn card(label: &str, value: impl maud::Render) -> Markup {
+    html! {
+        div.card { div.n { (value) } div.l { (label) } }
     }
 }
 
-fn card(doc: &mut Doc, label: &str, value: &str) {
-    let _ = write!(
-        doc.out,
-        "<div class=\"card\"><div class=\"n\">{}</div><div class=\"l\">{}</div></div>",
-        esc(value),
-        esc(label)
-    );
-}
-
-/// « Prev · Page x of y (n items) · Next », preserving `extra` query parameters.
-fn pager<T>(doc: &mut Doc, base: &str, extra: &str, page: &Page<T>, noun: &str) {
-    if page.pages <= 1 {
-        let _ = write!(
-            doc.out,
-            "<div class=\"pager muted\">{} {}</div>",
-            page.total,
-            esc(noun)
-        );
-        return;
-    }
-    let link = |p: usize| format!("{base}?page={p}&amp;page_size={}{extra}", page.page_size);
-    doc.push("<nav class=\"pager\" aria-label=\"pages\">");
-    if page.page > 1 {
-        let _ = write!(
-            doc.out,
-            "<a href=\"{}\" rel=\"prev\">« Prev</a>",
-            link(page.page - 1)
-        );
-    }
-    let _ = write!(
-        doc.out,
-        "<span>Page {} of {} ({} {})</span>",
-        page.page,
-        page.pages,
-        page.total,
-        esc(noun)
-    );
-    if page.page < page.pages {
-        let _ = write!(
-            doc.out,
-            "<a href=\"{}\" rel=\"next\">Next »</a>",
-            link(page.page + 1)
-        );
-    }
-    doc.push("</nav>");
-}
-
-fn shard_status(reachable: bool, error: &str) -> String {
-    if reachable {
-        "<span class=\"ok\">reachable</span>".to_owned()
-    } else {
-        format!(
-            "<span class=\"bad\">unreachable</span> <span class=\"mono\">{}</span>",
-            esc(error)
-        )
+/// « Prev · Page x of y (n items) · Next », preserving `extra` query parameters (raw, the
+/// template escapes them).
+fn pager<T>(base: &str, extra: &str, page: &Page<T>, noun: &str) -> Markup {
+    let link = |p: usize| format!("{base}?page={p}&page_size={}{extra}", page.page_size);
+    html! {
+        @if page.pages <= 1 {
+            div.pager.muted { (page.total) " " (noun) }
+        } @else {
+            nav.pager aria-label="pages" {
+                @if page.page > 1 {
+                    a href=(link(page.page - 1)) rel="prev" { "« Prev" }
+                }
+                span { "Page " (page.page) " of " (page.pages) " (" (page.total) " " (noun) ")" }
+                @if page.page < page.pages {
+                    a href=(link(page.page + 1)) rel="next" { "Next »" }
+                }
+            }
+        }
     }
 }
 
-/// `/`: fleet totals, machines by state, shards (one page of them), the oldest shortfalls.
-pub fn overview(o: &FleetOverview, shards: &Page<crate::view::ShardView>) -> String {
-    let mut doc = Doc::new("Fleet overview", Nav::Overview, true);
-    doc.push("<h1>Fleet overview</h1>");
-    coordinator_banner(&mut doc, o.coordinator_reachable, &o.coordinator_error);
+fn shard_status(reachable: bool, error: &str) -> Markup {
+    html! {
+        @if reachable {
+            span.ok { "reachable" }
+        } @else {
+            span.bad { "unreachable" } " " span.mono { (error) }
+        }
+    }
+}
+
+fn shard_link(id: &str) -> Markup {
+    html! { a.mono href=(format!("/shards/{}", pct(id))) { (id) } }
+}
+
+fn cluster_link(id: &str) -> Markup {
+    html! { a href=(format!("/clusters/{}", pct(id))) { (id) } }
+}
+
+/// A "History" section: a heading that says how far back it reaches, then the charts.
+fn history_section(
+    interval_ms: u64,
+    samples: usize,
+    what: &str,
+    charts: Vec<(&str, &str, Vec<Option<i64>>)>,
+) -> Markup {
+    let span = span_text(samples, interval_ms);
+    html! {
+        section.history data-samples=(samples) {
+            h2 { "History" }
+            @if interval_ms == 0 {
+                p.muted { "Sampling is off (--sample-interval 0)." }
+            } @else {
+                p.muted {
+                    (what) ", one sample every " (humantime::format_duration(std::time::Duration::from_millis(interval_ms)))
+                    "; " (samples) " samples (" (span) ")."
+                }
+                div.sparks {
+                    @for (series, label, values) in &charts {
+                        (sparkline(series, label, values, &span))
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn fleet_charts(h: &FleetHistory) -> Markup {
+    let col = |f: &dyn Fn(&crate::history::FleetSample) -> Option<i64>| -> Vec<Option<i64>> {
+        h.samples.iter().map(f).collect()
+    };
+    let charts = vec![
+        ("machines", "machines", col(&|s| Some(s.machines))),
+        ("idle", "idle machines", col(&|s| Some(s.idle))),
+        ("sessions", "sessions", col(&|s| Some(s.sessions))),
+        ("needs", "needs", col(&|s| Some(s.needs))),
+        ("unmet_needs", "unmet needs", col(&|s| Some(s.unmet_needs))),
+        ("shortfalls", "shortfalls", col(&|s| Some(s.shortfalls))),
+        ("actions", "actions per sample", col(&|s| s.actions)),
+        (
+            "shards_reachable",
+            "shards reachable",
+            col(&|s| Some(i64::from(s.shards_reachable))),
+        ),
+        ("clusters", "clusters with demand", col(&|s| s.clusters)),
+    ];
+    history_section(h.interval_ms, h.samples.len(), "Fleet-wide figures", charts)
+}
+
+/// `/`: fleet totals, history, machines by state, shards (one page of them), the oldest
+/// shortfalls.
+pub fn overview(
+    shell: Shell,
+    o: &FleetOverview,
+    shards: &Page<ShardView>,
+    history: &FleetHistory,
+) -> String {
     let s = o.summary();
     let machines: i64 = s.machines_by_state.values().sum();
-    let state = |name: &str| {
-        s.machines_by_state
-            .get(name)
-            .copied()
-            .unwrap_or(0)
-            .to_string()
-    };
-    doc.push("<div class=\"cards\">");
-    card(
-        &mut doc,
-        "shards reachable",
-        &format!("{} / {}", s.shards_reachable, s.shards_total),
-    );
-    card(&mut doc, "machines", &machines.to_string());
-    card(&mut doc, "configured", &state("MACHINE_STATE_CONFIGURED"));
-    card(&mut doc, "idle", &state("MACHINE_STATE_IDLE"));
-    card(&mut doc, "failed", &state("MACHINE_STATE_FAILED"));
-    card(&mut doc, "sessions", &s.sessions.to_string());
-    card(&mut doc, "needs", &s.needs.to_string());
-    card(&mut doc, "unmet needs", &s.unmet_needs.to_string());
-    card(&mut doc, "shortfalls", &s.shortfalls.to_string());
-    doc.push("</div>");
+    let state = |name: &str| s.machines_by_state.get(name).copied().unwrap_or(0);
+    let down: Vec<&str> = o
+        .shards
+        .iter()
+        .filter(|s| !s.reachable)
+        .map(|s| s.shard_id.as_str())
+        .collect();
+    let content = html! {
+        h1 { "Fleet overview" }
+        (coordinator_banner(o.coordinator_reachable, &o.coordinator_error))
+        div.cards {
+            (card("shards reachable", format!("{} / {}", s.shards_reachable, s.shards_total)))
+            (card("machines", machines))
+            (card("configured", state("MACHINE_STATE_CONFIGURED")))
+            (card("idle", state("MACHINE_STATE_IDLE")))
+            (card("failed", state("MACHINE_STATE_FAILED")))
+            (card("sessions", s.sessions))
+            (card("needs", s.needs))
+            (card("unmet needs", s.unmet_needs))
+            (card("shortfalls", s.shortfalls))
+        }
+        (fleet_charts(history))
 
-    doc.push("<h2>Machines by state</h2><div class=\"scroll\"><table><thead><tr>");
-    for st in MACHINE_STATES {
-        let _ = write!(
-            doc.out,
-            "<th class=\"num\">{}</th>",
-            short_state(st.as_str_name())
-        );
-    }
-    doc.push("</tr></thead><tbody><tr>");
-    for st in MACHINE_STATES {
-        let _ = write!(
-            doc.out,
-            "<td class=\"num\">{}</td>",
-            s.machines_by_state
-                .get(st.as_str_name())
-                .copied()
-                .unwrap_or(0)
-        );
-    }
-    doc.push("</tr></tbody></table></div>");
+        h2 { "Machines by state" }
+        div.scroll { table {
+            thead { tr { @for st in MACHINE_STATES { th.num { (short_state(st.as_str_name())) } } } }
+            tbody { tr { @for st in MACHINE_STATES {
+                td.num { (s.machines_by_state.get(st.as_str_name()).copied().unwrap_or(0)) }
+            } } }
+        } }
+        p { a href="/machines" { "Machine list →" } }
 
-    doc.push("<h2>Shards</h2>");
-    if shards.total == 0 {
-        doc.push("<p class=\"muted\">No shard has registered with the coordinator yet.</p>");
-    } else {
-        doc.push("<div class=\"scroll\"><table><thead><tr><th>Shard</th><th>Address</th><th>Status</th><th>Last report</th><th class=\"num\">Cycle</th><th class=\"num\">Machines</th><th>By state</th><th class=\"num\">Sessions</th><th class=\"num\">Needs</th><th class=\"num\">Unmet</th></tr></thead><tbody>");
-        for sh in &shards.items {
-            let _ = write!(
-                doc.out,
-                "<tr><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td>{}</td><td>{}</td><td class=\"num\">{}</td>",
-                esc(&sh.shard_id),
-                esc(&sh.address),
-                shard_status(sh.reachable, &sh.error),
-                if sh.last_report_age_ms < 0 {
-                    "never".to_owned()
-                } else {
-                    format!("{} ago", coarse(sh.last_report_age_ms))
-                },
-                if sh.reachable {
-                    sh.cycle.to_string()
-                } else {
-                    "–".to_owned()
-                },
-            );
-            // Live counts when the shard described itself; otherwise what it last reported
-            // to the coordinator, marked as such.
-            let (machines, by_state) = if sh.reachable && sh.source == "shard-info" {
-                let parts: Vec<String> = MACHINE_STATES
-                    .iter()
-                    .filter_map(|st| {
-                        let n = sh
-                            .machines_by_state
-                            .get(st.as_str_name())
-                            .copied()
-                            .unwrap_or(0);
-                        (n != 0).then(|| {
-                            format!("{} {n}", short_state(st.as_str_name()).to_lowercase())
-                        })
-                    })
-                    .collect();
-                (
-                    sh.machines_by_state.values().sum::<i32>().to_string(),
-                    parts.join(" · "),
-                )
-            } else {
-                match sh.reported_total_machines {
-                    Some(n) => (format!("{n}"), "as last reported".to_owned()),
-                    None => ("–".to_owned(), String::new()),
+        h2 { "Shards" }
+        @if shards.total == 0 {
+            p.muted { "No shard has registered with the coordinator yet." }
+        } @else {
+            div.scroll { table {
+                thead { tr {
+                    th { "Shard" } th { "Address" } th { "Status" } th { "Last report" }
+                    th.num { "Cycle" } th.num { "Machines" } th { "By state" }
+                    th.num { "Sessions" } th.num { "Needs" } th.num { "Unmet" }
+                } }
+                tbody { @for sh in &shards.items { (shard_row(sh)) } }
+            } }
+            (pager("/", "", shards, "shards"))
+            @if !down.is_empty() {
+                div.note {
+                    (down.len()) " of " (o.shards.len()) " shards did not answer: "
+                    span.mono { (down.join(", ")) }
+                    ". Their machines and needs are not counted above."
                 }
-            };
-            let _ = write!(
-                doc.out,
-                "<td class=\"num\">{}</td><td class=\"muted\">{}</td>",
-                esc(&machines),
-                esc(&by_state)
-            );
-            let unknown = |v: String| if sh.reachable { v } else { "–".to_owned() };
-            let _ = write!(
-                doc.out,
-                "<td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
-                unknown(sh.sessions.to_string()),
-                unknown(sh.needs.to_string()),
-                unknown(if sh.unmet_needs < 0 {
-                    "?".to_owned()
-                } else {
-                    sh.unmet_needs.to_string()
-                }),
-            );
+            }
         }
-        doc.push("</tbody></table></div>");
-        pager(&mut doc, "/", "", shards, "shards");
-        let down: Vec<&str> = o
-            .shards
-            .iter()
-            .filter(|s| !s.reachable)
-            .map(|s| s.shard_id.as_str())
-            .collect();
-        if !down.is_empty() {
-            let _ = write!(
-                doc.out,
-                "<div class=\"note\">{} of {} shards did not answer: <span class=\"mono\">{}</span>. Their machines and needs are not counted above.</div>",
-                down.len(),
-                o.shards.len(),
-                esc(&down.join(", "))
-            );
-        }
-    }
 
-    doc.push("<h2>Oldest shortfalls</h2>");
-    if o.shortfalls.is_empty() {
-        doc.push("<p class=\"muted\">No shard reports unmet demand.</p>");
-    } else {
-        let views: Vec<ShortfallView> = o
-            .shortfalls
-            .iter()
-            .take(10)
-            .map(ShortfallView::from_proto)
-            .collect();
-        shortfall_table(&mut doc, &views);
-        let _ = write!(
-            doc.out,
-            "<p><a href=\"/shortfalls\">All {} shortfalls by age →</a></p>",
-            o.shortfalls.len()
-        );
-    }
-    doc.finish(o.computed_at_unix_nanos, true)
+        h2 { "Oldest shortfalls" }
+        @if o.shortfalls.is_empty() {
+            p.muted { "No shard reports unmet demand." }
+        } @else {
+            (shortfall_table(&o.shortfalls.iter().take(10).map(ShortfallView::from_proto).collect::<Vec<_>>()))
+            p { a href="/shortfalls" { "All " (o.shortfalls.len()) " shortfalls by age →" } }
+        }
+        (assembled(o.computed_at_unix_nanos))
+    };
+    layout(shell, "Fleet overview", Nav::Overview, true, content)
 }
 
-fn shortfall_table(doc: &mut Doc, rows: &[ShortfallView]) {
-    doc.push("<div class=\"scroll\"><table><thead><tr><th class=\"num\">Unmet for (cycles)</th><th class=\"num\">Priority</th><th>Shard</th><th>Cluster</th><th>Deficit</th><th>Requirements</th><th>Interruption penalty</th></tr></thead><tbody>");
-    for s in rows {
-        let cluster = if s.cluster_id.is_empty() {
-            "<span class=\"muted\">unknown</span>".to_owned()
-        } else {
-            format!(
-                "<a href=\"/clusters/{}\">{}</a>",
-                pct(&s.cluster_id),
-                esc(&s.cluster_id)
-            )
-        };
-        let _ = write!(
-            doc.out,
-            "<tr><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"mono\">{}</td><td>{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td>{}</td></tr>",
-            s.age_cycles,
-            s.priority,
-            esc(&s.shard_id),
-            cluster,
-            esc(&resources_text(&s.deficit)),
-            esc(&s.requirements.join("; ")),
-            esc(&s.interruption_penalty_bucket),
-        );
+fn unknown_if_down(sh: &ShardView, v: impl ToString) -> String {
+    if sh.reachable {
+        v.to_string()
+    } else {
+        "–".to_owned()
     }
-    doc.push("</tbody></table></div>");
+}
+
+/// Live counts when the shard described itself; otherwise what it last reported to the
+/// coordinator, marked as such.
+fn shard_machines(sh: &ShardView) -> (String, String) {
+    if sh.reachable && sh.source == "shard-info" {
+        let parts: Vec<String> = MACHINE_STATES
+            .iter()
+            .filter_map(|st| {
+                let n = sh
+                    .machines_by_state
+                    .get(st.as_str_name())
+                    .copied()
+                    .unwrap_or(0);
+                (n != 0).then(|| format!("{} {n}", short_state(st.as_str_name()).to_lowercase()))
+            })
+            .collect();
+        (
+            sh.machines_by_state.values().sum::<i32>().to_string(),
+            parts.join(" · "),
+        )
+    } else {
+        match sh.reported_total_machines {
+            Some(n) => (n.to_string(), "as last reported".to_owned()),
+            None => ("–".to_owned(), String::new()),
+        }
+    }
+}
+
+fn last_report(sh: &ShardView) -> String {
+    if sh.last_report_age_ms < 0 {
+        "never".to_owned()
+    } else {
+        format!("{} ago", coarse(sh.last_report_age_ms))
+    }
+}
+
+fn unmet_text(sh: &ShardView) -> String {
+    if sh.unmet_needs < 0 {
+        "?".to_owned()
+    } else {
+        sh.unmet_needs.to_string()
+    }
+}
+
+fn shard_row(sh: &ShardView) -> Markup {
+    let (machines, by_state) = shard_machines(sh);
+    html! {
+        tr {
+            td { (shard_link(&sh.shard_id)) }
+            td.mono { (sh.address) }
+            td { (shard_status(sh.reachable, &sh.error)) }
+            td { (last_report(sh)) }
+            td.num { (unknown_if_down(sh, sh.cycle)) }
+            td.num { (machines) }
+            td.muted { (by_state) }
+            td.num { (unknown_if_down(sh, sh.sessions)) }
+            td.num { (unknown_if_down(sh, sh.needs)) }
+            td.num { (unknown_if_down(sh, unmet_text(sh))) }
+        }
+    }
+}
+
+/// `/shards/{id}`: one shard's figures, history, shortfalls and links to its machines and
+/// actions.
+pub fn shard(
+    shell: Shell,
+    o: &FleetOverview,
+    sh: &ShardView,
+    history: Option<&KeyHistory<ShardSample>>,
+    interval_ms: u64,
+) -> String {
+    let (machines, by_state) = shard_machines(sh);
+    let shortfalls: Vec<ShortfallView> = o
+        .shortfalls
+        .iter()
+        .filter(|s| s.shard_id == sh.shard_id)
+        .map(ShortfallView::from_proto)
+        .collect();
+    let id = pct(&sh.shard_id);
+    let content = html! {
+        h1 { "Shard " span.mono { (sh.shard_id) } }
+        (coordinator_banner(o.coordinator_reachable, &o.coordinator_error))
+        div.cards {
+            (card("status", shard_status(sh.reachable, &sh.error)))
+            (card("machines", &machines))
+            (card("sessions", unknown_if_down(sh, sh.sessions)))
+            (card("needs", unknown_if_down(sh, sh.needs)))
+            (card("unmet needs", unknown_if_down(sh, unmet_text(sh))))
+            (card("cycle", unknown_if_down(sh, sh.cycle)))
+            (card("actions in flight", unknown_if_down(sh, sh.actions_in_flight)))
+            (card("last report", last_report(sh)))
+        }
+        p.muted {
+            "Address " span.mono { (sh.address) } " · epoch " (sh.shard_epoch)
+            @if !by_state.is_empty() { " · " (by_state) }
+        }
+        p.filters {
+            a href=(format!("/machines?shard={id}")) { "Machines on this shard" }
+            a href=(format!("/actions?shard={id}")) { "Recent actions" }
+            a.muted href=(format!("/api/v1/shards/{id}/history")) { "History JSON" }
+        }
+        @match history {
+            Some(h) => {
+                @let col = |f: &dyn Fn(&ShardSample) -> i64| -> Vec<Option<i64>> {
+                    h.samples.iter().map(|s| s.reachable.then(|| f(s))).collect()
+                };
+                (history_section(interval_ms, h.samples.len(), "This shard's figures (gaps: unreachable)", vec![
+                    ("machines", "machines", col(&|s| s.machines)),
+                    ("sessions", "sessions", col(&|s| s.sessions)),
+                    ("needs", "needs", col(&|s| s.needs)),
+                    ("unmet_needs", "unmet needs", col(&|s| s.unmet_needs)),
+                    ("cycle", "cycle", col(&|s| s.cycle)),
+                ]))
+            }
+            None => {
+                h2 { "History" }
+                p.muted {
+                    @if interval_ms == 0 { "Sampling is off (--sample-interval 0)." }
+                    @else { "Not sampled yet (or beyond --history-max-shards)." }
+                }
+            }
+        }
+        h2 { "Shortfalls" }
+        @if shortfalls.is_empty() {
+            p.muted { "This shard reports no unmet demand." }
+        } @else {
+            (shortfall_table(&shortfalls))
+        }
+        (assembled(o.computed_at_unix_nanos))
+    };
+    layout(
+        shell,
+        &format!("Shard {}", sh.shard_id),
+        Nav::None,
+        true,
+        content,
+    )
+}
+
+fn shortfall_table(rows: &[ShortfallView]) -> Markup {
+    html! {
+        div.scroll { table {
+            thead { tr {
+                th.num { "Unmet for (cycles)" } th.num { "Priority" } th { "Shard" } th { "Cluster" }
+                th { "Deficit" } th { "Requirements" } th { "Interruption penalty" }
+            } }
+            tbody { @for s in rows { tr {
+                td.num { (s.age_cycles) }
+                td.num { (s.priority) }
+                td { (shard_link(&s.shard_id)) }
+                td {
+                    @if s.cluster_id.is_empty() { span.muted { "unknown" } }
+                    @else { (cluster_link(&s.cluster_id)) }
+                }
+                td.mono { (resources_text(&s.deficit)) }
+                td.mono { (s.requirements.join("; ")) }
+                td { (s.interruption_penalty_bucket) }
+            } } }
+        } }
+    }
 }
 
 /// `/shortfalls`: every reported shortfall, oldest first, paginated.
-pub fn shortfalls(o: &FleetOverview, page: &Page<ShortfallView>) -> String {
-    let mut doc = Doc::new("Shortfalls", Nav::Shortfalls, true);
-    doc.push("<h1>Shortfalls by age</h1>");
-    coordinator_banner(&mut doc, o.coordinator_reachable, &o.coordinator_error);
-    doc.push("<p class=\"muted\">From each shard's latest report to the coordinator (the worst 100 per shard, without cluster attribution). A cluster's own page shows its needs with reasons.</p>");
-    if page.total == 0 {
-        doc.push("<p class=\"muted\">No shard reports unmet demand.</p>");
-    } else {
-        shortfall_table(&mut doc, &page.items);
-        pager(&mut doc, "/shortfalls", "", page, "shortfalls");
-    }
-    doc.finish(o.computed_at_unix_nanos, true)
+pub fn shortfalls(shell: Shell, o: &FleetOverview, page: &Page<ShortfallView>) -> String {
+    let content = html! {
+        h1 { "Shortfalls by age" }
+        (coordinator_banner(o.coordinator_reachable, &o.coordinator_error))
+        p.muted { "From each shard's latest report to the coordinator (the worst 100 per shard, without cluster attribution). A cluster's own page shows its needs with reasons." }
+        @if page.total == 0 {
+            p.muted { "No shard reports unmet demand." }
+        } @else {
+            (shortfall_table(&page.items))
+            (pager("/shortfalls", "", page, "shortfalls"))
+        }
+        (assembled(o.computed_at_unix_nanos))
+    };
+    layout(shell, "Shortfalls", Nav::Shortfalls, true, content)
 }
 
 /// `/domains`: topology domains pinned to shards.
-pub fn domains(o: &FleetOverview, page: &Page<DomainView>) -> String {
-    let mut doc = Doc::new("Domains", Nav::Domains, false);
-    doc.push("<h1>Topology domains</h1>");
-    coordinator_banner(&mut doc, o.coordinator_reachable, &o.coordinator_error);
-    if page.total == 0 {
-        doc.push("<p class=\"muted\">No domain is pinned to a shard.</p>");
-    } else {
-        doc.push("<div class=\"scroll\"><table><thead><tr><th>Key</th><th>Value</th><th>Shard</th></tr></thead><tbody>");
-        for d in &page.items {
-            let _ = write!(
-                doc.out,
-                "<tr><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td></tr>",
-                esc(&d.topology_key),
-                esc(&d.topology_value),
-                esc(&d.shard_id)
-            );
+pub fn domains(shell: Shell, o: &FleetOverview, page: &Page<DomainView>) -> String {
+    let content = html! {
+        h1 { "Topology domains" }
+        (coordinator_banner(o.coordinator_reachable, &o.coordinator_error))
+        @if page.total == 0 {
+            p.muted { "No domain is pinned to a shard." }
+        } @else {
+            div.scroll { table {
+                thead { tr { th { "Key" } th { "Value" } th { "Shard" } } }
+                tbody { @for d in &page.items { tr {
+                    td.mono { (d.topology_key) }
+                    td.mono { (d.topology_value) }
+                    td { (shard_link(&d.shard_id)) }
+                } } }
+            } }
+            (pager("/domains", "", page, "domains"))
         }
-        doc.push("</tbody></table></div>");
-        pager(&mut doc, "/domains", "", page, "domains");
-    }
-    doc.finish(o.computed_at_unix_nanos, false)
+        (assembled(o.computed_at_unix_nanos))
+    };
+    layout(shell, "Domains", Nav::Domains, false, content)
 }
 
-fn unreachable_notes(doc: &mut Doc, shards: &[ShardFetchView]) {
-    for s in shards.iter().filter(|s| !s.reachable) {
-        let _ = write!(
-            doc.out,
-            "<div class=\"note\">Shard <strong class=\"mono\">{}</strong> (<span class=\"mono\">{}</span>) is unreachable: <span class=\"mono\">{}</span>. Its rows are missing below.</div>",
-            esc(&s.shard_id),
-            esc(&s.address),
-            esc(&s.error)
-        );
+fn unreachable_notes(shards: &[ShardFetchView]) -> Markup {
+    html! {
+        @for s in shards.iter().filter(|s| !s.reachable) {
+            div.note {
+                "Shard " strong.mono { (s.shard_id) } " (" span.mono { (s.address) } ") is unreachable: "
+                span.mono { (s.error) } ". Its rows are missing below."
+            }
+        }
     }
 }
 
 /// `/clusters`: every cluster with demand on a reachable shard.
-pub fn clusters(index: &ClusterIndex, page: &Page<ClusterView>) -> String {
-    let mut doc = Doc::new("Clusters", Nav::Clusters, true);
-    doc.push("<h1>Clusters</h1>");
-    if !index.coordinator_error.is_empty() {
-        coordinator_banner(&mut doc, false, &index.coordinator_error);
-    }
-    unreachable_notes(&mut doc, &index.shards);
-    if page.total == 0 {
-        doc.push("<p class=\"muted\">No cluster has demand on a reachable shard.</p>");
-    } else {
-        doc.push("<div class=\"scroll\"><table><thead><tr><th>Cluster</th><th>Shards</th><th class=\"num\">Needs</th><th class=\"num\">Unmet</th><th class=\"num\">Top priority</th><th class=\"num\">Longest unmet (cycles)</th></tr></thead><tbody>");
-        for c in &page.items {
-            let unmet = if c.unmet_needs > 0 {
-                format!("<span class=\"bad\">{}</span>", c.unmet_needs)
-            } else {
-                "0".to_owned()
-            };
-            let _ = write!(
-                doc.out,
-                "<tr><td><a href=\"/clusters/{}\">{}</a></td><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td><td class=\"num\">{}</td></tr>",
-                pct(&c.cluster_id),
-                esc(&c.cluster_id),
-                esc(&c.shards.join(", ")),
-                c.needs,
-                unmet,
-                c.max_priority,
-                c.max_age_cycles_unmet
-            );
+pub fn clusters(shell: Shell, index: &ClusterIndex, page: &Page<ClusterView>) -> String {
+    let content = html! {
+        h1 { "Clusters" }
+        @if !index.coordinator_error.is_empty() {
+            (coordinator_banner(false, &index.coordinator_error))
         }
-        doc.push("</tbody></table></div>");
-        pager(&mut doc, "/clusters", "", page, "clusters");
-    }
-    doc.finish(index.computed_at_unix_nanos, true)
+        (unreachable_notes(&index.shards))
+        @if page.total == 0 {
+            p.muted { "No cluster has demand on a reachable shard." }
+        } @else {
+            div.scroll { table {
+                thead { tr {
+                    th { "Cluster" } th { "Shards" } th.num { "Needs" } th.num { "Unmet" }
+                    th.num { "Top priority" } th.num { "Longest unmet (cycles)" }
+                } }
+                tbody { @for c in &page.items { tr {
+                    td { (cluster_link(&c.cluster_id)) }
+                    td.mono { (c.shards.join(", ")) }
+                    td.num { (c.needs) }
+                    td.num {
+                        @if c.unmet_needs > 0 { span.bad { (c.unmet_needs) } } @else { "0" }
+                    }
+                    td.num { (c.max_priority) }
+                    td.num { (c.max_age_cycles_unmet) }
+                } } }
+            } }
+            (pager("/clusters", "", page, "clusters"))
+        }
+        (assembled(index.computed_at_unix_nanos))
+    };
+    layout(shell, "Clusters", Nav::Clusters, true, content)
 }
 
 fn reason_label(reason: &str) -> (&'static str, &'static str) {
@@ -492,43 +578,11 @@ fn reason_label(reason: &str) -> (&'static str, &'static str) {
     }
 }
 
-fn need_row(doc: &mut Doc, index: usize, n: &NeedRow) {
-    let status = if n.satisfied {
-        "<span class=\"ok\">satisfied</span>".to_owned()
-    } else {
-        "<span class=\"bad\">unmet</span>".to_owned()
-    };
-    let reason = if n.satisfied {
-        String::new()
-    } else {
-        let (label, help) = reason_label(&n.unmet_reason);
-        format!(
-            "<span class=\"warn\" title=\"{}\">{}</span>",
-            esc(help),
-            esc(label)
-        )
-    };
-    let supply = match &n.matching_supply {
-        Some(m) => format!(
-            "idle {} · configured {} · speculative {}{}",
-            m.idle,
-            m.configured,
-            m.speculative,
-            if m.capped { " (capped)" } else { "" }
-        ),
-        None => String::new(),
-    };
-    let preemption = match &n.preemption {
-        Some(p) => format!(
-            "{} victims freeing {}",
-            p.victims_found,
-            resources_text(&p.capacity_freed)
-        ),
-        None => String::new(),
-    };
+fn same_domain_text(n: &NeedRow) -> String {
     let mut same = String::new();
     if !n.same_domain.is_empty() {
-        let _ = write!(same, "chosen {}", n.same_domain);
+        same.push_str("chosen ");
+        same.push_str(&n.same_domain);
     }
     if !n.same_candidates.is_empty() {
         let list: Vec<String> = n
@@ -550,215 +604,291 @@ fn need_row(doc: &mut Doc, index: usize, n: &NeedRow) {
         same.push_str("candidates: ");
         same.push_str(&list.join(", "));
     }
-    let acquired = if n.bootstrap_count + n.provision_count > 0 {
-        format!(
-            " <span class=\"muted\">(+{} boot, +{} prov)</span>",
-            n.bootstrap_count, n.provision_count
-        )
-    } else {
-        String::new()
-    };
     if n.acquisition_parked {
-        let _ = write!(same, " (parked {} cycles)", n.parked_age_cycles);
+        same.push_str(&format!(" (parked {} cycles)", n.parked_age_cycles));
     }
-    let _ = write!(
-        doc.out,
-        "<tr><td class=\"num muted\">{}</td><td class=\"num\">{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td class=\"num nowrap\">{}{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td class=\"num\">{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td></tr>",
-        index,
-        n.priority,
-        status,
-        reason,
-        esc(&resources_text(&n.aggregate_resources)),
-        esc(&resources_text(&n.residual_deficit)),
-        n.claimed_machine_count,
-        acquired,
-        esc(&supply),
-        esc(&preemption),
-        esc(&same),
-        n.age_cycles_unmet,
-        esc(&n.requirements.join("; ")),
-        esc(n.shard_id.as_deref().unwrap_or("")),
-    );
+    same
 }
 
-/// `/clusters/{id}`: the cluster's needs with verdicts, one page at a time.
-pub fn cluster(v: &ClusterNeedsView) -> String {
-    let title = format!("Cluster {}", v.cluster_id);
-    let mut doc = Doc::new(&title, Nav::None, true);
-    let _ = write!(
-        doc.out,
-        "<h1>Cluster <span class=\"mono\">{}</span></h1>",
-        esc(&v.cluster_id)
-    );
-    if !v.coordinator_error.is_empty() {
-        coordinator_banner(&mut doc, false, &v.coordinator_error);
+fn need_row(index: usize, n: &NeedRow) -> Markup {
+    let supply = n.matching_supply.as_ref().map(|m| {
+        format!(
+            "idle {} · configured {} · speculative {}{}",
+            m.idle,
+            m.configured,
+            m.speculative,
+            if m.capped { " (capped)" } else { "" }
+        )
+    });
+    let preemption = n.preemption.as_ref().map(|p| {
+        format!(
+            "{} victims freeing {}",
+            p.victims_found,
+            resources_text(&p.capacity_freed)
+        )
+    });
+    html! {
+        tr {
+            td.num.muted { (index) }
+            td.num { (n.priority) }
+            td {
+                @if n.satisfied { span.ok { "satisfied" } } @else { span.bad { "unmet" } }
+            }
+            td {
+                @if !n.satisfied {
+                    @let (label, help) = reason_label(&n.unmet_reason);
+                    span.warn title=(help) { (label) }
+                }
+            }
+            td.mono { (resources_text(&n.aggregate_resources)) }
+            td.mono { (resources_text(&n.residual_deficit)) }
+            td.num.nowrap {
+                (n.claimed_machine_count)
+                @if n.bootstrap_count + n.provision_count > 0 {
+                    " " span.muted { "(+" (n.bootstrap_count) " boot, +" (n.provision_count) " prov)" }
+                }
+            }
+            td.mono { (supply.unwrap_or_default()) }
+            td.mono { (preemption.unwrap_or_default()) }
+            td.mono { (same_domain_text(n)) }
+            td.num { (n.age_cycles_unmet) }
+            td.mono { (n.requirements.join("; ")) }
+            td.mono { (n.shard_id.as_deref().unwrap_or("")) }
+        }
     }
-    unreachable_notes(&mut doc, &v.shards);
-    doc.push("<div class=\"cards\">");
-    card(&mut doc, "needs", &(v.satisfied + v.unmet).to_string());
-    card(&mut doc, "satisfied", &v.satisfied.to_string());
-    card(&mut doc, "unmet", &v.unmet.to_string());
-    doc.push("</div>");
-    let base = format!("/clusters/{}", pct(&v.cluster_id));
-    let _ = write!(
-        doc.out,
-        "<p class=\"filters\"><a href=\"{base}\"{}>All needs</a><a href=\"{base}?unmet=true\"{}>Unmet only</a> <a class=\"muted\" href=\"/api/v1/clusters/{}/needs{}\">JSON</a></p>",
-        if v.unmet_only { "" } else { " class=\"on\"" },
-        if v.unmet_only { " class=\"on\"" } else { "" },
-        pct(&v.cluster_id),
-        if v.unmet_only { "?unmet=true" } else { "" },
-    );
+}
+
+/// `/clusters/{id}`: the cluster's history and needs with verdicts, one page at a time.
+pub fn cluster(
+    shell: Shell,
+    v: &ClusterNeedsView,
+    history: Option<&KeyHistory<ClusterSample>>,
+    interval_ms: u64,
+) -> String {
+    let id = pct(&v.cluster_id);
+    let base = format!("/clusters/{id}");
     let reachable: Vec<&ShardFetchView> = v.shards.iter().filter(|s| s.reachable).collect();
-    if v.needs.total == 0 {
-        if !reachable.is_empty() && reachable.iter().all(|s| s.cycle == 0) {
-            doc.push("<p class=\"muted\">No decision cycle has run yet, so there are no verdicts (not the same as no demand).</p>");
-        } else if v.unmet_only && v.satisfied > 0 {
-            doc.push("<p class=\"ok\">Every need of this cluster is satisfied.</p>");
-        } else {
-            doc.push("<p class=\"muted\">No reachable shard holds demand from this cluster.</p>");
+    let cycles: Vec<String> = reachable
+        .iter()
+        .map(|s| {
+            format!(
+                "{} cycle {} at {}",
+                s.shard_id,
+                s.cycle,
+                timestamp(s.computed_at_unix_nanos)
+            )
+        })
+        .collect();
+    let content = html! {
+        h1 { "Cluster " span.mono { (v.cluster_id) } }
+        @if !v.coordinator_error.is_empty() {
+            (coordinator_banner(false, &v.coordinator_error))
         }
-    } else {
-        doc.push("<div class=\"scroll\"><table><thead><tr><th class=\"num\">#</th><th class=\"num\">Priority</th><th>Status</th><th>Unmet reason</th><th>Demand</th><th>Residual deficit</th><th class=\"num\">Claimed</th><th>Matching supply</th><th>Preemption</th><th>Same-domain</th><th class=\"num\">Unmet for (cycles)</th><th>Requirements</th><th>Shard</th></tr></thead><tbody>");
-        let first = (v.needs.page - 1) * v.needs.page_size + 1;
-        for (i, n) in v.needs.items.iter().enumerate() {
-            need_row(&mut doc, first + i, n);
+        (unreachable_notes(&v.shards))
+        div.cards {
+            (card("needs", v.satisfied + v.unmet))
+            (card("satisfied", v.satisfied))
+            (card("unmet", v.unmet))
         }
-        doc.push("</tbody></table></div>");
-        let extra = if v.unmet_only { "&amp;unmet=true" } else { "" };
-        pager(&mut doc, &base, extra, &v.needs, "needs");
-    }
-    if !reachable.is_empty() {
-        let cycles: Vec<String> = reachable
-            .iter()
-            .map(|s| {
-                format!(
-                    "{} cycle {} at {}",
-                    s.shard_id,
-                    s.cycle,
-                    timestamp(s.computed_at_unix_nanos)
-                )
-            })
-            .collect();
-        let _ = write!(
-            doc.out,
-            "<p class=\"muted\">Verdicts are from each shard's last cycle: {}.</p>",
-            esc(&cycles.join("; "))
-        );
-    }
-    doc.finish(v.computed_at_unix_nanos, true)
+        p.filters {
+            a href=(base) class=[(!v.unmet_only).then_some("on")] { "All needs" }
+            a href=(format!("{base}?unmet=true")) class=[v.unmet_only.then_some("on")] { "Unmet only" }
+            " "
+            a href=(format!("/machines?cluster={id}")) { "Machines" }
+            a href=(format!("/actions?cluster={id}")) { "Recent actions" }
+            a.muted href=(format!("/api/v1/clusters/{id}/needs{}", if v.unmet_only { "?unmet=true" } else { "" })) { "JSON" }
+            a.muted href=(format!("/api/v1/clusters/{id}/history")) { "History JSON" }
+        }
+        @match history {
+            Some(h) => {
+                @let col = |f: &dyn Fn(&ClusterSample) -> i64| -> Vec<Option<i64>> {
+                    h.samples.iter().map(|s| Some(f(s))).collect()
+                };
+                (history_section(interval_ms, h.samples.len(), "This cluster's demand", vec![
+                    ("needs", "needs", col(&|s| s.needs)),
+                    ("unmet_needs", "unmet needs", col(&|s| s.unmet_needs)),
+                    ("max_age_cycles_unmet", "longest unmet (cycles)", col(&|s| s.max_age_cycles_unmet)),
+                ]))
+            }
+            None => {
+                h2 { "History" }
+                p.muted {
+                    @if interval_ms == 0 { "Sampling is off (--sample-interval 0)." }
+                    @else { "Not sampled yet (or beyond --history-max-clusters)." }
+                }
+            }
+        }
+        h2 { "Needs" }
+        @if v.needs.total == 0 {
+            @if !reachable.is_empty() && reachable.iter().all(|s| s.cycle == 0) {
+                p.muted { "No decision cycle has run yet, so there are no verdicts (not the same as no demand)." }
+            } @else if v.unmet_only && v.satisfied > 0 {
+                p.ok { "Every need of this cluster is satisfied." }
+            } @else {
+                p.muted { "No reachable shard holds demand from this cluster." }
+            }
+        } @else {
+            div.scroll { table {
+                thead { tr {
+                    th.num { "#" } th.num { "Priority" } th { "Status" } th { "Unmet reason" }
+                    th { "Demand" } th { "Residual deficit" } th.num { "Claimed" }
+                    th { "Matching supply" } th { "Preemption" } th { "Same-domain" }
+                    th.num { "Unmet for (cycles)" } th { "Requirements" } th { "Shard" }
+                } }
+                tbody {
+                    @let first = (v.needs.page - 1) * v.needs.page_size + 1;
+                    @for (i, n) in v.needs.items.iter().enumerate() { (need_row(first + i, n)) }
+                }
+            } }
+            (pager(&base, if v.unmet_only { "&unmet=true" } else { "" }, &v.needs, "needs"))
+        }
+        @if !cycles.is_empty() {
+            p.muted { "Verdicts are from each shard's last cycle: " (cycles.join("; ")) "." }
+        }
+        (assembled(v.computed_at_unix_nanos))
+    };
+    layout(
+        shell,
+        &format!("Cluster {}", v.cluster_id),
+        Nav::None,
+        true,
+        content,
+    )
 }
 
-fn shard_errors(doc: &mut Doc, errors: &[crate::view::ShardErrorView]) {
-    for e in errors {
-        let _ = write!(
-            doc.out,
-            "<div class=\"note\">Shard <strong class=\"mono\">{}</strong> did not answer: <span class=\"mono\">{}</span>. Its rows are missing below.</div>",
-            esc(&e.shard_id),
-            esc(&e.error)
-        );
+fn shard_errors(errors: &[crate::view::ShardErrorView]) -> Markup {
+    html! {
+        @for e in errors {
+            div.note {
+                "Shard " strong.mono { (e.shard_id) } " did not answer: " span.mono { (e.error) }
+                ". Its rows are missing below."
+            }
+        }
     }
 }
 
-/// `/actions`: what the shards did recently and why, newest first (ADR-0125).
-pub fn actions(v: &crate::http::ActionsResponse, cluster: &str) -> String {
-    let mut doc = Doc::new("Recent actions", Nav::Actions, false);
-    doc.push("<h1>Recent actions</h1>");
-    if !cluster.is_empty() {
-        let _ = write!(
-            doc.out,
-            "<p>Cluster <strong class=\"mono\">{}</strong> · <a href=\"/actions\">all clusters</a></p>",
-            esc(cluster)
-        );
-    }
-    shard_errors(&mut doc, &v.unreachable);
-    if v.actions.is_empty() {
-        doc.push("<p class=\"muted\">No action recorded yet.</p>");
-    } else {
-        doc.push("<div class=\"scroll\"><table><thead><tr><th>Finished</th><th>Kind</th><th>Reason</th><th>Outcome</th><th>Cluster</th><th>Machine</th><th>Need</th><th>Priority</th><th>Ran</th><th>Shard</th></tr></thead><tbody>");
-        for a in &v.actions {
-            let class = match a.outcome.as_str() {
-                "succeeded" => "ok",
-                "failed" | "abandoned" => "bad",
-                _ => "warn",
-            };
-            let ran = if a.started_at_unix_nanos == 0 {
-                String::new()
-            } else {
-                coarse(a.run_nanos / 1_000_000)
-            };
-            let _ = write!(
-                doc.out,
-                "<tr><td>{}</td><td>{}</td><td class=\"mono\">{}</td><td class=\"{class}\">{}</td><td class=\"mono\"><a href=\"/actions?cluster={}\">{}</a></td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td>{}</td><td>{}</td><td class=\"mono\">{}</td></tr>",
-                esc(&timestamp(a.finished_at_unix_nanos)),
-                esc(&a.kind),
-                esc(&a.reason),
-                esc(&a.outcome),
-                pct(&a.cluster_id),
-                esc(&a.cluster_id),
-                esc(&a.machine_id),
-                esc(&a.need_fingerprint),
-                a.priority,
-                esc(&ran),
-                esc(&a.shard_id)
-            );
+/// `/actions`: what the shards did recently and why, newest first (ADR-0125), with the
+/// fleet's actions-per-sample history.
+pub fn actions(
+    shell: Shell,
+    v: &crate::http::ActionsResponse,
+    cluster: &str,
+    shard: &str,
+    history: &FleetHistory,
+) -> String {
+    let content = html! {
+        h1 { "Recent actions" }
+        @if !cluster.is_empty() {
+            p { "Cluster " strong.mono { (cluster) } " · " a href="/actions" { "all clusters" } }
         }
-        doc.push("</tbody></table></div>");
-    }
-    doc.finish(crate::fleet::now_unix_nanos(), false)
+        @if !shard.is_empty() {
+            p { "Shard " strong.mono { (shard) } " · " a href="/actions" { "all shards" } }
+        }
+        @if cluster.is_empty() && shard.is_empty() && history.interval_ms > 0 {
+            div.sparks {
+                (sparkline("actions", "actions per sample",
+                    &history.samples.iter().map(|s| s.actions).collect::<Vec<_>>(),
+                    &span_text(history.samples.len(), history.interval_ms)))
+            }
+        }
+        (shard_errors(&v.unreachable))
+        @if v.actions.is_empty() {
+            p.muted { "No action recorded yet." }
+        } @else {
+            div.scroll { table {
+                thead { tr {
+                    th { "Finished" } th { "Kind" } th { "Reason" } th { "Outcome" } th { "Cluster" }
+                    th { "Machine" } th { "Need" } th { "Priority" } th { "Ran" } th { "Shard" }
+                } }
+                tbody { @for a in &v.actions {
+                    @let class = match a.outcome.as_str() {
+                        "succeeded" => "ok",
+                        "failed" | "abandoned" => "bad",
+                        _ => "warn",
+                    };
+                    tr {
+                        td { (timestamp(a.finished_at_unix_nanos)) }
+                        td { (a.kind) }
+                        td.mono { (a.reason) }
+                        td class=(class) { (a.outcome) }
+                        td.mono { a href=(format!("/actions?cluster={}", pct(&a.cluster_id))) { (a.cluster_id) } }
+                        td.mono { (a.machine_id) }
+                        td.mono { (a.need_fingerprint) }
+                        td { (a.priority) }
+                        td { @if a.started_at_unix_nanos != 0 { (coarse(a.run_nanos / 1_000_000)) } }
+                        td { (shard_link(&a.shard_id)) }
+                    }
+                } }
+            } }
+        }
+        (assembled(crate::fleet::now_unix_nanos()))
+    };
+    layout(shell, "Recent actions", Nav::Actions, true, content)
+}
+
+/// The filters a machine list was asked with (shown, and kept by the next-page link).
+#[derive(Debug, Clone, Default)]
+pub struct MachineFilters<'a> {
+    pub cluster: &'a str,
+    pub shard: &'a str,
+    pub state: &'a str,
+    /// Raw `&k=v` pairs (values percent-encoded) for the next-page link.
+    pub keep: String,
 }
 
 /// `/machines`: one page of the fleet's machines in id order.
-pub fn machines(v: &crate::http::MachinesResponse, query: &str) -> String {
-    let mut doc = Doc::new("Machines", Nav::Machines, false);
-    doc.push("<h1>Machines</h1>");
-    shard_errors(&mut doc, &v.unreachable);
-    if v.machines.is_empty() {
-        doc.push("<p class=\"muted\">No machine matches.</p>");
-    } else {
-        doc.push("<div class=\"scroll\"><table><thead><tr><th>Machine</th><th>State</th><th>Cluster</th><th>Instance type</th><th>Zone</th><th>Capacity</th><th>$/h</th><th>Shard</th></tr></thead><tbody>");
-        for m in &v.machines {
-            let _ = write!(
-                doc.out,
-                "<tr><td class=\"mono\">{}</td><td>{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td class=\"mono\">{}</td><td>{}</td><td>{:.4}</td><td class=\"mono\">{}</td></tr>",
-                esc(&m.id),
-                esc(short_state(&m.state)),
-                esc(&m.cluster),
-                esc(&m.instance_type),
-                esc(&m.zone),
-                esc(m.capacity_type.trim_start_matches("CAPACITY_TYPE_")),
-                m.price_per_hour,
-                esc(&m.shard_id)
-            );
+pub fn machines(shell: Shell, v: &crate::http::MachinesResponse, f: &MachineFilters<'_>) -> String {
+    let content = html! {
+        h1 { "Machines" }
+        @if !f.cluster.is_empty() || !f.shard.is_empty() || !f.state.is_empty() {
+            p.filters {
+                @if !f.cluster.is_empty() { "Cluster " (cluster_link(f.cluster)) " " }
+                @if !f.shard.is_empty() { "Shard " (shard_link(f.shard)) " " }
+                @if !f.state.is_empty() { "State " span.mono { (f.state) } " " }
+                "· " a href="/machines" { "all machines" }
+            }
         }
-        doc.push("</tbody></table></div>");
-    }
-    let _ = write!(
-        doc.out,
-        "<div class=\"pager muted\">{} machines match",
-        v.total_matching
-    );
-    if !v.next_after.is_empty() {
-        let _ = write!(
-            doc.out,
-            " · <a href=\"/machines?after={}{}\" rel=\"next\">Next »</a>",
-            pct(&v.next_after),
-            esc(query)
-        );
-    }
-    doc.push("</div>");
-    doc.finish(crate::fleet::now_unix_nanos(), false)
+        (shard_errors(&v.unreachable))
+        @if v.machines.is_empty() {
+            p.muted { "No machine matches." }
+        } @else {
+            div.scroll { table {
+                thead { tr {
+                    th { "Machine" } th { "State" } th { "Cluster" } th { "Instance type" }
+                    th { "Zone" } th { "Capacity" } th { "$/h" } th { "Shard" }
+                } }
+                tbody { @for m in &v.machines { tr {
+                    td.mono { (m.id) }
+                    td { (short_state(&m.state)) }
+                    td.mono { @if !m.cluster.is_empty() { (cluster_link(&m.cluster)) } }
+                    td.mono { (m.instance_type) }
+                    td.mono { (m.zone) }
+                    td { (m.capacity_type.trim_start_matches("CAPACITY_TYPE_")) }
+                    td { (format!("{:.4}", m.price_per_hour)) }
+                    td { (shard_link(&m.shard_id)) }
+                } } }
+            } }
+        }
+        div.pager.muted {
+            (v.total_matching) " machines match"
+            @if !v.next_after.is_empty() {
+                " · "
+                a href=(format!("/machines?after={}{}", pct(&v.next_after), f.keep)) rel="next" { "Next »" }
+            }
+        }
+        (assembled(crate::fleet::now_unix_nanos()))
+    };
+    layout(shell, "Machines", Nav::Machines, false, content)
 }
 
-/// An error page (coordinator and every shard unknown, bad query, unknown path).
+/// An error page (coordinator and every shard unknown, bad query, unknown path or id).
 pub fn error(title: &str, message: &str) -> String {
-    let mut doc = Doc::new(title, Nav::None, false);
-    let _ = write!(
-        doc.out,
-        "<h1>{}</h1><div class=\"banner\" role=\"alert\">{}</div><p><a href=\"/\">Back to the overview</a></p>",
-        esc(title),
-        esc(message)
-    );
-    doc.finish(0, false)
+    let content = html! {
+        h1 { (title) }
+        div.banner role="alert" { (message) }
+        p { a href="/" { "Back to the overview" } }
+    };
+    layout(Shell::default(), title, Nav::None, false, content)
 }
 
 #[cfg(test)]
@@ -766,6 +896,10 @@ mod tests {
     use super::*;
     use crate::view::{ShardView, SupplyView};
     use std::collections::BTreeMap;
+
+    fn empty_history() -> FleetHistory {
+        crate::history::History::new(Default::default(), std::time::Duration::from_secs(5)).fleet()
+    }
 
     fn shard(id: &str, reachable: bool) -> ShardView {
         ShardView {
@@ -804,12 +938,17 @@ mod tests {
             domains: vec![],
         };
         let page = Page::of(&o.shards, 1, 50);
-        let html = overview(&o, &page);
+        let html = overview(Shell::default(), &o, &page, &empty_history());
         assert!(html.contains("s&lt;2&gt;"));
         assert!(!html.contains("s<2>"));
         assert!(html.contains("unavailable: &lt;refused&gt;"));
         assert!(html.contains("1 of 2 shards did not answer"));
-        assert!(html.contains("<meta http-equiv=\"refresh\""));
+        // Refreshed in place by the script, never by a full reload.
+        assert!(!html.contains("http-equiv"));
+        assert!(html.contains("<body data-refresh=\"5\">"), "{html}");
+        assert!(html.contains("<script src=\"/static/live.js\" defer>"));
+        assert!(html.contains("<main id=\"live\">"));
+        assert!(html.contains("href=\"/shards/s%3C2%3E\""));
         assert!(!html.contains("Coordinator unreachable"));
     }
 
@@ -824,7 +963,12 @@ mod tests {
             shortfalls: vec![],
             domains: vec![],
         };
-        let html = overview(&o, &Page::of(&o.shards, 1, 50));
+        let html = overview(
+            Shell::default(),
+            &o,
+            &Page::of(&o.shards, 1, 50),
+            &empty_history(),
+        );
         assert!(html.contains("Coordinator unreachable."));
         assert!(html.contains("ListShards failed"));
     }
@@ -874,7 +1018,7 @@ mod tests {
             unmet: 1,
             needs: Page::of(&[row], 1, 50),
         };
-        let html = cluster(&v);
+        let html = cluster(Shell::default(), &v, None, 5000);
         assert!(html.contains("priority-starved"));
         assert!(html.contains("idle 0 · configured 9 · speculative 0 (capped)"));
         assert!(html.contains("cpu=4"));
@@ -905,12 +1049,78 @@ mod tests {
             }],
             unreachable: vec![],
         };
-        let html = actions(&v, "<c>");
+        let html = actions(Shell::default(), &v, "<c>", "", &empty_history());
         assert!(
             html.contains("s&lt;1&gt;") && html.contains("m&quot;1") && html.contains("c&amp;1")
         );
         assert!(html.contains("/actions?cluster=c%261") && html.contains("&lt;c&gt;"));
         assert!(!html.contains("<c>") && !html.contains("s<1>"));
         assert!(html.contains("class=\"bad\">failed"));
+    }
+
+    #[test]
+    fn pages_without_a_refresh_carry_no_script_and_a_zero_refresh_turns_it_off() {
+        let e = error("Not found", "<nope>");
+        assert!(!e.contains("live.js") && !e.contains("data-refresh"));
+        assert!(e.contains("&lt;nope&gt;"));
+        let o = FleetOverview {
+            computed_at_unix_nanos: 1,
+            coordinator_reachable: true,
+            coordinator_error: String::new(),
+            coordinator_failure: None,
+            shards: vec![],
+            shortfalls: vec![],
+            domains: vec![],
+        };
+        let off = overview(
+            Shell { refresh_secs: 0 },
+            &o,
+            &Page::of(&o.shards, 1, 50),
+            &empty_history(),
+        );
+        assert!(!off.contains("live.js") && !off.contains("data-refresh"));
+    }
+
+    #[test]
+    fn the_overview_draws_the_fleet_history() {
+        let h = crate::history::History::new(Default::default(), std::time::Duration::from_secs(5));
+        let o = FleetOverview {
+            computed_at_unix_nanos: 1,
+            coordinator_reachable: true,
+            coordinator_error: String::new(),
+            coordinator_failure: None,
+            shards: vec![shard("s1", true)],
+            shortfalls: vec![],
+            domains: vec![],
+        };
+        for at in [1_000, 6_000] {
+            h.record(&crate::history::Round {
+                at_unix_ms: at,
+                overview: &o,
+                clusters: None,
+                actions_recorded: None,
+            });
+        }
+        let html = overview(
+            Shell::default(),
+            &o,
+            &Page::of(&o.shards, 1, 50),
+            &h.fleet(),
+        );
+        assert_eq!(html.matches("<figure class=\"spark\"").count(), 9, "{html}");
+        assert!(html.contains("data-series=\"machines\" data-samples=\"2\" data-last=\"7\""));
+        assert!(
+            html.contains("one sample every 5s; 2 samples (the last 5s)"),
+            "{html}"
+        );
+        let shard_page = super::shard(
+            Shell::default(),
+            &o,
+            &o.shards[0],
+            h.shard("s1").as_ref(),
+            5000,
+        );
+        assert_eq!(shard_page.matches("<figure class=\"spark\"").count(), 5);
+        assert!(shard_page.contains("href=\"/machines?shard=s1\""));
     }
 }

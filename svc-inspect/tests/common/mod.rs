@@ -1,6 +1,8 @@
 //! A small fleet of doubles (coordinator + shards) with svc-inspect in front of it.
 #![allow(dead_code)]
 
+pub mod cdp;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -128,6 +130,10 @@ pub struct Options {
     pub with_dead_shard: bool,
     pub cache_ttl: Duration,
     pub shard_timeout: Duration,
+    /// History sampling (zero: off, as in `Config::local`).
+    pub sample_interval: Duration,
+    /// In-place refresh of live pages.
+    pub page_refresh: Duration,
 }
 
 impl Default for Options {
@@ -138,6 +144,8 @@ impl Default for Options {
             with_dead_shard: true,
             cache_ttl: Duration::ZERO,
             shard_timeout: Duration::from_secs(2),
+            sample_interval: Duration::ZERO,
+            page_refresh: Duration::from_secs(5),
         }
     }
 }
@@ -199,6 +207,8 @@ impl Harness {
         let mut config = Config::local(&coordinator_addr);
         config.cache_ttl = opts.cache_ttl;
         config.shard_timeout = opts.shard_timeout;
+        config.sample_interval = opts.sample_interval;
+        config.page_refresh = opts.page_refresh;
         config.drain_timeout = Duration::from_secs(1);
         config.tls = match (&pki, opts.tls_role) {
             (Some(p), Some(role)) => Some(p.files(role)),
