@@ -138,7 +138,7 @@ pub struct UpArgs {
     #[arg(long)]
     pub quiet: bool,
 
-    /// Restart a crashed child (with backoff: 1 s, doubling up to 30 s). Off: a crashed
+    /// Restart a crashed child (jittered backoff: up to 1 s, doubling up to 30 s). Off: a crashed
     /// child stays down and `up` keeps running without it — e.g. to watch the shards keep
     /// provisioning with the coordinator gone. Either way, `up` stops when a child crashes
     /// 5 times within a minute.
@@ -548,7 +548,8 @@ struct ChildHistory {
     crashes: std::collections::VecDeque<Instant>,
     /// When the pending restart is due (None: running, or not to be restarted).
     due: Option<Instant>,
-    backoff: Option<Duration>,
+    /// Created at the first crash: the workspace's one jittered backoff (ADR-0123).
+    backoff: Option<bigfleet_mesh::Backoff>,
 }
 
 impl ChildHistory {
@@ -564,8 +565,13 @@ impl ChildHistory {
         }
         let next = self
             .backoff
-            .map_or(Duration::from_secs(1), |b| (b * 2).min(RESTART_BACKOFF_MAX));
-        self.backoff = Some(next);
+            .get_or_insert_with(|| {
+                bigfleet_mesh::Backoff::new(bigfleet_mesh::BackoffPolicy::new(
+                    Duration::from_secs(1),
+                    RESTART_BACKOFF_MAX,
+                ))
+            })
+            .next_delay();
         self.due = Some(now + next);
         self.crashes.len() >= CRASH_LOOP_LIMIT
     }
@@ -659,9 +665,10 @@ async fn supervise(
                 looping = true;
             } else if args.restart {
                 say!(
-                    "bigfleet up: restarting {} in {:?}",
+                    "bigfleet up: restarting {} in {:.1?}",
                     c.name,
-                    h.backoff.unwrap_or_default()
+                    h.due
+                        .map_or(Duration::ZERO, |d| d.saturating_duration_since(now))
                 );
             } else {
                 h.due = None;
@@ -811,6 +818,33 @@ mod tests {
 
     fn parse(a: &[&str]) -> Result<UpArgs, clap::Error> {
         T::try_parse_from(std::iter::once("up").chain(a.iter().copied())).map(|t| t.up)
+    }
+
+    #[test]
+    fn restarts_back_off_with_jitter_up_to_the_cap_and_crash_loops_stop() {
+        let mut h = ChildHistory::default();
+        let t0 = Instant::now();
+        for k in 0..CRASH_LOOP_LIMIT {
+            let looping = h.crashed(t0);
+            assert_eq!(looping, k + 1 >= CRASH_LOOP_LIMIT, "crash {k}");
+            let wait = h.due.expect("a restart is due") - t0;
+            let window = Duration::from_secs(1 << k).min(RESTART_BACKOFF_MAX);
+            assert!(
+                wait <= window && wait >= window / 2,
+                "crash {k}: {wait:?} outside [{:?}, {window:?}]",
+                window / 2
+            );
+        }
+        // Crashes spread over more than the window never count as a loop.
+        let mut h = ChildHistory::default();
+        let apart = CRASH_LOOP_WINDOW + Duration::from_secs(1);
+        let mut at = t0;
+        for _ in 0..2 * CRASH_LOOP_LIMIT {
+            at += apart;
+            assert!(!h.crashed(at));
+        }
+        let wait = h.due.expect("due") - at;
+        assert!(wait <= RESTART_BACKOFF_MAX, "{wait:?}");
     }
 
     #[test]

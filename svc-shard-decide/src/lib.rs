@@ -503,8 +503,12 @@ async fn startup_epoch(
     mode: &EtcdMode,
 ) -> Result<u64, StartError> {
     let deadline = tokio::time::Instant::now() + mode.startup_timeout;
-    let mut pause = Duration::from_millis(100);
+    let mut backoff = bigfleet_mesh::Backoff::new(bigfleet_mesh::BackoffPolicy::new(
+        Duration::from_millis(100),
+        Duration::from_secs(2),
+    ));
     loop {
+        let pause = backoff.next_delay();
         match shards.next_epoch(shard_id, mode.epoch_floor).await {
             Ok(grant) => {
                 tracing::info!(shard = %shard_id, epoch = grant.epoch, "process epoch minted in etcd");
@@ -521,7 +525,6 @@ async fn startup_epoch(
             Err(e) => {
                 tracing::warn!(shard = %shard_id, error = %e, "cannot mint an epoch in etcd yet; retrying");
                 tokio::time::sleep(pause).await;
-                pause = (pause * 2).min(Duration::from_secs(2));
             }
         }
     }

@@ -2,6 +2,7 @@
 //! (`bigfleet up`, or single `bigfleet svc ...` children through `bigfleet::up::mesh`),
 //! simulated operators in the test, assertions on provider state and `InspectNeeds`.
 
+mod actions;
 mod chaos;
 mod harness;
 mod scenarios;

@@ -54,13 +54,22 @@ pub struct ActionRecord {
     pub grace: Option<Duration>,
     /// The work item's id when a worker took it; empty otherwise.
     pub action_id: String,
-    /// `succeeded`, `failed`, `abandoned`, `suppressed`, `dryrun`, `held_stale`,
-    /// or whatever other outcome a worker reported.
+    /// `succeeded`, `abandoned`, `suppressed`, `dryrun`, `held_stale`, or the
+    /// label of the failure a worker reported (`fenced`, `provider_error`, …).
     pub outcome: String,
     pub decided_at_unix_nanos: i64,
     /// Zero when no worker took it.
     pub started_at_unix_nanos: i64,
     pub finished_at_unix_nanos: i64,
+}
+
+/// Workers report the execute metric's label (`success`, as the original's
+/// `outcome` label has it); the history and its readers say `succeeded`.
+fn history_outcome(reported: &str) -> &str {
+    match reported {
+        "success" => "succeeded",
+        other => other,
+    }
 }
 
 impl ActionRecord {
@@ -93,7 +102,7 @@ impl ActionRecord {
             priority: assignment.map_or(action.preemptor_priority(), |a| a.priority),
             grace: action.grace(),
             action_id: String::new(),
-            outcome: outcome.to_owned(),
+            outcome: history_outcome(outcome).to_owned(),
             decided_at_unix_nanos: 0,
             started_at_unix_nanos: 0,
             finished_at_unix_nanos: 0,
@@ -271,6 +280,25 @@ mod tests {
         let mut r = ActionRecord::new(1, &action, "succeeded");
         r.finished_at_unix_nanos = finished;
         r
+    }
+
+    /// A worker's `success` reads as the documented `succeeded`; failure labels pass through.
+    #[test]
+    fn worker_outcomes_read_in_the_history_s_words() {
+        let action = Action::Reclaim {
+            machine_id: "m".into(),
+            cluster: "c".into(),
+            grace: Duration::from_secs(30),
+        };
+        assert_eq!(
+            ActionRecord::new(1, &action, "success").outcome,
+            "succeeded"
+        );
+        assert_eq!(ActionRecord::new(1, &action, "fenced").outcome, "fenced");
+        assert_eq!(
+            ActionRecord::new(1, &action, "abandoned").outcome,
+            "abandoned"
+        );
     }
 
     #[test]
