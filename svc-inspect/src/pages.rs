@@ -191,7 +191,11 @@ fn history_section(
             } @else {
                 p.muted {
                     (what) ", one sample every " (humantime::format_duration(std::time::Duration::from_millis(interval_ms)))
-                    "; " (samples) " samples (" (span) ")."
+                    @if samples <= 1 {
+                        "; " (samples) " sample so far."
+                    } @else {
+                        "; " (samples) " samples (" (span) ")."
+                    }
                 }
                 div.sparks {
                     @for (series, label, values) in &charts {
