@@ -214,19 +214,7 @@ impl AcqIndex {
         excluded: impl Fn(u32) -> bool,
         better: impl Fn(&Scored, &Scored) -> bool,
     ) -> Option<Scored> {
-        let seen = self.seen;
-        let fresh = self.top.get(deficit).is_some_and(|(at, _)| *at == seen);
-        if !fresh {
-            let mut top: Vec<Scored> = Vec::with_capacity(TOP + 1);
-            for c in self.scan(deficit, |_| false) {
-                let pos = top.iter().position(|t| better(&c, t)).unwrap_or(top.len());
-                if pos < TOP {
-                    top.insert(pos, c);
-                    top.truncate(TOP);
-                }
-            }
-            self.top.insert(deficit.clone(), (seen, top));
-        }
+        self.ensure_top(deficit, &better);
         let (_, top) = &self.top[deficit];
         if let Some(c) = top.iter().find(|c| !excluded(c.value)) {
             return Some(*c);

@@ -99,8 +99,14 @@ pub fn rung(name: &str) -> Option<Scenario> {
     })
 }
 
-/// Applies one action the way a shard with an instant provider would.
-fn apply(m: &mut Machine, a: &bigfleet_model::Action, now: i64) -> Option<i64> {
+/// Applies one action the way a shard with an instant provider would (a new host is
+/// `<provider>/h-<id>`); the machine's new idle-since stamp when it became Idle.
+pub fn apply_instantly(
+    m: &mut Machine,
+    a: &bigfleet_model::Action,
+    now: i64,
+    provider: &str,
+) -> Option<i64> {
     use bigfleet_model::Action;
     match a {
         Action::Bootstrap {
@@ -115,7 +121,7 @@ fn apply(m: &mut Machine, a: &bigfleet_model::Action, now: i64) -> Option<i64> {
         } => {
             if m.host.is_empty() {
                 m.host = Host {
-                    provider: "synth".into(),
+                    provider: provider.into(),
                     reference: format!("h-{}", m.id),
                 };
             }
@@ -164,7 +170,7 @@ pub fn settle(s: &mut Scenario, cycles: usize) {
         }
         for a in &out.actions {
             let i = index[a.machine_id()];
-            let stamp = apply(&mut s.machines[i], a, s.now_unix_nanos);
+            let stamp = apply_instantly(&mut s.machines[i], a, s.now_unix_nanos, "synth");
             s.idle_since[i] = match s.machines[i].state {
                 MachineState::Idle => stamp.or(s.idle_since[i]),
                 _ => None,

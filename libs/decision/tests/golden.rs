@@ -6,7 +6,7 @@ mod common;
 use bigfleet_decision::{
     CycleInput, CycleOptions, CycleOutput, ParkingLedger, UnmetReason, VerdictSource, run_cycle,
 };
-use bigfleet_model::{Action, CapacityType, Host, Machine, MachineState, Need, snapshot_order};
+use bigfleet_model::{Action, CapacityType, Machine, MachineState, Need, snapshot_order};
 use common::*;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt::Write as _;
@@ -106,43 +106,10 @@ impl Sim {
             .find(|m| m.id == a.machine_id())
             .expect("action for a known machine");
         assert_eq!(m.state, a.kind().from_state(), "{a}");
-        match a {
-            Action::Bootstrap {
-                cluster,
-                assignment,
-                ..
-            }
-            | Action::Provision {
-                cluster,
-                assignment,
-                ..
-            } => {
-                if m.host.is_empty() {
-                    m.host = Host {
-                        provider: "sim".into(),
-                        reference: format!("h-{}", m.id),
-                    };
-                }
-                m.state = MachineState::Configured;
-                m.cluster = cluster.clone();
-                m.assigned_priority = assignment.priority;
-                m.assigned_interruption_penalty_dollars = assignment.interruption_penalty_dollars;
-                m.assigned_reclamation_penalty_dollars = assignment.reclamation_penalty_dollars;
-                m.assigned_need_fingerprint = assignment.need_fingerprint.clone();
-                m.assigned_group = assignment.group.clone();
-                self.idle_since.remove(&m.id);
-            }
-            Action::Reclaim { .. } | Action::Preempt { .. } => {
-                m.state = MachineState::Idle;
-                m.clear_assignment();
-                self.idle_since.insert(m.id.clone(), now);
-            }
-            Action::Release { .. } => {
-                m.state = MachineState::Speculative;
-                m.host = Host::default();
-                self.idle_since.remove(&m.id);
-            }
-        }
+        match bigfleet_decision::synth::apply_instantly(m, a, now, "sim") {
+            Some(idle_since) => self.idle_since.insert(m.id.clone(), idle_since),
+            None => self.idle_since.remove(&m.id),
+        };
         m.invariant()
             .expect("simulated transition keeps the invariant");
     }
