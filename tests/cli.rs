@@ -203,6 +203,20 @@ impl Fleet {
     }
 }
 
+/// `bigfleet admin assign-domain` of rack `value` to `shard`.
+fn assign_rack<'a>(value: &'a str, shard: &'a str) -> [&'a str; 8] {
+    [
+        "admin",
+        "assign-domain",
+        "--key",
+        "rack",
+        "--value",
+        value,
+        "--shard",
+        shard,
+    ]
+}
+
 async fn run_cli(argv: Vec<String>) -> (Result<(), CliError>, String, String) {
     let cli = Cli::try_parse_from(argv).unwrap();
     let (mut out, mut err) = (Vec::new(), Vec::new());
@@ -321,16 +335,7 @@ async fn readonly_reads_everything_and_mutates_nothing() {
     assert_eq!(d.len(), 1);
 
     for args in [
-        vec![
-            "admin",
-            "assign-domain",
-            "--key",
-            "rack",
-            "--value",
-            "r2",
-            "--shard",
-            "s1",
-        ],
+        assign_rack("r2", "s1").to_vec(),
         vec!["admin", "unassign-domain", "--key", "rack", "--value", "r1"],
         vec!["admin", "remove-shard", "--shard", "s1"],
     ] {
@@ -404,42 +409,14 @@ async fn shard_and_cluster_certificates_are_refused() {
 async fn admin_changes_the_fleet() {
     let f = Fleet::start(true).await;
     let admin = Some("admin");
-    let (r, out, _) = f
-        .run(
-            admin,
-            &[
-                "admin",
-                "assign-domain",
-                "--key",
-                "rack",
-                "--value",
-                "r2",
-                "--shard",
-                "s2",
-            ],
-        )
-        .await;
+    let (r, out, _) = f.run(admin, &assign_rack("r2", "s2")).await;
     r.unwrap();
     assert_eq!(out, "domain rack=r2 assigned to shard s2\n");
     let (r, out, _) = f.run(admin, &["domains"]).await;
     r.unwrap();
     assert!(out.contains("rack  r2     s2"), "{out}");
 
-    let (r, _, _) = f
-        .run(
-            admin,
-            &[
-                "admin",
-                "assign-domain",
-                "--key",
-                "rack",
-                "--value",
-                "r2",
-                "--shard",
-                "s1",
-            ],
-        )
-        .await;
+    let (r, _, _) = f.run(admin, &assign_rack("r2", "s1")).await;
     let e = r.unwrap_err();
     assert_eq!(e.code(), Some(Code::AlreadyExists));
     assert!(e.to_string().contains("assigned to shard s2"), "{e}");

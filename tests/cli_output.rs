@@ -301,6 +301,44 @@ impl Shared {
     }
 }
 
+/// A command running in the background until it is stopped.
+struct Running {
+    stop_tx: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), bigfleet::CliError>>,
+}
+
+impl Running {
+    /// Stops the command and waits for it, which must have succeeded.
+    async fn stop(self) {
+        self.stop_tx.send(()).unwrap();
+        self.task.await.unwrap().unwrap();
+    }
+}
+
+/// Starts `cli` (a `--watch`) in the background; its output and error streams stay
+/// readable while it runs.
+fn watch(cli: Cli) -> (Shared, Shared, Running) {
+    let (out, err) = (Shared::default(), Shared::default());
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let task = {
+        let (mut out, mut err) = (out.clone(), err.clone());
+        tokio::spawn(async move {
+            bigfleet::run_until(cli, &mut out, &mut err, async {
+                let _ = stop_rx.await;
+            })
+            .await
+        })
+    };
+    (out, err, Running { stop_tx, task })
+}
+
+/// Waits until the coordinator double has answered five more calls.
+async fn five_more_polls(c: &CoordinatorDouble) {
+    let calls = || c.state().calls.len();
+    let before = calls();
+    eventually("five more polls", || calls() >= before + 5).await;
+}
+
 /// Polls `cond` until it holds; a generous bound keeps a broken build from hanging.
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
     for _ in 0..3000 {
@@ -324,24 +362,12 @@ async fn watch_reprints_only_changes_and_stops_cleanly() {
         "name",
     ]))
     .unwrap();
-    let (out, err) = (Shared::default(), Shared::default());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = {
-        let (mut out, mut err) = (out.clone(), err.clone());
-        tokio::spawn(async move {
-            bigfleet::run_until(cli, &mut out, &mut err, async {
-                let _ = stop_rx.await;
-            })
-            .await
-        })
-    };
+    let (out, err, running) = watch(cli);
     let first = "domain/rack=r1\ndomain/topology.kubernetes.io/zone=eu-west-1a\n";
     eventually("the first answer", || out.text() == first).await;
 
     // Unchanged answers are not printed again, however many polls run.
-    let calls = |c: &CoordinatorDouble| c.state().calls.len();
-    let before = calls(&f.coordinator);
-    eventually("five more polls", || calls(&f.coordinator) >= before + 5).await;
+    five_more_polls(&f.coordinator).await;
     assert_eq!(out.text(), first);
 
     f.coordinator
@@ -358,8 +384,7 @@ async fn watch_reprints_only_changes_and_stops_cleanly() {
     eventually("a warning", || err.text().contains("(still watching)")).await;
     f.coordinator.state().follower_of = None;
 
-    stop_tx.send(()).unwrap();
-    task.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(out.text(), second);
     assert_eq!(
         err.text().matches("(still watching)").count(),
@@ -909,23 +934,11 @@ async fn watching_actions_appends_only_new_ones() {
         true,
     ))
     .unwrap();
-    let (out, err) = (Shared::default(), Shared::default());
-    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
-    let task = {
-        let (mut out, mut err) = (out.clone(), err.clone());
-        tokio::spawn(async move {
-            bigfleet::run_until(cli, &mut out, &mut err, async {
-                let _ = stop_rx.await;
-            })
-            .await
-        })
-    };
+    let (out, err, running) = watch(cli);
     // Oldest first, so later ones follow.
     let first = "action/s1/1\naction/s2/7\naction/s1/2\naction/s2/8\n";
     eventually("the first answer", || out.text() == first).await;
-    let calls = |c: &CoordinatorDouble| c.state().calls.len();
-    let before = calls(&f.coordinator);
-    eventually("five more polls", || calls(&f.coordinator) >= before + 5).await;
+    five_more_polls(&f.coordinator).await;
     assert_eq!(
         out.text(),
         first,
@@ -938,10 +951,8 @@ async fn watching_actions_appends_only_new_ones() {
         .push(registry_entry("s4", f.late.tcp_addr().unwrap()));
     let second = format!("{first}action/s4/1\naction/s4/2\n");
     eventually("the new actions", || out.text() == second).await;
-    let before = calls(&f.coordinator);
-    eventually("five more polls", || calls(&f.coordinator) >= before + 5).await;
-    stop_tx.send(()).unwrap();
-    task.await.unwrap().unwrap();
+    five_more_polls(&f.coordinator).await;
+    running.stop().await;
     // s4's action that finished before the newest printed one never shows.
     assert_eq!(out.text(), second);
     assert_eq!(

@@ -34,21 +34,7 @@ pub enum CertError {
     Tls(#[from] bigfleet_identity::TlsError),
 }
 
-/// A file-name-safe stem for a role, as the test and deployment tooling names bundles:
-/// `bigfleet://shard/s1/execute` ⇒ `shard-s1-execute`.
-pub fn role_file_stem(role: &str) -> String {
-    role.strip_prefix("bigfleet://")
-        .unwrap_or(role)
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect()
-}
+pub use bigfleet_identity::ca::role_file_stem;
 
 /// A CA loaded from (or created into) a TLS directory.
 pub struct DirCa {
@@ -188,15 +174,6 @@ mod tests {
                 .mode();
             assert_eq!(mode & 0o777, 0o600, "{key}: {mode:o}");
         }
-    }
-
-    #[test]
-    fn role_file_stems_are_file_name_safe() {
-        assert_eq!(
-            role_file_stem("bigfleet://shard/s1/execute"),
-            "shard-s1-execute"
-        );
-        assert_eq!(role_file_stem("cluster/a.b"), "cluster-a-b");
     }
 
     #[test]

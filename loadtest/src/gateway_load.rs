@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::certs::{CertError, DirCa};
 use crate::demand::{Churn, Demand};
 use crate::latency::LatencyRecorder;
-use crate::operator::{Operator, OperatorConfig, OperatorHandle, OperatorStats};
+use crate::operator::{Operator, OperatorConfig, OperatorHandle, Totals};
 
 /// A load-test run.
 #[derive(Debug, Clone)]
@@ -192,45 +192,6 @@ pub fn kb_per_session(
     match (baseline_mb, now_mb) {
         (Some(b), Some(n)) if sessions > 0 => Some((n - b) * 1024.0 / sessions as f64),
         _ => None,
-    }
-}
-
-#[derive(Debug, Default, Clone, Copy)]
-struct Totals {
-    connected: usize,
-    /// Operators connected whose current session has had a roll-up acknowledged.
-    connected_and_acked: usize,
-    rollups_sent: u64,
-    acks: u64,
-    connect_failures: u64,
-    disconnects: u64,
-    rejected: u64,
-    not_applied: u64,
-    dropped: u64,
-    coalesced: u64,
-}
-
-impl Totals {
-    fn of(ops: &[OperatorHandle]) -> Self {
-        let mut t = Totals::default();
-        for op in ops {
-            let s: OperatorStats = op.stats();
-            t.connected += usize::from(s.connected);
-            t.connected_and_acked += usize::from(s.connected && s.rollup_acks > 0);
-            t.rollups_sent += s.rollups_sent;
-            t.acks += s.rollup_acks;
-            t.connect_failures += s.connect_failures;
-            t.disconnects += s.disconnects;
-            t.rejected += s.rollups_rejected;
-            t.not_applied += s.rollups_not_applied;
-            t.dropped += s.responses_dropped;
-            t.coalesced += s.rollups_coalesced;
-        }
-        t
-    }
-
-    fn errors(&self) -> u64 {
-        self.connect_failures + self.disconnects + self.rejected + self.not_applied + self.dropped
     }
 }
 

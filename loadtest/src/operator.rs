@@ -206,6 +206,64 @@ impl OperatorStats {
     }
 }
 
+/// Counters summed over a fleet of operators (a snapshot), as the load tests
+/// read them once a second and at both ends of their measurement windows.
+#[derive(Debug, Default, Clone, Copy)]
+pub(crate) struct Totals {
+    pub(crate) connected: usize,
+    /// Operators connected whose current session has had a roll-up acknowledged.
+    pub(crate) connected_and_acked: usize,
+    pub(crate) rollups_sent: u64,
+    pub(crate) acks: u64,
+    pub(crate) connect_failures: u64,
+    pub(crate) disconnects: u64,
+    pub(crate) rejected: u64,
+    pub(crate) not_applied: u64,
+    pub(crate) dropped: u64,
+    pub(crate) coalesced: u64,
+    pub(crate) node_updates: u64,
+    pub(crate) available_updates: u64,
+    pub(crate) bootstrap_requests: u64,
+    pub(crate) reclaim_instructions: u64,
+}
+
+impl Totals {
+    pub(crate) fn of(ops: &[OperatorHandle]) -> Self {
+        let mut t = Totals::default();
+        for s in ops.iter().map(OperatorHandle::stats) {
+            t.connected += usize::from(s.connected);
+            t.connected_and_acked += usize::from(s.connected && s.rollup_acks > 0);
+            t.rollups_sent += s.rollups_sent;
+            t.acks += s.rollup_acks;
+            t.connect_failures += s.connect_failures;
+            t.disconnects += s.disconnects;
+            t.rejected += s.rollups_rejected;
+            t.not_applied += s.rollups_not_applied;
+            t.dropped += s.responses_dropped;
+            t.coalesced += s.rollups_coalesced;
+            t.node_updates += s.node_updates;
+            t.available_updates += s.available_updates;
+            t.bootstrap_requests += s.bootstrap_requests;
+            t.reclaim_instructions += s.reclaim_instructions;
+        }
+        t
+    }
+
+    /// Frames the shard pushed to operators besides acks (node states, capacity hints,
+    /// bootstrap requests, reclaim instructions).
+    pub(crate) fn pushes(&self) -> u64 {
+        self.node_updates
+            + self.available_updates
+            + self.bootstrap_requests
+            + self.reclaim_instructions
+    }
+
+    /// [`OperatorStats::errors`] over the fleet.
+    pub(crate) fn errors(&self) -> u64 {
+        self.connect_failures + self.disconnects + self.rejected + self.not_applied + self.dropped
+    }
+}
+
 struct Shared {
     cfg: OperatorConfig,
     stats: Mutex<OperatorStats>,

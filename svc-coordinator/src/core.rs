@@ -254,23 +254,23 @@ mod tests {
 
     #[test]
     fn not_leader_carries_the_hint() {
-        let s = Status::from(CoordError::NotLeader {
-            leader_api_addr: Some("10.0.0.2:7790".into()),
-        });
-        assert_eq!(s.code(), Code::FailedPrecondition);
-        assert_eq!(s.message(), "coordinator: not leader");
-        assert_eq!(
+        let not_leader = |leader_api_addr: Option<&str>| {
+            Status::from(CoordError::NotLeader {
+                leader_api_addr: leader_api_addr.map(str::to_owned),
+            })
+        };
+        let hint = |s: &Status| {
             s.metadata()
                 .get(LEADER_HINT_METADATA)
-                .unwrap()
-                .to_str()
-                .unwrap(),
-            "10.0.0.2:7790"
+                .map(|v| v.to_str().unwrap().to_owned())
+        };
+        let s = not_leader(Some("10.0.0.2:7790"));
+        assert_eq!(
+            (s.code(), s.message()),
+            (Code::FailedPrecondition, "coordinator: not leader")
         );
-        let s = Status::from(CoordError::NotLeader {
-            leader_api_addr: None,
-        });
-        assert!(s.metadata().get(LEADER_HINT_METADATA).is_none());
+        assert_eq!(hint(&s).as_deref(), Some("10.0.0.2:7790"));
+        assert_eq!(hint(&not_leader(None)), None);
     }
 
     #[test]

@@ -17,6 +17,7 @@ use bigfleet_proto::mesh::v1::raft_client::RaftClient;
 use bigfleet_proto::mesh::v1::raft_reply::Outcome;
 use bigfleet_proto::mesh::v1::raft_server::{Raft as RaftRpc, RaftServer};
 use bigfleet_proto::mesh::v1::{RaftReply, RaftRequest};
+use openraft::Vote;
 use openraft::error::{
     InstallSnapshotError, NetworkError, RPCError, RaftError, RemoteError, Unreachable,
 };
@@ -295,19 +296,32 @@ fn reply<T: Serialize, E: Serialize>(
     }))
 }
 
+impl RaftService {
+    /// Decodes a peer's request and checks that the caller may speak for the
+    /// node its vote names (the candidate or the leader).
+    fn admit<T: DeserializeOwned>(
+        &self,
+        request: &Request<RaftRequest>,
+        vote: impl FnOnce(&T) -> &Vote<NodeId>,
+    ) -> Result<T, Status> {
+        let req: T = decode(request.get_ref())?;
+        authorize(
+            &self.raft,
+            peer_of(request),
+            request.get_ref().from_node_id,
+            vote(&req).leader_id().voted_for(),
+        )?;
+        Ok(req)
+    }
+}
+
 #[tonic::async_trait]
 impl RaftRpc for RaftService {
     async fn append_entries(
         &self,
         request: Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, Status> {
-        let req: AppendEntriesRequest<TypeConfig> = decode(request.get_ref())?;
-        authorize(
-            &self.raft,
-            peer_of(&request),
-            request.get_ref().from_node_id,
-            req.vote.leader_id().voted_for(),
-        )?;
+        let req = self.admit(&request, |r: &AppendEntriesRequest<TypeConfig>| &r.vote)?;
         reply(self.raft.append_entries(req).await)
     }
 
@@ -315,13 +329,7 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, Status> {
-        let req: VoteRequest<NodeId> = decode(request.get_ref())?;
-        authorize(
-            &self.raft,
-            peer_of(&request),
-            request.get_ref().from_node_id,
-            req.vote.leader_id().voted_for(),
-        )?;
+        let req = self.admit(&request, |r: &VoteRequest<NodeId>| &r.vote)?;
         reply(self.raft.vote(req).await)
     }
 
@@ -329,13 +337,7 @@ impl RaftRpc for RaftService {
         &self,
         request: Request<RaftRequest>,
     ) -> Result<tonic::Response<RaftReply>, Status> {
-        let req: InstallSnapshotRequest<TypeConfig> = decode(request.get_ref())?;
-        authorize(
-            &self.raft,
-            peer_of(&request),
-            request.get_ref().from_node_id,
-            req.vote.leader_id().voted_for(),
-        )?;
+        let req = self.admit(&request, |r: &InstallSnapshotRequest<TypeConfig>| &r.vote)?;
         reply(self.raft.install_snapshot(req).await)
     }
 }

@@ -129,6 +129,28 @@ pub struct Decision {
     pub why: String,
 }
 
+impl Decision {
+    /// The transfer that carries this decision out, started at `now` in its release
+    /// phase with instruction `instruction_id`.
+    pub fn transfer(&self, id: String, instruction_id: String, now: i64) -> Transfer {
+        Transfer {
+            id,
+            kind: self.kind,
+            donor: self.donor.clone(),
+            recipient: self.recipient.clone(),
+            instance_type: self.instance_type.clone(),
+            count: self.count,
+            priority: self.priority,
+            phase: Phase::Release,
+            instruction_id,
+            machine_ids: Vec::new(),
+            started_at_unix_ns: now,
+            updated_at_unix_ns: now,
+            reason: String::new(),
+        }
+    }
+}
+
 /// Why a need got no transfer this round (the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SkipReason {
@@ -387,21 +409,7 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
         match decision {
             Some(d) => {
                 started_in_window += 1;
-                planned.push(Transfer {
-                    id: format!("planned-{}", planned.len()),
-                    kind: d.kind,
-                    donor: d.donor.clone(),
-                    recipient: d.recipient.clone(),
-                    instance_type: d.instance_type.clone(),
-                    count: d.count,
-                    priority: d.priority,
-                    phase: Phase::Release,
-                    instruction_id: String::new(),
-                    machine_ids: Vec::new(),
-                    started_at_unix_ns: now,
-                    updated_at_unix_ns: now,
-                    reason: String::new(),
-                });
+                planned.push(d.transfer(format!("planned-{}", planned.len()), String::new(), now));
                 round.decisions.push(d);
             }
             None => round.skips.push(skip(
@@ -523,21 +531,7 @@ mod tests {
     }
 
     fn in_flight(d: &Decision, id: &str, started: i64) -> Transfer {
-        Transfer {
-            id: id.into(),
-            kind: d.kind,
-            donor: d.donor.clone(),
-            recipient: d.recipient.clone(),
-            instance_type: d.instance_type.clone(),
-            count: d.count,
-            priority: d.priority,
-            phase: Phase::Release,
-            instruction_id: format!("{id}-i"),
-            machine_ids: Vec::new(),
-            started_at_unix_ns: started,
-            updated_at_unix_ns: started,
-            reason: String::new(),
-        }
+        d.transfer(id.into(), format!("{id}-i"), started)
     }
 
     fn run(

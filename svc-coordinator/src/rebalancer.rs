@@ -18,7 +18,7 @@ use crate::fsm::Command;
 use crate::metrics::Metrics;
 use crate::rebalance::{self, Inputs, Persistence, Policy, ShardView};
 use crate::soft::new_instruction_id;
-use crate::transfers::{Phase, Transfer};
+use crate::transfers::Transfer;
 
 /// The loop's settings (`--rebalance-*`).
 #[derive(Debug, Clone)]
@@ -126,19 +126,8 @@ async fn round(core: &Core, cfg: &Config, term: u64, persistence: &mut Persisten
     let mut in_flight = active.len();
     for d in decided.decisions {
         let t = Transfer {
-            id: new_instruction_id(),
-            kind: d.kind,
-            donor: d.donor.clone(),
-            recipient: d.recipient.clone(),
-            instance_type: d.instance_type.clone(),
-            count: d.count,
-            priority: d.priority,
-            phase: Phase::Release,
-            instruction_id: new_instruction_id(),
-            machine_ids: Vec::new(),
-            started_at_unix_ns: now,
-            updated_at_unix_ns: now,
             reason: d.why.clone(),
+            ..d.transfer(new_instruction_id(), new_instruction_id(), now)
         };
         match core
             .apply(Command::StartTransfer {

@@ -285,70 +285,47 @@ mod tests {
         v.iter().map(|s| (*s).to_owned()).collect()
     }
 
+    /// Acknowledges instruction `id` as accepted with the `machines` it names;
+    /// `next` is the next phase's instruction.
+    fn accept(t: &mut Transfer, id: &str, machines: &[&str], next: &str, now: i64) -> bool {
+        advance(t, id, AckVerdict::Accepted, &ids(machines), next, "", now)
+    }
+
+    /// Acknowledges instruction `id` as refused for `reason`.
+    fn refuse(t: &mut Transfer, id: &str, next: &str, reason: &str, now: i64) -> bool {
+        advance(t, id, AckVerdict::Refused, &[], next, reason, now)
+    }
+
+    /// The instruction moving `machines` from shard `from` to shard `to`.
+    fn ownership(machines: &[&str], from: &str, to: &str) -> Option<Payload> {
+        Some(Payload::TransferOwnership(pb::TransferOwnership {
+            machine_ids: ids(machines),
+            from_shard_id: from.into(),
+            to_shard_id: to.into(),
+        }))
+    }
+
     #[test]
     fn release_then_adopt_names_the_released_machines() {
         let mut t = transfer(TransferKind::Idle);
         assert_eq!(t.target(), Some("s1"));
         assert_eq!(
             t.payload(),
-            Some(Payload::TransferOwnership(pb::TransferOwnership {
-                machine_ids: ids(&["*/m5.large", "*/m5.large"]),
-                from_shard_id: "s1".into(),
-                to_shard_id: "s2".into(),
-            }))
+            ownership(&["*/m5.large", "*/m5.large"], "s1", "s2")
         );
         // An ack of another instruction does nothing.
-        assert!(!advance(
-            &mut t,
-            "other",
-            AckVerdict::Accepted,
-            &ids(&["m1"]),
-            "i2",
-            "",
-            5
-        ));
+        assert!(!accept(&mut t, "other", &["m1"], "i2", 5));
         assert_eq!(t.phase, Phase::Release);
         // The donor releases three; only the two asked for are adopted.
-        assert!(advance(
-            &mut t,
-            "i1",
-            AckVerdict::Accepted,
-            &ids(&["m1", "m2", "m3"]),
-            "i2",
-            "",
-            5
-        ));
+        assert!(accept(&mut t, "i1", &["m1", "m2", "m3"], "i2", 5));
         assert_eq!(
             (t.phase, t.instruction_id.as_str(), t.target()),
             (Phase::Adopt, "i2", Some("s2"))
         );
-        assert_eq!(
-            t.payload(),
-            Some(Payload::TransferOwnership(pb::TransferOwnership {
-                machine_ids: ids(&["m1", "m2"]),
-                from_shard_id: "s1".into(),
-                to_shard_id: "s2".into(),
-            }))
-        );
+        assert_eq!(t.payload(), ownership(&["m1", "m2"], "s1", "s2"));
         // A late duplicate of the release ack does not move it again.
-        assert!(!advance(
-            &mut t,
-            "i1",
-            AckVerdict::Accepted,
-            &ids(&["m9"]),
-            "i3",
-            "",
-            6
-        ));
-        assert!(advance(
-            &mut t,
-            "i2",
-            AckVerdict::Accepted,
-            &[],
-            "i3",
-            "",
-            7
-        ));
+        assert!(!accept(&mut t, "i1", &["m9"], "i3", 6));
+        assert!(accept(&mut t, "i2", &[], "i3", 7));
         assert_eq!(
             (t.phase, t.moved(), t.target(), t.payload()),
             (Phase::Done, 2, None, None)
@@ -359,42 +336,11 @@ mod tests {
     #[test]
     fn a_refused_adopt_returns_the_machines_to_the_donor() {
         let mut t = transfer(TransferKind::Idle);
-        advance(
-            &mut t,
-            "i1",
-            AckVerdict::Accepted,
-            &ids(&["m1"]),
-            "i2",
-            "",
-            2,
-        );
-        assert!(advance(
-            &mut t,
-            "i2",
-            AckVerdict::Refused,
-            &[],
-            "i3",
-            "unsupported",
-            3
-        ));
+        accept(&mut t, "i1", &["m1"], "i2", 2);
+        assert!(refuse(&mut t, "i2", "i3", "unsupported", 3));
         assert_eq!((t.phase, t.target()), (Phase::Return, Some("s1")));
-        assert_eq!(
-            t.payload(),
-            Some(Payload::TransferOwnership(pb::TransferOwnership {
-                machine_ids: ids(&["m1"]),
-                from_shard_id: "s2".into(),
-                to_shard_id: "s1".into(),
-            }))
-        );
-        assert!(advance(
-            &mut t,
-            "i3",
-            AckVerdict::Accepted,
-            &[],
-            "i4",
-            "",
-            4
-        ));
+        assert_eq!(t.payload(), ownership(&["m1"], "s2", "s1"));
+        assert!(accept(&mut t, "i3", &[], "i4", 4));
         assert_eq!((t.phase, t.moved()), (Phase::Failed, 0));
         assert!(t.reason.contains("unsupported"), "{}", t.reason);
     }
@@ -402,15 +348,7 @@ mod tests {
     #[test]
     fn refused_or_empty_releases_finish_without_an_adopt() {
         let mut t = transfer(TransferKind::Idle);
-        assert!(advance(
-            &mut t,
-            "i1",
-            AckVerdict::Refused,
-            &[],
-            "i2",
-            "not supported",
-            2
-        ));
+        assert!(refuse(&mut t, "i1", "i2", "not supported", 2));
         assert_eq!(t.phase, Phase::Failed);
         let mut t = transfer(TransferKind::Speculative);
         assert_eq!(
@@ -419,15 +357,7 @@ mod tests {
                 machine_ids: ids(&["*/m5.large", "*/m5.large"]),
             }))
         );
-        assert!(advance(
-            &mut t,
-            "i1",
-            AckVerdict::Accepted,
-            &[],
-            "i2",
-            "",
-            2
-        ));
+        assert!(accept(&mut t, "i1", &[], "i2", 2));
         assert_eq!((t.phase, t.moved()), (Phase::Done, 0));
     }
 
@@ -442,15 +372,7 @@ mod tests {
                 preemptor_priority: 500,
             }))
         );
-        assert!(advance(
-            &mut t,
-            "i1",
-            AckVerdict::Accepted,
-            &ids(&["m1"]),
-            "i2",
-            "",
-            2
-        ));
+        assert!(accept(&mut t, "i1", &["m1"], "i2", 2));
         assert_eq!((t.phase, t.moved()), (Phase::Done, 0));
     }
 

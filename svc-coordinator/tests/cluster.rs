@@ -377,32 +377,15 @@ async fn a_transfer_resumes_on_the_new_leader_after_failover() {
     let dir = tempfile::tempdir().unwrap();
     let mut rs = replicas(dir.path());
     for r in rs.iter_mut() {
-        r.extra = [
-            "--rebalance-interval",
-            "200ms",
-            "--rebalance-min-age-cycles",
-            "2",
-            "--rebalance-min-persist",
-            "0s",
-        ]
-        .map(String::from)
-        .to_vec();
+        r.extra = eager_rebalancing();
     }
     spawn_all(&mut rs);
     wait_formed(&mut rs, 3, FORM).await;
     let leader = wait_leader(&mut rs, FORM).await;
     let mut c = client(&rs[leader].api_addr()).await.unwrap();
 
-    let mut recipient = FakeShard::new("s0");
-    recipient.shortfalls = vec![gpu_shortfall()];
-    let mut donor = FakeShard::new("s1");
-    donor.summary = pb::ShardSummary {
-        total_machines: 2,
-        free_machines: 2,
-        per_instance_type_counts: [("gpu".to_owned(), 2)].into(),
-        ..Default::default()
-    };
-    donor.idle = vec!["m1".into(), "m2".into()];
+    let mut recipient = FakeShard::short_of_gpus("s0", 1);
+    let mut donor = FakeShard::with_idle_gpus("s1", &["m1", "m2"]);
     donor.answering = false;
     let start = Instant::now();
     while donor.transfers().is_empty() {

@@ -16,18 +16,9 @@ const WITHIN: Duration = Duration::from_secs(30);
 
 fn replica(root: &std::path::Path) -> Replica {
     let mut r = Replica::new(root, "coord-0");
-    r.extra = [
-        "--rebalance-interval",
-        "200ms",
-        "--rebalance-min-age-cycles",
-        "2",
-        "--rebalance-min-persist",
-        "0s",
-        "--rebalance-max-machines",
-        "2",
-    ]
-    .map(String::from)
-    .to_vec();
+    r.extra = eager_rebalancing();
+    r.extra
+        .extend(["--rebalance-max-machines".to_owned(), "2".to_owned()]);
     r
 }
 
@@ -51,14 +42,7 @@ async fn idle_supply_moves_in_two_phases_across_a_leader_restart() {
         ..Default::default()
     };
     recipient.shortfalls = vec![gpu_shortfall(), gpu_shortfall()];
-    let mut donor = FakeShard::new("s1");
-    donor.summary = pb::ShardSummary {
-        total_machines: 3,
-        free_machines: 3,
-        per_instance_type_counts: [("gpu".to_owned(), 3)].into(),
-        ..Default::default()
-    };
-    donor.idle = vec!["m1".into(), "m2".into(), "m3".into()];
+    let mut donor = FakeShard::with_idle_gpus("s1", &["m1", "m2", "m3"]);
     // Phase one arrives; the donor holds its ack so the leader can die mid-transfer.
     donor.answering = false;
 
@@ -195,17 +179,9 @@ async fn a_refused_adopt_returns_the_machines_to_the_donor() {
     let mut r = replica(dir.path());
     r.spawn("");
     let mut c = connect(&mut r).await;
-    let mut recipient = FakeShard::new("s0");
-    recipient.shortfalls = vec![gpu_shortfall()];
+    let mut recipient = FakeShard::short_of_gpus("s0", 1);
     recipient.refuse_adopt = true;
-    let mut donor = FakeShard::new("s1");
-    donor.summary = pb::ShardSummary {
-        total_machines: 1,
-        free_machines: 1,
-        per_instance_type_counts: [("gpu".to_owned(), 1)].into(),
-        ..Default::default()
-    };
-    donor.idle = vec!["m1".into()];
+    let mut donor = FakeShard::with_idle_gpus("s1", &["m1"]);
     let start = Instant::now();
     loop {
         recipient.report(&mut c).await.unwrap();
@@ -252,16 +228,8 @@ async fn an_ack_from_another_shard_moves_nothing() {
     let mut r = replica(dir.path());
     r.spawn("");
     let mut c = connect(&mut r).await;
-    let mut recipient = FakeShard::new("s0");
-    recipient.shortfalls = vec![gpu_shortfall()];
-    let mut donor = FakeShard::new("s1");
-    donor.summary = pb::ShardSummary {
-        total_machines: 1,
-        free_machines: 1,
-        per_instance_type_counts: [("gpu".to_owned(), 1)].into(),
-        ..Default::default()
-    };
-    donor.idle = vec!["m1".into()];
+    let mut recipient = FakeShard::short_of_gpus("s0", 1);
+    let mut donor = FakeShard::with_idle_gpus("s1", &["m1"]);
     donor.answering = false;
     let mut other = FakeShard::new("s2");
     let start = Instant::now();

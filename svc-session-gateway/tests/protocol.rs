@@ -29,6 +29,20 @@ fn rollup(cluster: &str, ts: i64) -> bigfleet_proto::v1alpha1::OperatorMessage {
     msg(operator_message::Payload::Rollup(r))
 }
 
+/// A gateway with default options, an open session of cluster `a` and a client of the
+/// gateway's internal (decide- and execute-facing) service.
+async fn with_session_a() -> (Harness, RawSession, InternalClient) {
+    let h = Harness::start(Options::default()).await;
+    let s = open(&h.target(), "a").await;
+    let gw = h.gateway_client().await;
+    (h, s, gw)
+}
+
+/// A RequestBootstrap answered with `error` instead of a blob.
+fn refused(error: BootstrapError) -> Option<request_bootstrap_response::Outcome> {
+    Some(request_bootstrap_response::Outcome::Error(error as i32))
+}
+
 #[tokio::test]
 async fn first_frame_must_be_a_hello() {
     let h = Harness::start(Options::default()).await;
@@ -44,10 +58,9 @@ async fn first_frame_must_be_a_hello() {
     );
     assert_eq!(h.gw().active_sessions(), 0);
     assert_eq!(h.stub.opened.load(Ordering::SeqCst), 0);
+    let m = h.gw().metrics();
     assert_eq!(
-        h.gw()
-            .metrics()
-            .sessions_refused
+        m.sessions_refused
             .with_label_values(&["invalid_hello"])
             .get(),
         1
@@ -350,9 +363,7 @@ async fn the_per_cluster_rate_limit_delays_and_coalesces() {
 
 #[tokio::test]
 async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_reported() {
-    let h = Harness::start(Options::default()).await;
-    let mut s = open(&h.target(), "a").await;
-    let mut gw = h.gateway_client().await;
+    let (h, mut s, mut gw) = with_session_a().await;
 
     // No session.
     let r = gw
@@ -361,12 +372,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
             ..Default::default()
         })
         .await;
-    assert_eq!(
-        r.outcome,
-        Some(request_bootstrap_response::Outcome::Error(
-            BootstrapError::NoSession as i32
-        ))
-    );
+    assert_eq!(r.outcome, refused(BootstrapError::NoSession));
 
     // Matched by id: an answer with another id is dropped, the right one completes it.
     let mut caller = gw.clone();
@@ -420,12 +426,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
             ..Default::default()
         })
         .await;
-    assert_eq!(
-        r.outcome,
-        Some(request_bootstrap_response::Outcome::Error(
-            BootstrapError::Timeout as i32
-        ))
-    );
+    assert_eq!(r.outcome, refused(BootstrapError::Timeout));
     let late = s.next_bootstrap_request().await;
     assert_eq!(late.request_id, r.request_id);
     s.send(answer(&late.request_id, b"too late", "")).await;
@@ -454,12 +455,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     ))
     .await;
     let r = call.await.unwrap();
-    assert_eq!(
-        r.outcome,
-        Some(request_bootstrap_response::Outcome::Error(
-            BootstrapError::OperatorError as i32
-        ))
-    );
+    assert_eq!(r.outcome, refused(BootstrapError::OperatorError));
     assert!(r.message.contains("skew"));
     assert_eq!(m.request_bootstrap_seconds.get_sample_count(), 2);
     assert_eq!(m.request_bootstrap.with_label_values(&["timeout"]).get(), 1);
@@ -468,9 +464,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
 
 #[tokio::test]
 async fn reclaim_instructions_reach_the_operator_and_acks_are_counted() {
-    let h = Harness::start(Options::default()).await;
-    let mut s = open(&h.target(), "a").await;
-    let mut gw = h.gateway_client().await;
+    let (h, mut s, mut gw) = with_session_a().await;
     let resp = gw
         .send_reclaim(SendReclaimRequest {
             cluster_id: "a".into(),
@@ -516,9 +510,7 @@ async fn reclaim_instructions_reach_the_operator_and_acks_are_counted() {
 
 #[tokio::test]
 async fn published_frames_reach_the_operator_newest_per_key_and_ghosts_are_dropped() {
-    let h = Harness::start(Options::default()).await;
-    let mut s = open(&h.target(), "a").await;
-    let mut gw = h.gateway_client().await;
+    let (h, mut s, mut gw) = with_session_a().await;
     // Many updates for few machines; state = sequence number so "newest" is checkable.
     let mut events = Vec::new();
     for i in 0..400 {
@@ -558,14 +550,8 @@ async fn published_frames_reach_the_operator_newest_per_key_and_ghosts_are_dropp
         400 - summary.coalesced,
         "every queued frame not coalesced arrives"
     );
-    assert_eq!(
-        h.gw()
-            .metrics()
-            .outbox_dropped
-            .with_label_values(&["no_session"])
-            .get(),
-        1
-    );
+    let m = h.gw().metrics();
+    assert_eq!(m.outbox_dropped.with_label_values(&["no_session"]).get(), 1);
     h.stop().await;
 }
 

@@ -179,27 +179,9 @@ impl ShardView for CoordView {
         let verdict = if t.from_shard_id == t.to_shard_id {
             return Applied::Invalid("transfer to the donor itself".to_owned());
         } else if t.from_shard_id == me {
-            match self.decide.release_machines(&t.machine_ids) {
-                v @ (TransferVerdict::Done | TransferVerdict::Released(_)) => {
-                    match self.save_with(|_| {}) {
-                        Ok(()) => v,
-                        // Released in memory (owning less is safe); not acked as done.
-                        Err(e) => TransferVerdict::Refused(e),
-                    }
-                }
-                other => other,
-            }
+            self.release_saved(self.decide.release_machines(&t.machine_ids))
         } else if t.to_shard_id == me {
-            let saved = self.save_with(|o| {
-                for id in &t.machine_ids {
-                    o.released.remove(id);
-                    o.adopted.insert(id.clone());
-                }
-            });
-            match saved {
-                Ok(()) => self.decide.adopt_machines(&t.machine_ids),
-                Err(e) => TransferVerdict::Refused(e),
-            }
+            self.adopt_saved(&t.machine_ids)
         } else {
             return Applied::Invalid(format!(
                 "transfer between other shards ({} to {})",
@@ -214,15 +196,72 @@ impl ShardView for CoordView {
             verdict = ?verdict,
             "transfer of ownership"
         );
+        applied(verdict)
+    }
+
+    /// Release tokens (`*`, `*/<type>`) make this shard the donor of that many
+    /// Speculative slots; machine ids make it their owner (ADR-0135).
+    fn reassign_speculative(&self, r: &pb::ReassignSpeculative) -> Applied {
+        let me = self.decide.config().shard_id.as_str();
+        let selectors = r.machine_ids.iter().filter(|t| t.starts_with('*')).count();
+        let verdict = if r.machine_ids.is_empty() {
+            return Applied::Invalid("no machine ids".to_owned());
+        } else if selectors == r.machine_ids.len() {
+            self.release_saved(self.decide.release_speculative(&r.machine_ids))
+        } else if selectors == 0 {
+            self.adopt_saved(&r.machine_ids)
+        } else {
+            return Applied::Invalid("selectors mixed with machine ids".to_owned());
+        };
+        tracing::info!(
+            shard = %me,
+            slots = r.machine_ids.len(),
+            release = selectors > 0,
+            verdict = ?verdict,
+            "speculative slots reassigned"
+        );
+        applied(verdict)
+    }
+}
+
+impl CoordView {
+    /// A donor's release, saved before it is acked: released in memory (owning less
+    /// is safe) but not acked as done when the owned-set file cannot be written.
+    fn release_saved(&self, verdict: TransferVerdict) -> TransferVerdict {
         match verdict {
-            TransferVerdict::Done => Applied::Done,
-            // The coordinator's second phase adopts exactly these (ADR-0130).
-            TransferVerdict::Released(ids) => {
-                Applied::DoneWith(format!("released: {}", ids.join(",")))
+            v @ (TransferVerdict::Done | TransferVerdict::Released(_)) => {
+                match self.save_with(|_| {}) {
+                    Ok(()) => v,
+                    Err(e) => TransferVerdict::Refused(e),
+                }
             }
-            TransferVerdict::Busy(why) => Applied::Deferred(why),
-            TransferVerdict::Refused(why) => Applied::Failed(why),
+            other => other,
         }
+    }
+
+    /// A recipient's adoption: saved first, so a crash before the ack owns less, not more.
+    fn adopt_saved(&self, ids: &[String]) -> TransferVerdict {
+        let saved = self.save_with(|o| {
+            for id in ids {
+                o.released.remove(id);
+                o.adopted.insert(id.clone());
+            }
+        });
+        match saved {
+            Ok(()) => self.decide.adopt_machines(ids),
+            Err(e) => TransferVerdict::Refused(e),
+        }
+    }
+}
+
+/// The instruction ack a transfer half's verdict asks for.
+fn applied(verdict: TransferVerdict) -> Applied {
+    match verdict {
+        TransferVerdict::Done => Applied::Done,
+        // The coordinator's second phase adopts exactly these (ADR-0130).
+        TransferVerdict::Released(ids) => Applied::DoneWith(format!("released: {}", ids.join(","))),
+        TransferVerdict::Busy(why) => Applied::Deferred(why),
+        TransferVerdict::Refused(why) => Applied::Failed(why),
     }
 }
 

@@ -15,7 +15,8 @@
 //! * `steps` — waiting under the action's deadline and cancellation, and
 //!   reporting transitions (and rollbacks and failures) to decide.
 //! * `provider` — provider mutations: fencing stamps, retries on transport
-//!   codes, classifying failures, reading acknowledgements.
+//!   codes, classifying failures, reading acknowledgements, and the one leg
+//!   (fenced call → answer → report) every flow below runs.
 //! * `acquire` — Provision and Bootstrap, including the operator's blob.
 //! * `drain` — Reclaim and Preempt.
 //! * `release` — Release.

@@ -444,29 +444,10 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     })
 }
 
-/// Resolves on SIGTERM or SIGINT.
-async fn shutdown_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
-                std::future::pending::<()>().await;
-            }
-        }
-    };
-    tokio::select! {
-        _ = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 /// Runs the worker pool until SIGTERM/SIGINT, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let running = start(args.config()?).await?;
-    shutdown_signal().await;
+    bigfleet_mesh::stop_signal().await;
     tracing::info!("shutdown signal received; draining");
     running.shutdown().await;
     Ok(())

@@ -6,14 +6,12 @@
 mod common;
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
 
 use bigfleet_fake_provider::ProviderConfig;
 use bigfleet_model::MachineState::*;
+use bigfleet_testkit::SpanCollector;
 use common::*;
 use opentelemetry::trace::{SpanKind, TracerProvider as _};
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SpanData, SpanExporter};
 use svc_shard_execute::start;
 use tracing_subscriber::layer::SubscriberExt;
 
@@ -22,7 +20,7 @@ const DECIDE_SPAN: &str = "00f067aa0ba902b7";
 
 #[tokio::test]
 async fn an_items_trace_continues_into_the_gateway_call() {
-    let spans = Collect::default();
+    let spans = SpanCollector::default();
     let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
         .with_simple_exporter(spans.clone())
         .build();
@@ -68,7 +66,7 @@ async fn an_items_trace_continues_into_the_gateway_call() {
     // The provider call: execute's client span in decide's trace, and the (in-process)
     // fake provider's server span as its child.
     provider.force_flush().unwrap();
-    let spans = spans.0.lock().unwrap().clone();
+    let spans = spans.spans();
     let configure = "/bigfleet.v1alpha1.CapacityProvider/Configure";
     let client = spans
         .iter()
@@ -95,17 +93,4 @@ async fn an_items_trace_continues_into_the_gateway_call() {
         .find(|s| s.span_context.span_id() == client.parent_span_id)
         .expect("the client span's parent is exported");
     assert_eq!(item.name, "execute bootstrap");
-}
-
-#[derive(Debug, Clone, Default)]
-struct Collect(Arc<Mutex<Vec<SpanData>>>);
-
-impl SpanExporter for Collect {
-    fn export(
-        &self,
-        batch: Vec<SpanData>,
-    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        self.0.lock().unwrap().extend(batch);
-        std::future::ready(Ok(()))
-    }
 }

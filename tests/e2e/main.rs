@@ -5,6 +5,7 @@
 mod actions;
 mod chaos;
 mod harness;
+mod multishard;
 mod scenarios;
 mod tools;
 mod tracing;

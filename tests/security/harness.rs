@@ -200,33 +200,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     http_request(addr, path, &[]).await.map(|(_, body)| body)
 }
 
-/// Minimal HTTP/1.0 GET: (status, body).
-pub async fn http_request(
-    addr: SocketAddr,
-    path: &str,
-    headers: &[(&str, &str)],
-) -> Option<(u16, String)> {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::time::timeout(Duration::from_secs(2), tokio::net::TcpStream::connect(addr))
-        .await
-        .ok()?
-        .ok()?;
-    let mut req = format!("GET {path} HTTP/1.0\r\nHost: x\r\n");
-    for (k, v) in headers {
-        req.push_str(&format!("{k}: {v}\r\n"));
-    }
-    req.push_str("\r\n");
-    s.write_all(req.as_bytes()).await.ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
-}
+pub use bigfleet_testkit::http_request;
 
 /// The gRPC code of a call's outcome (`Ok` for success).
 pub fn code<T>(r: &Result<T, tonic::Status>) -> tonic::Code {

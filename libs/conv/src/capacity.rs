@@ -422,16 +422,7 @@ pub(crate) fn resources_at<'a>(
     path: &str,
     map: impl IntoIterator<Item = (&'a String, &'a String)>,
 ) -> Result<ResourceVector, ConvError> {
-    let entries = sorted_entries(map);
-    let mut dims = Vec::with_capacity(entries.len());
-    for (name, value) in entries {
-        let dim_path = || key_path(path, name);
-        if name.is_empty() {
-            return Err(ConvError::EmptyField { path: dim_path() });
-        }
-        dims.push((name.clone(), quantity_at(dim_path, value)?));
-    }
-    Ok(ResourceVector::from_milli(dims))
+    dims_at(path, map, |_, _, _| Ok(()))
 }
 
 /// [`resources_at`] for a need's map: names must be Kubernetes qualified names, strings
@@ -442,13 +433,7 @@ fn demand_resources_at<'a>(
     map: &'a std::collections::HashMap<String, String>,
     gate: &mut Gate<'a>,
 ) -> Result<ResourceVector, ConvError> {
-    let entries = sorted_entries(map);
-    let mut dims = Vec::with_capacity(entries.len());
-    for (name, value) in entries {
-        let dim_path = || key_path(path, name);
-        if name.is_empty() {
-            return Err(ConvError::EmptyField { path: dim_path() });
-        }
+    dims_at(path, map, |dim_path, name, value| {
         gate.string(dim_path, name)?;
         if let Some(rule) = qualified_name_problem(name) {
             return Err(ConvError::InvalidResourceName {
@@ -457,7 +442,25 @@ fn demand_resources_at<'a>(
             });
         }
         gate.string(dim_path, value)?;
-        gate.dimension(dim_path, name)?;
+        gate.dimension(dim_path, name)
+    })
+}
+
+/// The entries of a quantity map by name, each named, passed through `check` (with its
+/// path, name and value) and parsed.
+fn dims_at<'a>(
+    path: &str,
+    map: impl IntoIterator<Item = (&'a String, &'a String)>,
+    mut check: impl FnMut(&dyn Fn() -> String, &'a String, &'a String) -> Result<(), ConvError>,
+) -> Result<ResourceVector, ConvError> {
+    let entries = sorted_entries(map);
+    let mut dims = Vec::with_capacity(entries.len());
+    for (name, value) in entries {
+        let dim_path = || key_path(path, name);
+        if name.is_empty() {
+            return Err(ConvError::EmptyField { path: dim_path() });
+        }
+        check(&dim_path, name, value)?;
         dims.push((name.clone(), quantity_at(dim_path, value)?));
     }
     Ok(ResourceVector::from_milli(dims))

@@ -69,6 +69,14 @@ pub trait ShardView: Send + Sync + 'static {
         let _ = t;
         Applied::Invalid(UNSUPPORTED.to_owned())
     }
+    /// One half of `ReassignSpeculative`: release tokens (`*`, `*/<type>`) ask
+    /// this shard, the donor, to give up that many Speculative slots; machine ids
+    /// ask it to own them (the recipient adopting, or a donor taking back what the
+    /// recipient refused). Default: unsupported.
+    fn reassign_speculative(&self, r: &pb::ReassignSpeculative) -> Applied {
+        let _ = r;
+        Applied::Invalid(UNSUPPORTED.to_owned())
+    }
 }
 
 /// Reason of the ack for an instruction this shard does not implement.
@@ -370,6 +378,26 @@ impl<V: ShardView> CoordClient<V> {
         }
     }
 
+    /// The ack (or, deferred, none until the redelivery) for what a hook did.
+    fn applied(&self, st: &mut State, id: &str, applied: Applied) -> Option<pb::InstructAck> {
+        match applied {
+            Applied::Done => {
+                st.remember(id);
+                Some(ack(id, Outcome::Accepted, ""))
+            }
+            Applied::DoneWith(why) => {
+                st.remember_with(id, why.clone());
+                Some(ack(id, Outcome::Accepted, &why))
+            }
+            Applied::Deferred(why) => {
+                tracing::info!(shard = %self.cfg.shard_id, instruction = id, reason = %why, "instruction deferred to its redelivery");
+                None
+            }
+            Applied::Invalid(why) => Some(ack(id, Outcome::RejectedInvalid, &why)),
+            Applied::Failed(why) => Some(ack(id, Outcome::Failed, &why)),
+        }
+    }
+
     fn handle_instruction(
         &self,
         st: &mut State,
@@ -407,26 +435,15 @@ impl<V: ShardView> CoordClient<V> {
                 .view
                 .unassign_domain(&d.topology_key, &d.topology_value),
             Some(Payload::TransferOwnership(t)) => {
-                return match self.view.transfer_ownership(t) {
-                    Applied::Done => {
-                        st.remember(id);
-                        Some(ack(id, Outcome::Accepted, ""))
-                    }
-                    Applied::DoneWith(why) => {
-                        st.remember_with(id, why.clone());
-                        Some(ack(id, Outcome::Accepted, &why))
-                    }
-                    Applied::Deferred(why) => {
-                        tracing::info!(shard = %self.cfg.shard_id, instruction = id, reason = %why, "instruction deferred to its redelivery");
-                        None
-                    }
-                    Applied::Invalid(why) => Some(ack(id, Outcome::RejectedInvalid, &why)),
-                    Applied::Failed(why) => Some(ack(id, Outcome::Failed, &why)),
-                };
+                return self.applied(st, id, self.view.transfer_ownership(t));
             }
-            Some(Payload::ReassignSpeculative(_) | Payload::CrossShardDrain(_)) => {
-                // The reference acks these no-op stubs ACCEPTED; an ACCEPTED ack would
-                // tell the coordinator something moved when nothing did (ADR-0032).
+            Some(Payload::ReassignSpeculative(r)) => {
+                return self.applied(st, id, self.view.reassign_speculative(r));
+            }
+            Some(Payload::CrossShardDrain(_)) => {
+                // The reference acks this no-op stub ACCEPTED; an ACCEPTED ack would tell
+                // the coordinator something drained when nothing did (ADR-0032). Shards do
+                // not drain for another shard yet.
                 return Some(ack(id, Outcome::RejectedInvalid, UNSUPPORTED));
             }
             None => {
@@ -460,6 +477,7 @@ mod tests {
         /// Verdicts the transfer hook returns in turn; empty = the default.
         pub transfer_script: Mutex<VecDeque<Applied>>,
         pub transfers: Mutex<u32>,
+        pub speculative: Mutex<Vec<Vec<String>>>,
     }
 
     impl ShardView for FakeView {
@@ -489,6 +507,11 @@ mod tests {
             self.domains.lock().remove(&(key.into(), value.into()));
             Ok(())
         }
+        fn reassign_speculative(&self, r: &pb::ReassignSpeculative) -> Applied {
+            self.speculative.lock().push(r.machine_ids.clone());
+            Applied::DoneWith("released: s-1".into())
+        }
+
         fn transfer_ownership(&self, _t: &pb::TransferOwnership) -> Applied {
             *self.transfers.lock() += 1;
             self.transfer_script
@@ -601,6 +624,33 @@ mod tests {
             .iter()
             .map(|a| (a.instruction_id.clone(), a.outcome))
             .collect()
+    }
+
+    /// ReassignSpeculative reaches the shard's hook once; a redelivery gets the same
+    /// answer (the released ids) without applying it again.
+    #[tokio::test]
+    async fn reassign_speculative_reaches_the_view_once() {
+        let view = Arc::new(FakeView::default());
+        let c = client(view.clone());
+        let reassign = pb::CoordinatorInstruction {
+            coordinator_term: 3,
+            sequence_number: 1,
+            instruction_id: "r".into(),
+            payload: Some(Payload::ReassignSpeculative(pb::ReassignSpeculative {
+                machine_ids: vec!["*/m5.large".into()],
+            })),
+        };
+        for _ in 0..2 {
+            let o = c.handle_reply(&pb::ReportAck {
+                coordinator_term: 3,
+                acknowledged: true,
+                instructions: vec![reassign.clone()],
+            });
+            assert_eq!(o.acks.len(), 1);
+            assert_eq!(o.acks[0].outcome, Outcome::Accepted as i32);
+            assert_eq!(o.acks[0].reason, "released: s-1");
+        }
+        assert_eq!(*view.speculative.lock(), [vec!["*/m5.large".to_owned()]]);
     }
 
     #[tokio::test]

@@ -250,7 +250,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => spawn_uds_with(path, provider.clone(), opts).await?,
         None => spawn_tcp_with(args.listen, provider.clone(), opts).await?,
     };
-    shutdown_signal().await;
+    bigfleet_mesh::stop_signal().await;
     tracing::info!("shutting down");
     let _ = stop_tx.send(true);
     server.shutdown().await;
@@ -258,24 +258,6 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         let _ = std::fs::remove_file(path);
     }
     Ok(())
-}
-
-async fn shutdown_signal() {
-    let ctrl_c = async {
-        let _ = tokio::signal::ctrl_c().await;
-    };
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
-    }
 }
 
 #[cfg(test)]

@@ -471,6 +471,22 @@ fn same_public_key(cert: &X509Certificate<'_>, key: &KeyPair) -> bool {
     key.der_bytes() == &*cert.public_key().subject_public_key.data
 }
 
+/// A file-name-safe stem for a role, as the test, load and deployment tooling
+/// names bundles: `bigfleet://shard/s1/execute` ⇒ `shard-s1-execute`.
+pub fn role_file_stem(role: &str) -> String {
+    role.strip_prefix("bigfleet://")
+        .unwrap_or(role)
+        .chars()
+        .map(|c| {
+            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
+                c
+            } else {
+                '-'
+            }
+        })
+        .collect()
+}
+
 /// `identity` as a `bigfleet://` URI (scheme added when missing, lower-cased when present).
 fn identity_uri(identity: &str) -> Result<String, CaError> {
     let bad = |reason| CaError::BadIdentity {
@@ -611,6 +627,16 @@ fn write_file(path: &Path, content: &[u8], mode: u32) -> Result<(), CaError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn role_file_stems_are_file_name_safe() {
+        assert_eq!(
+            role_file_stem("bigfleet://shard/s1/execute"),
+            "shard-s1-execute"
+        );
+        assert_eq!(role_file_stem("cluster/a.b"), "cluster-a-b");
+        assert_eq!(role_file_stem("cluster/a b_c"), "cluster-a-b_c");
+    }
     use crate::{IdentityError, TlsContext};
     use rustls::client::danger::ServerCertVerifier;
     use rustls::pki_types::ServerName;

@@ -67,7 +67,7 @@ pub use peer::{Peer, peer_of};
 pub use rate_limit::{RateLimit, TokenBuckets};
 pub use server::{
     DEFAULT_DRAIN_DEADLINE, MAX_MESSAGE_SIZE, MeshServer, RunningServer, ServerError,
-    shutdown_signal,
+    shutdown_signal, stop_signal,
 };
 pub use stack::{MeshLayer, ServerStackConfig, ServerStackService, server_stack};
 

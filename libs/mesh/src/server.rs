@@ -694,3 +694,24 @@ pub async fn shutdown_signal() -> Result<&'static str, ServerError> {
     tracing::info!(signal = name, "shutdown signal received");
     Ok(name)
 }
+
+/// Resolves on SIGTERM or SIGINT, for a process that stops the same way on
+/// either and has nothing better to do when it cannot listen for SIGTERM than
+/// to say so and go on with SIGINT alone.
+pub async fn stop_signal() {
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(e) => {
+                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                std::future::pending::<()>().await;
+            }
+        }
+    };
+    tokio::select! {
+        () = term => {}
+        _ = tokio::signal::ctrl_c() => {}
+    }
+}

@@ -3,33 +3,18 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
-
 use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshServer, ServerStackConfig, dial};
+use bigfleet_testkit::SpanCollector;
 use common::{Echo, say};
 use opentelemetry::trace::{SpanKind, TracerProvider as _};
-use opentelemetry_sdk::error::OTelSdkResult;
-use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanExporter};
+use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Instrument;
 use tracing_subscriber::layer::SubscriberExt;
 use tracing_subscriber::util::SubscriberInitExt;
 
-#[derive(Debug, Clone, Default)]
-struct Collect(Arc<Mutex<Vec<SpanData>>>);
-
-impl SpanExporter for Collect {
-    fn export(
-        &self,
-        batch: Vec<SpanData>,
-    ) -> impl std::future::Future<Output = OTelSdkResult> + Send {
-        self.0.lock().unwrap().extend(batch);
-        std::future::ready(Ok(()))
-    }
-}
-
 #[tokio::test]
 async fn the_server_span_is_a_child_of_the_callers_span() {
-    let spans = Collect::default();
+    let spans = SpanCollector::default();
     let provider = SdkTracerProvider::builder()
         .with_simple_exporter(spans.clone())
         .build();
@@ -64,7 +49,7 @@ async fn the_server_span_is_a_child_of_the_callers_span() {
     server.shutdown().await.unwrap();
     provider.force_flush().unwrap();
 
-    let spans = spans.0.lock().unwrap().clone();
+    let spans = spans.spans();
     let root = spans
         .iter()
         .find(|s| s.name == "operator_rollup")

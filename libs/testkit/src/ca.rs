@@ -11,6 +11,8 @@ use rcgen::{
 
 use crate::TestkitError;
 
+pub use bigfleet_identity::ca::role_file_stem;
+
 /// The URI scheme every bigfleet identity SAN uses.
 const SCHEME: &str = "bigfleet://";
 
@@ -196,21 +198,6 @@ impl TestCa {
         let cert = self.issue_role(role)?;
         self.write_bundle(dir, &role_file_stem(role), &cert)
     }
-}
-
-/// A file-name-safe stem for a role: `bigfleet://shard/s1/execute` ⇒ `shard-s1-execute`.
-pub fn role_file_stem(role: &str) -> String {
-    role.strip_prefix(SCHEME)
-        .unwrap_or(role)
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect()
 }
 
 fn role_uri(role: &str) -> String {

@@ -1,5 +1,6 @@
-//! Test helpers: throwaway CAs and role certificates, process and sandbox helpers, and
-//! the external tools (headless Chromium, grpcurl) the end-to-end suites drive.
+//! Test helpers: throwaway CAs and role certificates, process and sandbox helpers, a
+//! minimal HTTP client ([`http_request`]), a span collector ([`SpanCollector`]), and the
+//! external tools (headless Chromium, grpcurl) the end-to-end suites drive.
 //!
 //! Test code only: crates take it as a dev-dependency (or from a `testing` feature that
 //! only dev-dependencies enable), never into a production binary — `bigfleet up` has its
@@ -9,12 +10,16 @@
 //! testkit from its tests. [`wait_until`] is the suites' one polling helper (docs/testing.md).
 
 mod ca;
+mod http;
 mod sandbox;
+mod spans;
 pub mod tools;
 mod wait;
 
 pub use ca::{IssuedCert, LeafSpec, TestCa, TlsPaths, ca_params, role_file_stem};
+pub use http::http_request;
 pub use sandbox::{PortReservation, free_tcp_port, reserve_tcp_port, temp_dir, unix_socket_path};
+pub use spans::SpanCollector;
 pub use wait::{Progress, wait_until};
 
 /// Errors from certificate generation and writing bundles.

@@ -66,22 +66,6 @@ struct Cli {
     connect_concurrency: usize,
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let cli = Cli::parse();
@@ -105,7 +89,7 @@ async fn main() -> anyhow::Result<()> {
     // On a signal the run is dropped, and with it every child process group (SIGKILL).
     let report = tokio::select! {
         r = shard_load::run(cfg, |line| eprintln!("shard-load: {line}")) => r?,
-        () = stop_signal() => {
+        () = bigfleet_mesh::stop_signal() => {
             eprintln!("shard-load: interrupted; every service process was killed");
             std::process::exit(130);
         }

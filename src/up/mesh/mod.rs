@@ -133,7 +133,11 @@ impl Mesh {
     /// external provider).
     pub fn actuation_logs(&self) -> Vec<PathBuf> {
         match (&self.spec.provider, self.spec.provider_audit) {
-            (ProviderSpec::Fake(_), true) => (0..self.spec.shards)
+            (ProviderSpec::Fake(_), true) => (0..if self.spec.shared_provider {
+                1
+            } else {
+                self.spec.shards
+            })
                 .map(|i| {
                     self.spec
                         .run_dir

@@ -141,7 +141,12 @@ impl Mesh {
             }
             ProviderSpec::Fake(seeds) => {
                 let mut targets = Vec::new();
-                for i in 0..self.spec.shards {
+                let providers = if self.spec.shared_provider {
+                    1
+                } else {
+                    self.spec.shards
+                };
+                for i in 0..providers {
                     let seed = seeds.get(i).unwrap_or(&seeds[0]).clone();
                     let dir = run.join(format!("provider-{i}"));
                     mkdir(&dir)?;
@@ -203,6 +208,11 @@ impl Mesh {
                         self.ports.provider = ports.clone();
                     }
                     self.ports.providers.push(ports);
+                }
+                if self.spec.shared_provider
+                    && let Some(one) = targets.first().cloned()
+                {
+                    targets = vec![one; self.spec.shards];
                 }
                 targets
             }

@@ -39,6 +39,10 @@ pub struct MeshSpec {
     pub run_dir: PathBuf,
     pub shards: usize,
     pub provider: ProviderSpec,
+    /// With a fake provider: one provider for every shard (the first seed), as a
+    /// multi-shard fleet over one cloud account has, so machines can move between shards'
+    /// ownership (ADR-0128); otherwise one provider per shard.
+    pub shared_provider: bool,
     /// Start a single-node coordinator (and report to it).
     pub coordinator: bool,
     /// Coordinator replicas (one Raft cluster: `coord-0` bootstraps, the others join).
@@ -77,6 +81,7 @@ impl MeshSpec {
             run_dir: run_dir.into(),
             shards: 1,
             provider: ProviderSpec::Fake(vec![FakeSeed::Builtin]),
+            shared_provider: false,
             coordinator: true,
             coordinators: 1,
             inspect: true,

@@ -10,7 +10,6 @@ use std::time::{Duration, Instant};
 
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::watch;
 use tonic::transport::Channel;
@@ -180,27 +179,9 @@ pub fn assert_none_died(rs: &mut [Replica]) {
     }
 }
 
-/// Minimal HTTP/1.0 GET (status, body).
+/// Minimal HTTP/1.0 GET on a loopback port: (status, body).
 pub async fn http_get(port: u16, path: &str) -> Option<(u16, String)> {
-    let mut s = tokio::time::timeout(
-        Duration::from_secs(1),
-        TcpStream::connect(("127.0.0.1", port)),
-    )
-    .await
-    .ok()?
-    .ok()?;
-    s.write_all(format!("GET {path} HTTP/1.0\r\nHost: x\r\n\r\n").as_bytes())
-        .await
-        .ok()?;
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(2), s.read_to_end(&mut buf))
-        .await
-        .ok()?
-        .ok()?;
-    let text = String::from_utf8_lossy(&buf).into_owned();
-    let code = text.split_whitespace().nth(1)?.parse().ok()?;
-    let body = text.split_once("\r\n\r\n").map(|(_, b)| b.to_owned())?;
-    Some((code, body))
+    bigfleet_testkit::http_request(([127, 0, 0, 1], port).into(), path, &[]).await
 }
 
 /// A sample's value from /metrics; `name` may include labels, e.g. `x{table="shards"}`.
@@ -441,6 +422,29 @@ impl FakeShard {
         }
     }
 
+    /// A shard with `shortfalls` unmet GPU needs ([`gpu_shortfall`]).
+    pub fn short_of_gpus(id: &'static str, shortfalls: usize) -> Self {
+        Self {
+            shortfalls: vec![gpu_shortfall(); shortfalls],
+            ..Self::new(id)
+        }
+    }
+
+    /// A shard whose only machines are the GPU machines `idle`, all free to give.
+    pub fn with_idle_gpus(id: &'static str, idle: &[&str]) -> Self {
+        let n = i32::try_from(idle.len()).unwrap();
+        Self {
+            summary: pb::ShardSummary {
+                total_machines: n,
+                free_machines: n,
+                per_instance_type_counts: [("gpu".to_owned(), n)].into(),
+                ..Default::default()
+            },
+            idle: idle.iter().map(|m| (*m).to_owned()).collect(),
+            ..Self::new(id)
+        }
+    }
+
     pub async fn report(
         &mut self,
         c: &mut CoordinatorClient<Channel>,
@@ -510,6 +514,21 @@ impl FakeShard {
             })
             .collect()
     }
+}
+
+/// Flags that make a replica's rebalancer act within a test's patience: a round every
+/// 200 ms, on shortfalls two cycles old, without waiting for them to persist.
+pub fn eager_rebalancing() -> Vec<String> {
+    [
+        "--rebalance-interval",
+        "200ms",
+        "--rebalance-min-age-cycles",
+        "2",
+        "--rebalance-min-persist",
+        "0s",
+    ]
+    .map(String::from)
+    .to_vec()
 }
 
 pub fn gpu_shortfall() -> pb::Shortfall {

@@ -74,6 +74,16 @@ impl Decide {
     /// released machine: a machine with a queued or in-flight action is
     /// `Busy`, and the queue only changes inside a cycle.
     pub fn release_machines(&self, ids: &[String]) -> TransferVerdict {
+        self.release_in_state(ids, MachineState::Idle)
+    }
+
+    /// Donor half of `ReassignSpeculative`: stop owning these Speculative slots
+    /// (the same rules as [`Self::release_machines`], for slots nothing runs on).
+    pub fn release_speculative(&self, ids: &[String]) -> TransferVerdict {
+        self.release_in_state(ids, MachineState::Speculative)
+    }
+
+    fn release_in_state(&self, ids: &[String], state: MachineState) -> TransferVerdict {
         if ids.is_empty() {
             return TransferVerdict::Refused("no machine ids".to_owned());
         }
@@ -96,10 +106,10 @@ impl Decide {
                     .queued()
                     .map(|q| q.action.machine_id())
                     .collect();
-                // Owned, Idle and action-free, in id order; each selector takes one.
+                // Owned, in `state` and action-free, in id order; each selector takes one.
                 let mut free: Vec<bigfleet_model::Machine> = inv
                     .ids()
-                    .filter(|id| inv.state_of(id) == Some(MachineState::Idle))
+                    .filter(|id| inv.state_of(id) == Some(state))
                     .filter(|id| !queued.contains(id) && !work.ledger.is_in_flight(id))
                     .filter_map(|id| inv.get(id))
                     .filter(|m| owned.owns(&m.id, &m.profile))
@@ -135,8 +145,11 @@ impl Decide {
             if !owned.owns(id, &m.profile) {
                 return TransferVerdict::Refused(format!("machine {id} is not owned here"));
             }
-            if m.state != MachineState::Idle {
-                return TransferVerdict::Refused(format!("machine {id} is {}, not Idle", m.state));
+            if m.state != state {
+                return TransferVerdict::Refused(format!(
+                    "machine {id} is {}, not {state}",
+                    m.state
+                ));
             }
             todo.push(id.clone());
         }

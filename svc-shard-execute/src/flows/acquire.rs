@@ -11,7 +11,7 @@ use bigfleet_proto::mesh::v1::request_bootstrap_response::Outcome as BootstrapRe
 use bigfleet_proto::v1alpha1 as pb;
 use tokio::time::Instant;
 
-use super::provider::Answer;
+use super::provider::{Landed, Leg, stamped};
 use super::steps::{Interrupt, describe};
 use super::{Fail, Flow, Run};
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
@@ -29,6 +29,26 @@ fn assignment_metadata(a: &Assignment) -> BTreeMap<String, String> {
     }
     .encode_shard_metadata()
 }
+
+const CREATE: Leg = Leg {
+    rpc: "create",
+    doing: "creating",
+    from: MachineState::Speculative,
+    via: MachineState::Creating,
+    to: MachineState::Idle,
+    on_error: Outcome::ProviderError,
+    reason: "provision: create acknowledged idle",
+};
+
+const CONFIGURE: Leg = Leg {
+    rpc: "configure",
+    doing: "configuring",
+    from: MachineState::Idle,
+    via: MachineState::Configuring,
+    to: MachineState::Configured,
+    on_error: Outcome::ConfigureError,
+    reason: "bootstrap: configured",
+};
 
 impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
     /// Speculative → Creating → (Create) → Idle, then Bootstrap.
@@ -50,8 +70,8 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         // ADR-0052: the planned need is stamped at Creating so decide can
         // credit the in-flight machine to it.
         self.transition(
-            MachineState::Speculative,
-            MachineState::Creating,
+            CREATE.from,
+            CREATE.via,
             mesh::MachinePatch {
                 assigned_need_fingerprint: Some(a.need_fingerprint.clone()),
                 assigned_group: Some(a.group.clone()),
@@ -60,68 +80,25 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
             "provision: create requested",
         )
         .await?;
-        let ex = self.ex;
-        let machine_id = self.machine_id.clone();
-        let result = self
-            .provider_call("create", |s, t| {
-                ex.provider.create(
-                    pb::CreateRequest {
-                        machine_id: machine_id.clone(),
-                        shard_id: s.shard_id,
-                        shard_epoch: s.epoch,
-                        sequence_number: s.sequence,
-                    },
-                    t,
-                )
-            })
-            .await;
-        let view = match self
-            .read_answer(
-                MachineState::Creating,
-                "create",
-                result,
-                Outcome::ProviderError,
+        let landed = self
+            .actuate(
+                &CREATE,
+                |provider, machine_id, s, t| {
+                    provider.create(stamped!(pb::CreateRequest {}, machine_id, s), t)
+                },
+                |view| mesh::MachinePatch {
+                    host: view.host,
+                    provider_view: Some(view.raw),
+                    ..Default::default()
+                },
             )
-            .await?
-        {
-            Answer::View(v) => *v,
-            Answer::Async(note) => return Ok(note),
-        };
-        let op = &view.operation_id;
-        match view.state {
-            MachineState::Idle => {
-                self.transition(
-                    MachineState::Creating,
-                    MachineState::Idle,
-                    mesh::MachinePatch {
-                        host: view.host,
-                        provider_view: Some(view.raw),
-                        ..Default::default()
-                    },
-                    "provision: create acknowledged idle",
-                )
-                .await?;
-                self.bootstrap_idle(cluster, a)
-                    .await
-                    .map(|d| format!("created; {d}"))
-            }
-            MachineState::Speculative | MachineState::Creating => Ok(format!(
-                "create accepted as {op:?}, provider still creating; reconcile completes it"
-            )),
-            MachineState::Failed => Err(self
-                .mark_failed(
-                    MachineState::Creating,
-                    Outcome::ProviderError,
-                    format!("create: {}", view.last_error),
-                )
-                .await),
-            other => Err(self
-                .mark_failed(
-                    MachineState::Creating,
-                    Outcome::ProviderError,
-                    format!("create: provider acknowledged in unexpected state {other}"),
-                )
-                .await),
+            .await?;
+        match landed {
+            Landed::Arrived => self
+                .bootstrap_idle(cluster, a)
+                .await
+                .map(|d| format!("created; {d}")),
+            Landed::Pending(note) => Ok(note),
         }
     }
 
@@ -156,8 +133,8 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         // Cluster, need and group are stamped early so decide's Phase 1
         // credits the in-flight machine to its need.
         self.transition(
-            MachineState::Idle,
-            MachineState::Configuring,
+            CONFIGURE.from,
+            CONFIGURE.via,
             mesh::MachinePatch {
                 cluster: Some(cluster.to_owned()),
                 assigned_need_fingerprint: Some(a.need_fingerprint.clone()),
@@ -171,82 +148,44 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         let blob = self.fetch_blob(cluster, a).await?;
 
         let metadata = assignment_metadata(a);
-        let ex = self.ex;
-        let machine_id = self.machine_id.clone();
-        let wire_metadata: std::collections::BTreeMap<String, String> = metadata
-            .iter()
-            .map(|(k, v)| (k.clone(), v.clone()))
-            .collect();
-        let result = self
-            .provider_call("configure", |s, t| {
-                ex.provider.configure(
-                    pb::ConfigureRequest {
-                        machine_id: machine_id.clone(),
-                        cluster_id: cluster.to_owned(),
-                        bootstrap_blob: blob.clone(),
-                        shard_id: s.shard_id,
-                        shard_epoch: s.epoch,
-                        sequence_number: s.sequence,
-                        shard_metadata: wire_metadata.clone(),
-                    },
-                    t,
-                )
-            })
-            .await;
-        let view = match self
-            .read_answer(
-                MachineState::Configuring,
-                "configure",
-                result,
-                Outcome::ConfigureError,
+        let landed = self
+            .actuate(
+                &CONFIGURE,
+                |provider, machine_id, s, t| {
+                    provider.configure(
+                        stamped!(
+                            pb::ConfigureRequest {
+                                cluster_id: cluster.to_owned(),
+                                bootstrap_blob: blob.clone(),
+                                shard_metadata: metadata.clone(),
+                            },
+                            machine_id,
+                            s
+                        ),
+                        t,
+                    )
+                },
+                |view| mesh::MachinePatch {
+                    assigned_priority: Some(a.priority),
+                    assigned_interruption_penalty_dollars: Some(a.interruption_penalty_dollars),
+                    assigned_reclamation_penalty_dollars: Some(a.reclamation_penalty_dollars),
+                    assigned_need_fingerprint: Some(a.need_fingerprint.clone()),
+                    assigned_group: Some(a.group.clone()),
+                    shard_metadata: metadata.clone().into_iter().collect(),
+                    provider_view: Some(view.raw),
+                    ..Default::default()
+                },
             )
-            .await?
-        {
-            Answer::View(v) => *v,
-            Answer::Async(note) => return Ok(note),
-        };
-        let op = &view.operation_id;
-        match view.state {
-            MachineState::Configured => {
-                self.transition(
-                    MachineState::Configuring,
-                    MachineState::Configured,
-                    mesh::MachinePatch {
-                        assigned_priority: Some(a.priority),
-                        assigned_interruption_penalty_dollars: Some(a.interruption_penalty_dollars),
-                        assigned_reclamation_penalty_dollars: Some(a.reclamation_penalty_dollars),
-                        assigned_need_fingerprint: Some(a.need_fingerprint.clone()),
-                        assigned_group: Some(a.group.clone()),
-                        shard_metadata: wire_metadata.into_iter().collect(),
-                        provider_view: Some(view.raw),
-                        ..Default::default()
-                    },
-                    "bootstrap: configured",
-                )
-                .await?;
+            .await?;
+        match landed {
+            Landed::Arrived => {
                 self.ex
                     .metrics
                     .configure_phase
                     .observe(phase_started.elapsed().as_secs_f64());
                 Ok(format!("configured for {cluster}"))
             }
-            MachineState::Idle | MachineState::Configuring => Ok(format!(
-                "configure accepted as {op:?}, provider still configuring; reconcile completes it"
-            )),
-            MachineState::Failed => Err(self
-                .mark_failed(
-                    MachineState::Configuring,
-                    Outcome::ConfigureError,
-                    format!("configure: {}", view.last_error),
-                )
-                .await),
-            other => Err(self
-                .mark_failed(
-                    MachineState::Configuring,
-                    Outcome::ConfigureError,
-                    format!("configure: provider acknowledged in unexpected state {other}"),
-                )
-                .await),
+            Landed::Pending(note) => Ok(note),
         }
     }
 

@@ -8,11 +8,21 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use tokio::time::Instant;
 
-use super::provider::Answer;
+use super::provider::{Landed, Leg, stamped};
 use super::steps::describe;
 use super::{Fail, Flow, Run};
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
 use crate::outcome::Outcome;
+
+const DRAIN: Leg = Leg {
+    rpc: "drain",
+    doing: "draining",
+    from: MachineState::Configured,
+    via: MachineState::Draining,
+    to: MachineState::Idle,
+    on_error: Outcome::ProviderError,
+    reason: "drain: idle",
+};
 
 impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
     /// Reclaim / Preempt: the operator is told first (cordon and evict within
@@ -71,80 +81,41 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
             ActionKind::Preempt => "preempt: draining",
             _ => "reclaim: draining",
         };
-        self.transition(
-            MachineState::Configured,
-            MachineState::Draining,
-            mesh::MachinePatch::default(),
-            reason,
-        )
-        .await?;
-        let ex = self.ex;
-        let machine_id = self.machine_id.clone();
-        let result = self
-            .provider_call("drain", |s, t| {
-                ex.provider.drain(
-                    pb::DrainRequest {
-                        machine_id: machine_id.clone(),
-                        grace_period_seconds: grace_seconds,
-                        shard_id: s.shard_id,
-                        shard_epoch: s.epoch,
-                        sequence_number: s.sequence,
-                    },
-                    t,
-                )
-            })
-            .await;
-        let view = match self
-            .read_answer(
-                MachineState::Draining,
-                "drain",
-                result,
-                Outcome::ProviderError,
-            )
-            .await?
-        {
-            Answer::View(v) => *v,
-            Answer::Async(note) => return Ok(note),
-        };
-        let op = &view.operation_id;
-        match view.state {
-            MachineState::Idle => {
+        self.transition(DRAIN.from, DRAIN.via, mesh::MachinePatch::default(), reason)
+            .await?;
+        let landed = self
+            .actuate(
+                &DRAIN,
+                |provider, machine_id, s, t| {
+                    provider.drain(
+                        stamped!(
+                            pb::DrainRequest {
+                                grace_period_seconds: grace_seconds,
+                            },
+                            machine_id,
+                            s
+                        ),
+                        t,
+                    )
+                },
                 // Decide clears the binding and assignment on entering Idle.
-                self.transition(
-                    MachineState::Draining,
-                    MachineState::Idle,
-                    mesh::MachinePatch {
-                        provider_view: Some(view.raw),
-                        ..Default::default()
-                    },
-                    "drain: idle",
-                )
-                .await?;
+                |view| mesh::MachinePatch {
+                    provider_view: Some(view.raw),
+                    ..Default::default()
+                },
+            )
+            .await?;
+        match landed {
+            Landed::Arrived => {
                 self.ex
                     .metrics
                     .drain_phase
                     .observe(phase_started.elapsed().as_secs_f64());
                 Ok("drained to idle".to_owned())
             }
-            // Asynchronous drain (the original's ADR-0059): the binding is cleared only when
-            // reconcile sees Idle.
-            MachineState::Configured | MachineState::Draining => Ok(format!(
-                "drain accepted as {op:?}, provider still draining; reconcile completes it"
-            )),
-            MachineState::Failed => Err(self
-                .mark_failed(
-                    MachineState::Draining,
-                    Outcome::ProviderError,
-                    format!("drain: {}", view.last_error),
-                )
-                .await),
-            other => Err(self
-                .mark_failed(
-                    MachineState::Draining,
-                    Outcome::ProviderError,
-                    format!("drain: provider acknowledged in unexpected state {other}"),
-                )
-                .await),
+            // Asynchronous drain (the original's ADR-0059): the binding is
+            // cleared only when reconcile sees Idle.
+            Landed::Pending(note) => Ok(note),
         }
     }
 }

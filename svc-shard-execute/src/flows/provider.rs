@@ -8,12 +8,13 @@ use std::time::Duration;
 use bigfleet_conv as conv;
 use bigfleet_mesh::Attempts;
 use bigfleet_model::MachineState;
+use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use tokio::time::Instant;
 use tonic::{Code, Status};
 
 use super::steps::{Interrupt, describe};
-use super::{Fail, Run};
+use super::{Fail, Flow, Run};
 use crate::fence::{Stamp, StampError};
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
 use crate::outcome::Outcome;
@@ -39,7 +40,7 @@ impl Attempt {
 
 /// How a provider call ended without an acknowledgement.
 #[derive(Debug)]
-pub(super) enum CallError {
+enum CallError {
     Fenced(Status),
     Refused(Status),
     GaveUp { last: Status, attempts: u32 },
@@ -59,18 +60,114 @@ pub(super) struct AckView {
 }
 
 /// What a provider mutation's acknowledgement says next.
-pub(super) enum Answer {
+enum Answer {
     /// The machine as the provider now reports it.
     View(Box<AckView>),
     /// The provider finishes asynchronously; reconcile completes the transition.
     Async(String),
 }
 
+/// A provider mutation request for `machine_id`, fenced with `stamp`: the
+/// request's own fields plus the four every mutation carries, so none can be
+/// sent unfenced.
+macro_rules! stamped {
+    ($req:path { $($field:ident: $value:expr),* $(,)? }, $machine_id:expr, $stamp:expr) => {{
+        let stamp: $crate::fence::Stamp = $stamp;
+        $req {
+            $($field: $value,)*
+            machine_id: $machine_id.to_owned(),
+            shard_id: stamp.shard_id,
+            shard_epoch: stamp.epoch,
+            sequence_number: stamp.sequence,
+        }
+    }};
+}
+pub(super) use stamped;
+
+/// One provider mutation of a flow: the machine was moved `from` → `via`
+/// before the call, and the provider is asked to take it on to `to`.
+pub(super) struct Leg {
+    /// The mutation, also the prefix of its errors (`"create"`).
+    pub(super) rpc: &'static str,
+    /// What the provider is still doing when it answers before `to` (`"creating"`).
+    pub(super) doing: &'static str,
+    pub(super) from: MachineState,
+    pub(super) via: MachineState,
+    pub(super) to: MachineState,
+    /// The outcome of a failed call or an unusable answer.
+    pub(super) on_error: Outcome,
+    /// The reason reported with `via` → `to`.
+    pub(super) reason: &'static str,
+}
+
+/// Where a [`Leg`] left the machine.
+pub(super) enum Landed {
+    /// In `to`, reported to decide.
+    Arrived,
+    /// Still on its way: the provider finishes asynchronously and reconcile
+    /// completes the transition; the note says so.
+    Pending(String),
+}
+
+impl<'a, D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'a, D, G, P> {
+    /// Runs one leg for a machine already in `leg.via`: the fenced provider
+    /// call, then its answer read as the machine's next state. An answer in
+    /// `leg.to` is reported to decide with the patch `settle` builds from the
+    /// provider's view; an answer still in `from` or `via` is left to
+    /// reconcile; a failed call, a Failed machine or any other state fails
+    /// the machine from `via`.
+    pub(super) async fn actuate<F, Fut>(
+        &mut self,
+        leg: &Leg,
+        mut call: F,
+        settle: impl FnOnce(AckView) -> mesh::MachinePatch,
+    ) -> Flow<Landed>
+    where
+        F: FnMut(&'a P, &str, Stamp, Duration) -> Fut,
+        Fut: Future<Output = Result<pb::TransitionAck, Status>>,
+    {
+        let ex = self.ex;
+        let machine_id = self.machine_id.clone();
+        let result = self
+            .provider_call(leg.rpc, |s, t| call(&ex.provider, &machine_id, s, t))
+            .await;
+        let view = match self
+            .read_answer(leg.via, leg.rpc, result, leg.on_error)
+            .await?
+        {
+            Answer::View(v) => *v,
+            Answer::Async(note) => return Ok(Landed::Pending(note)),
+        };
+        let (rpc, via) = (leg.rpc, leg.via);
+        match view.state {
+            s if s == leg.to => {
+                self.transition(via, leg.to, settle(view), leg.reason)
+                    .await?;
+                Ok(Landed::Arrived)
+            }
+            s if s == leg.from || s == via => Ok(Landed::Pending(format!(
+                "{rpc} accepted as {:?}, provider still {}; reconcile completes it",
+                view.operation_id, leg.doing
+            ))),
+            MachineState::Failed => Err(self
+                .mark_failed(via, leg.on_error, format!("{rpc}: {}", view.last_error))
+                .await),
+            other => Err(self
+                .mark_failed(
+                    via,
+                    leg.on_error,
+                    format!("{rpc}: provider acknowledged in unexpected state {other}"),
+                )
+                .await),
+        }
+    }
+}
+
 impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
     /// A provider mutation with fencing, per-attempt stamping and retries
     /// on transport codes (all four mutations are idempotent on
     /// (machine, target), so a retry after a lost answer is safe).
-    pub(super) async fn provider_call<F, Fut>(
+    async fn provider_call<F, Fut>(
         &mut self,
         rpc: &'static str,
         mut call: F,
@@ -144,7 +241,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
 
     /// Classifies a failed provider call and reports the machine Failed
     /// (except for an abandoned action, which decide re-derives).
-    pub(super) async fn call_failed(
+    async fn call_failed(
         &self,
         from: MachineState,
         prefix: &str,
@@ -196,7 +293,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
     /// Reads a mutation's answer: the machine as the provider now reports it, or a note
     /// that the provider finishes asynchronously (reconcile completes the transition). A
     /// failed call or an unusable acknowledgement fails the action from `from`.
-    pub(super) async fn read_answer(
+    async fn read_answer(
         &self,
         from: MachineState,
         rpc: &'static str,
@@ -219,11 +316,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
 
     /// Validates an acknowledgement's machine snapshot through the provider
     /// ingest rules. `Ok(None)`: the provider sent no snapshot.
-    pub(super) fn ack_view(
-        &self,
-        prefix: &str,
-        ack: pb::TransitionAck,
-    ) -> Result<Option<AckView>, String> {
+    fn ack_view(&self, prefix: &str, ack: pb::TransitionAck) -> Result<Option<AckView>, String> {
         let operation_id = ack.operation_id;
         let Some(raw) = ack.machine else {
             return Ok(None);

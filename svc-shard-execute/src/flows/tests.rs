@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_fencing::{FencingToken, HighWaterMarks};
-use bigfleet_model::{Machine as ModelMachine, MachineState};
+use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use parking_lot::Mutex;
@@ -14,6 +14,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::{Code, Status};
 
 use super::*;
+use crate::doubles::fixtures::{self, machine, release as release_action};
 use crate::doubles::{BlobScript, DecideDouble, GatewayDouble};
 use crate::links::ProviderLink;
 
@@ -34,6 +35,9 @@ struct PState {
     asynchronous: HashSet<&'static str>,
     delete_unimplemented: bool,
     bad_create_ack: bool,
+    /// Acks of an rpc that report this state and last error, whatever the
+    /// machine became.
+    forced_acks: HashMap<&'static str, (pb::MachineState, &'static str)>,
     errors: HashMap<(String, &'static str), VecDeque<Status>>,
     latency: Duration,
     calls: Vec<Call>,
@@ -100,6 +104,7 @@ impl FakeProvider {
         }
         let asynchronous = st.asynchronous.contains(rpc);
         let bad = rpc == "create" && st.bad_create_ack;
+        let forced = st.forced_acks.get(rpc).copied();
         let m = st
             .machines
             .get_mut(id)
@@ -108,6 +113,10 @@ impl FakeProvider {
         let mut snap = m.clone();
         if bad {
             snap.price_per_hour = -1.0;
+        }
+        if let Some((state, last_error)) = forced {
+            snap.state = state as i32;
+            snap.last_error = last_error.to_owned();
         }
         Ok(pb::TransitionAck {
             operation_id: format!("op-{rpc}-{id}"),
@@ -127,28 +136,48 @@ fn expect(m: &pb::Machine, states: &[pb::MachineState]) -> Result<(), Status> {
     }
 }
 
+impl FakeProvider {
+    /// [`FakeProvider::op`] for a mutation that takes a machine in `from` to `pending`
+    /// when the rpc is asynchronous, else to `done`; `effect` makes the provider's other
+    /// changes.
+    async fn transit(
+        &self,
+        rpc: &'static str,
+        id: &str,
+        token: (&str, i64, i64),
+        [from, pending, done]: [pb::MachineState; 3],
+        effect: impl FnOnce(&mut pb::Machine, bool),
+    ) -> Result<pb::TransitionAck, Status> {
+        self.op(rpc, id, token, |m, asy| {
+            expect(m, &[from])?;
+            m.state = if asy { pending } else { done } as i32;
+            effect(m, asy);
+            Ok(())
+        })
+        .await
+    }
+}
+
 impl ProviderLink for FakeProvider {
     async fn create(
         &self,
         req: pb::CreateRequest,
         _: Duration,
     ) -> Result<pb::TransitionAck, Status> {
-        self.op(
+        use pb::MachineState::*;
+        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
+        self.transit(
             "create",
             &req.machine_id,
-            (&req.shard_id, req.shard_epoch, req.sequence_number),
+            token,
+            [Speculative, Creating, Idle],
             |m, asy| {
-                expect(m, &[pb::MachineState::Speculative])?;
-                if asy {
-                    m.state = pb::MachineState::Creating as i32;
-                } else {
-                    m.state = pb::MachineState::Idle as i32;
+                if !asy {
                     m.host = Some(pb::HostRef {
                         provider: "fake".into(),
                         r#ref: m.id.clone(),
                     });
                 }
-                Ok(())
             },
         )
         .await
@@ -159,45 +188,39 @@ impl ProviderLink for FakeProvider {
         req: pb::ConfigureRequest,
         _: Duration,
     ) -> Result<pb::TransitionAck, Status> {
+        use pb::MachineState::*;
         {
             let mut st = self.st.lock();
             st.blobs.push(req.bootstrap_blob.clone());
             st.metadata.push(req.shard_metadata.clone());
         }
-        self.op(
+        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
+        self.transit(
             "configure",
             &req.machine_id,
-            (&req.shard_id, req.shard_epoch, req.sequence_number),
-            |m, asy| {
-                expect(m, &[pb::MachineState::Idle])?;
+            token,
+            [Idle, Configuring, Configured],
+            |m, _| {
                 m.cluster.clone_from(&req.cluster_id);
                 m.shard_metadata.clone_from(&req.shard_metadata);
-                m.state = if asy {
-                    pb::MachineState::Configuring
-                } else {
-                    pb::MachineState::Configured
-                } as i32;
-                Ok(())
             },
         )
         .await
     }
 
     async fn drain(&self, req: pb::DrainRequest, _: Duration) -> Result<pb::TransitionAck, Status> {
-        self.op(
+        use pb::MachineState::*;
+        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
+        self.transit(
             "drain",
             &req.machine_id,
-            (&req.shard_id, req.shard_epoch, req.sequence_number),
+            token,
+            [Configured, Draining, Idle],
             |m, asy| {
-                expect(m, &[pb::MachineState::Configured])?;
-                if asy {
-                    m.state = pb::MachineState::Draining as i32;
-                } else {
-                    m.state = pb::MachineState::Idle as i32;
+                if !asy {
                     m.cluster.clear();
                     m.shard_metadata.clear();
                 }
-                Ok(())
             },
         )
         .await
@@ -208,23 +231,25 @@ impl ProviderLink for FakeProvider {
         req: pb::DeleteRequest,
         _: Duration,
     ) -> Result<pb::TransitionAck, Status> {
-        let unimplemented = self.st.lock().delete_unimplemented;
-        self.op(
+        use pb::MachineState::*;
+        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
+        if self.st.lock().delete_unimplemented {
+            // Still through `op`: the fence runs first and the call is recorded.
+            return self
+                .op("delete", &req.machine_id, token, |_, _| {
+                    Err(Status::unimplemented("bare metal cannot be deleted"))
+                })
+                .await;
+        }
+        self.transit(
             "delete",
             &req.machine_id,
-            (&req.shard_id, req.shard_epoch, req.sequence_number),
+            token,
+            [Idle, Deleting, Speculative],
             |m, asy| {
-                if unimplemented {
-                    return Err(Status::unimplemented("bare metal cannot be deleted"));
-                }
-                expect(m, &[pb::MachineState::Idle])?;
-                if asy {
-                    m.state = pb::MachineState::Deleting as i32;
-                } else {
-                    m.state = pb::MachineState::Speculative as i32;
+                if !asy {
                     m.host = None;
                 }
-                Ok(())
             },
         )
         .await
@@ -233,77 +258,23 @@ impl ProviderLink for FakeProvider {
 
 // ---- fixtures -----------------------------------------------------------
 
-const FP: &str = "fp-gpu";
+const FP: &str = fixtures::NEED_FINGERPRINT;
 
-fn machine(id: &str, state: MachineState, cluster: &str) -> pb::Machine {
-    let has_host = !matches!(state, MachineState::Speculative | MachineState::Creating);
-    let mut m = pb::Machine {
-        id: id.to_owned(),
-        state: i32::from(state.ordinal()),
-        host: has_host.then(|| pb::HostRef {
-            provider: "fake".into(),
-            r#ref: id.to_owned(),
-        }),
-        instance_type: "gpu.8x".into(),
-        zone: "zone-a".into(),
-        capacity_type: pb::CapacityType::OnDemand as i32,
-        price_per_hour: 2.5,
-        interruption_probability: 0.01,
-        resources: Some(pb::Resources {
-            resources: std::collections::BTreeMap::from([(
-                "nvidia.com/gpu".to_owned(),
-                "8".to_owned(),
-            )]),
-        }),
-        cluster: cluster.to_owned(),
-        ..pb::Machine::default()
-    };
-    if !cluster.is_empty() {
-        let assigned = ModelMachine {
-            assigned_priority: 100,
-            assigned_need_fingerprint: FP.to_owned(),
-            ..ModelMachine::default()
-        };
-        m.shard_metadata = assigned.encode_shard_metadata().into_iter().collect();
-    }
-    m
-}
-
+/// The shared acquire item with a gang group and an unbounded reclamation
+/// penalty, which the assignment must carry through to decide and the
+/// provider's metadata.
 fn acquire(kind: mesh::ActionKind, id: &str, cluster: &str) -> mesh::Action {
     mesh::Action {
-        kind: kind as i32,
-        machine_id: id.to_owned(),
-        cluster_id: cluster.to_owned(),
-        need_fingerprint: FP.to_owned(),
         group: "topology.bigfleet/rack\u{0}gang-7".to_owned(),
-        priority: 500,
-        interruption_penalty_dollars: 8.0,
         reclamation_penalty_dollars: f64::INFINITY,
-        requirements: vec![pb::NodeSelectorRequirement {
-            key: "node.kubernetes.io/instance-type".into(),
-            operator: 1,
-            values: vec!["gpu.8x".into()],
-        }],
-        ..mesh::Action::default()
+        ..fixtures::acquire(kind, id, cluster)
     }
 }
 
 fn drain_action(kind: mesh::ActionKind, id: &str, cluster: &str, preemptor: i32) -> mesh::Action {
     mesh::Action {
-        kind: kind as i32,
-        machine_id: id.to_owned(),
-        cluster_id: cluster.to_owned(),
         grace_seconds: 30,
-        preemptor_priority: preemptor,
-        ..mesh::Action::default()
-    }
-}
-
-fn release_action(id: &str) -> mesh::Action {
-    mesh::Action {
-        kind: mesh::ActionKind::Release as i32,
-        machine_id: id.to_owned(),
-        ..mesh::Action::default()
+        ..fixtures::drain(kind, id, cluster, preemptor)
     }
 }
 
@@ -384,6 +355,20 @@ impl Harness {
     fn last_error(&self, id: &str) -> String {
         self.decide.machine(id).unwrap().last_error
     }
+
+    /// Actions of `kind` that ended with `outcome`.
+    fn outcomes(&self, kind: ActionKind, outcome: Outcome) -> u64 {
+        self.ex.metrics().outcome_count(Some(kind), outcome)
+    }
+
+    /// Makes the provider acknowledge every `rpc` with `state` and `last_error`.
+    fn force_ack(&self, rpc: &'static str, state: pb::MachineState, last_error: &'static str) {
+        self.provider
+            .st
+            .lock()
+            .forced_acks
+            .insert(rpc, (state, last_error));
+    }
 }
 
 use MachineState::*;
@@ -442,11 +427,7 @@ async fn provision_creates_then_bootstraps_to_configured() {
     assert_eq!(h.gateway.bootstraps()[0].need_fingerprint, FP);
     assert_eq!(h.ex.metrics().configure_phase.get_sample_count(), 1);
     assert_eq!(h.ex.metrics().request_bootstrap.get_sample_count(), 1);
-    assert_eq!(
-        h.ex.metrics()
-            .outcome_count(Some(ActionKind::Provision), Outcome::Success),
-        1
-    );
+    assert_eq!(h.outcomes(ActionKind::Provision, Outcome::Success), 1);
     assert_eq!(h.ex.metrics().inflight.get(), 0);
 }
 
@@ -603,11 +584,7 @@ async fn a_zombie_epoch_is_fenced_logged_and_never_retried() {
         "{}",
         h.last_error("m1")
     );
-    assert_eq!(
-        h.ex.metrics()
-            .outcome_count(Some(ActionKind::Provision), Outcome::Fenced),
-        1
-    );
+    assert_eq!(h.outcomes(ActionKind::Provision, Outcome::Fenced), 1);
 }
 
 // ---- bootstrap ----------------------------------------------------------
@@ -864,10 +841,60 @@ async fn an_unsupported_delete_is_a_contract_violation() {
         h.last_error("m1")
     );
     assert_eq!(h.provider.calls().len(), 1, "never retried");
+    assert_eq!(h.outcomes(ActionKind::Release, Outcome::ProviderError), 1);
+}
+
+// ---- reading acknowledgements -------------------------------------------
+
+#[tokio::test]
+async fn an_ack_still_in_the_from_state_is_left_to_reconcile() {
+    let h = harness();
+    h.force_ack("configure", pb::MachineState::Idle, "");
+    h.seed(machine("m1", Idle, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert_eq!(
-        h.ex.metrics()
-            .outcome_count(Some(ActionKind::Release), Outcome::ProviderError),
-        1
+        r.detail,
+        "configure accepted as \"op-configure-m1\", provider still configuring; reconcile \
+         completes it"
+    );
+    assert_eq!(h.edges(), [(Idle, Configuring, Ok(()))]);
+    assert_eq!(h.ex.metrics().configure_phase.get_sample_count(), 0);
+}
+
+#[tokio::test]
+async fn an_ack_reporting_failed_fails_the_machine_with_the_providers_error() {
+    let h = harness();
+    h.force_ack("create", pb::MachineState::Failed, "out of quota");
+    h.seed(machine("m1", Speculative, ""));
+    let r = h
+        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .await;
+    assert_eq!(r.outcome, Outcome::ProviderError);
+    assert_eq!(
+        h.edges(),
+        [(Speculative, Creating, Ok(())), (Creating, Failed, Ok(()))]
+    );
+    assert_eq!(h.last_error("m1"), "create: out of quota");
+    assert!(h.gateway.bootstraps().is_empty());
+}
+
+#[tokio::test]
+async fn an_ack_in_an_unexpected_state_fails_the_machine() {
+    let h = harness();
+    h.force_ack("delete", pb::MachineState::Creating, "");
+    h.seed(machine("m1", Idle, ""));
+    let r = h.run(release_action("m1")).await;
+    assert_eq!(r.outcome, Outcome::ProviderError);
+    assert_eq!(
+        h.edges(),
+        [(Idle, Deleting, Ok(())), (Deleting, Failed, Ok(()))]
+    );
+    assert_eq!(
+        h.last_error("m1"),
+        "delete: provider acknowledged in unexpected state creating"
     );
 }
 

@@ -3,22 +3,24 @@
 
 #![allow(dead_code)]
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_fake_provider::{FakeProvider, ProviderConfig, ServerHandle, spawn_uds};
-use bigfleet_model::{Machine as ModelMachine, MachineState};
+use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_testkit::wait_until;
+// Each test binary uses its own subset, as with the rest of this module.
+#[allow(unused_imports)]
+pub use svc_shard_execute::doubles::fixtures::{acquire, drain, machine, release};
 use svc_shard_execute::doubles::{DecideDouble, GatewayDouble, Served};
 use svc_shard_execute::{Config, ExecConfig, RetryPolicy};
 use tempfile::TempDir;
 
 pub const SHARD: &str = "shard-a";
 pub const EPOCH: i64 = 3;
-pub const FP: &str = "fp-gpu";
+pub const FP: &str = svc_shard_execute::doubles::fixtures::NEED_FINGERPRINT;
 /// How long any test waits for the worker.
 pub const WAIT: Duration = Duration::from_secs(10);
 
@@ -118,79 +120,10 @@ impl Mesh {
     }
 }
 
-pub fn machine(id: &str, state: MachineState, cluster: &str) -> pb::Machine {
-    let has_host = !matches!(state, MachineState::Speculative | MachineState::Creating);
-    let mut m = pb::Machine {
-        id: id.to_owned(),
-        state: i32::from(state.ordinal()),
-        host: has_host.then(|| pb::HostRef {
-            provider: "fake".into(),
-            r#ref: id.to_owned(),
-        }),
-        instance_type: "gpu.8x".into(),
-        zone: "zone-a".into(),
-        capacity_type: pb::CapacityType::OnDemand as i32,
-        price_per_hour: 2.5,
-        interruption_probability: 0.01,
-        resources: Some(pb::Resources {
-            resources: BTreeMap::from([("nvidia.com/gpu".to_owned(), "8".to_owned())]),
-        }),
-        cluster: cluster.to_owned(),
-        ..pb::Machine::default()
-    };
-    if !cluster.is_empty() {
-        let assigned = ModelMachine {
-            assigned_priority: 100,
-            assigned_need_fingerprint: FP.to_owned(),
-            ..ModelMachine::default()
-        };
-        m.shard_metadata = assigned.encode_shard_metadata().into_iter().collect();
-    }
-    m
-}
-
-pub fn acquire(kind: mesh::ActionKind, id: &str, cluster: &str) -> mesh::Action {
-    mesh::Action {
-        kind: kind as i32,
-        machine_id: id.to_owned(),
-        cluster_id: cluster.to_owned(),
-        need_fingerprint: FP.to_owned(),
-        group: String::new(),
-        priority: 500,
-        interruption_penalty_dollars: 8.0,
-        reclamation_penalty_dollars: 2.0,
-        requirements: vec![pb::NodeSelectorRequirement {
-            key: "node.kubernetes.io/instance-type".into(),
-            operator: 1,
-            values: vec!["gpu.8x".into()],
-        }],
-        ..mesh::Action::default()
-    }
-}
-
 pub fn provision(id: &str, cluster: &str) -> mesh::Action {
     acquire(mesh::ActionKind::Provision, id, cluster)
 }
 
 pub fn bootstrap(id: &str, cluster: &str) -> mesh::Action {
     acquire(mesh::ActionKind::Bootstrap, id, cluster)
-}
-
-pub fn drain(kind: mesh::ActionKind, id: &str, cluster: &str, preemptor: i32) -> mesh::Action {
-    mesh::Action {
-        kind: kind as i32,
-        machine_id: id.to_owned(),
-        cluster_id: cluster.to_owned(),
-        grace_seconds: 0,
-        preemptor_priority: preemptor,
-        ..mesh::Action::default()
-    }
-}
-
-pub fn release(id: &str) -> mesh::Action {
-    mesh::Action {
-        kind: mesh::ActionKind::Release as i32,
-        machine_id: id.to_owned(),
-        ..mesh::Action::default()
-    }
 }
