@@ -30,20 +30,6 @@ fn tls_err(e: impl std::fmt::Display) -> UpError {
     UpError::Tls(e.to_string())
 }
 
-/// A file-name-safe stem for a role: `shard/s1/execute` ⇒ `shard-s1-execute`.
-fn file_stem(role: &str) -> String {
-    role.trim_start_matches("bigfleet://")
-        .chars()
-        .map(|c| {
-            if c.is_ascii_alphanumeric() || c == '-' || c == '_' {
-                c
-            } else {
-                '-'
-            }
-        })
-        .collect()
-}
-
 impl Pki {
     /// A new CA whose files go to `dir` (created; the CA key is never written).
     pub fn create(dir: &Path) -> Result<Self, UpError> {
@@ -69,7 +55,11 @@ impl Pki {
     pub fn files(&self, role: &str) -> Result<TlsFiles, UpError> {
         let request = LeafRequest::new(role).map_err(tls_err)?.with_loopback();
         self.ca
-            .issue_bundle(&request, &self.dir, &file_stem(role))
+            .issue_bundle(
+                &request,
+                &self.dir,
+                &bigfleet_identity::ca::role_file_stem(role),
+            )
             .map_err(tls_err)
     }
 

@@ -446,8 +446,20 @@ async fn the_dashboard_needs_its_token_off_loopback() {
         ],
     );
     wait_listening(&mut inspect, http).await;
-    let (status, _) = http_request(http, "/api/v1/summary", &[]).await.unwrap();
-    assert_eq!(status, 401);
+    // Every page, asset and API path sits behind the gate, the history and per-shard
+    // pages of ADR-0136 included.
+    for path in [
+        "/api/v1/summary",
+        "/api/v1/history",
+        "/api/v1/shards/shard-0/history",
+        "/api/v1/clusters/c1/history",
+        "/shards/shard-0",
+        "/static/live.js",
+        "/actions",
+    ] {
+        let (status, _) = http_request(http, path, &[]).await.unwrap();
+        assert_eq!(status, 401, "{path} without a token");
+    }
     let (status, _) = http_request(
         http,
         "/api/v1/summary",
