@@ -489,3 +489,68 @@ fn exceptions_excuse_only_their_own_crate_and_must_stay_live() {
     );
     assert_eq!(stale, [("no-testkit-in-production", "svc-session-gateway")]);
 }
+
+/// The glossary of ADR-0138: "core" is decide's domain crate only, and `bigfleet up`'s
+/// harness is the *local* mesh. Returns the source paths that bring back a second meaning.
+fn glossary_breaches<'a>(paths: impl IntoIterator<Item = &'a str>) -> Vec<&'a str> {
+    paths
+        .into_iter()
+        .filter(|p| p.ends_with(".rs"))
+        .filter(|p| {
+            let in_decide_core = p.starts_with("svc-shard-decide/core/");
+            let core_room = p.ends_with("/core.rs") || p.contains("/core/");
+            let mesh_room = p.ends_with("/mesh.rs") || p.contains("/mesh/");
+            // The plumbing crate and the contracts are the service mesh (one meaning).
+            let mesh_allowed = p.starts_with("libs/mesh/")
+                || p.starts_with("proto/")
+                || *p == "libs/conv/src/mesh.rs";
+            (core_room && !in_decide_core) || (mesh_room && !mesh_allowed)
+        })
+        .collect()
+}
+
+#[test]
+fn core_and_mesh_keep_one_meaning_each() {
+    let root = env!("CARGO_MANIFEST_DIR");
+    let out = std::process::Command::new("git")
+        .args(["ls-files", "--cached", "--others", "--exclude-standard"])
+        .current_dir(root)
+        .output()
+        .expect("run git ls-files");
+    assert!(out.status.success(), "git ls-files failed");
+    let files = String::from_utf8(out.stdout).expect("utf-8 paths");
+    assert!(
+        files.lines().any(|p| p == "tests/architecture.rs"),
+        "git ls-files listed nothing useful"
+    );
+    let breaches = glossary_breaches(files.lines());
+    assert!(
+        breaches.is_empty(),
+        "second meanings of core/mesh (ADR-0138): {breaches:?}"
+    );
+}
+
+#[test]
+fn the_glossary_check_catches_the_old_names() {
+    let got = glossary_breaches([
+        "svc-session-gateway/src/core.rs",
+        "svc-coordinator/src/core.rs",
+        "src/up/mesh/spec.rs",
+        "src/up/mesh.rs",
+        "svc-shard-decide/core/src/shard.rs",
+        "libs/mesh/src/stack.rs",
+        "libs/conv/src/mesh.rs",
+        "svc-inspect/src/mesh.rs",
+        "src/up/local/spec.rs",
+    ]);
+    assert_eq!(
+        got,
+        [
+            "svc-session-gateway/src/core.rs",
+            "svc-coordinator/src/core.rs",
+            "src/up/mesh/spec.rs",
+            "src/up/mesh.rs",
+            "svc-inspect/src/mesh.rs",
+        ]
+    );
+}

@@ -7,7 +7,7 @@
 //! log lines, and on Ctrl-C / SIGTERM (or after `--duration`) stops everything: SIGTERM to
 //! each child's process group, SIGKILL after a deadline.
 //!
-//! * [`mesh`] — the harness (also used by the end-to-end tests): plan, start, supervise.
+//! * [`local`] — the local mesh harness (also used by the end-to-end tests): plan, start, supervise.
 //! * [`child`] — one child process and its log.
 //! * [`chaos`] — `--chaos`: seeded kills and the invariants they must not break.
 //! * [`progress`] — the progress view (in place on a terminal) and the `--duration` summary.
@@ -17,7 +17,7 @@
 
 pub mod chaos;
 pub mod child;
-pub mod mesh;
+pub mod local;
 pub mod operators;
 pub mod pki;
 pub mod probe;
@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 use bigfleet_fake_provider::Catalog;
 use bigfleet_loadtest::OperatorHandle;
 
-use self::mesh::{Crash, FakeSeed, Mesh, MeshSpec, ProviderSpec};
+use self::local::{Crash, FakeSeed, Mesh, MeshSpec, ProviderSpec};
 use self::progress::{Snapshot, Summary};
 
 /// Errors of `bigfleet up` and of the mesh harness.

@@ -6,7 +6,7 @@ use std::time::Duration;
 use bigfleet_loadtest::{Churn, Demand, NeedSpec, Operator, OperatorConfig, OperatorHandle};
 
 use super::UpError;
-use super::mesh::Mesh;
+use super::local::Mesh;
 
 /// `cluster-0`, `cluster-1`, ... (the names the built-in catalog binds machines to).
 pub fn cluster_ids(n: usize) -> Vec<String> {

@@ -18,7 +18,7 @@ use bigfleet_proto::mesh::v1 as meshpb;
 use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
 use serde::Serialize;
 
-use super::mesh::{Mesh, count_by_state};
+use super::local::{Mesh, count_by_state};
 
 /// One look at the mesh.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]

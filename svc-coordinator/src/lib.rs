@@ -16,7 +16,6 @@
 //! * [`dr`] — snapshot archives, periodic export and the offline [`restore_snapshot`].
 
 pub mod args;
-pub mod core;
 pub mod dr;
 pub mod fsm;
 pub mod metrics;
@@ -25,16 +24,17 @@ pub mod node;
 pub mod raft_types;
 pub mod rebalance;
 pub mod rebalancer;
+pub mod replica;
 pub mod service;
 pub mod soft;
 pub mod store;
 pub mod transfers;
 
 pub use args::Args;
-pub use core::JOIN_API_ADDR_KEY;
 pub use dr::{DrError, RestoreReport, SnapshotArchive, restore_snapshot};
 pub use node::{Running, StartError, start, start_with_registry};
 pub use raft_types::{node_id_of, ordinal_of};
+pub use replica::JOIN_API_ADDR_KEY;
 
 /// Runs a replica until SIGTERM/SIGINT, then drains and stops.
 pub async fn run(args: Args) -> anyhow::Result<()> {

@@ -24,17 +24,17 @@ use tonic::Code;
 use tonic::metadata::MetadataValue;
 
 use crate::args::{Args, dialable, parse_listen};
-use crate::core::{Core, JOIN_API_ADDR_KEY};
 use crate::dr::SnapshotArchive;
 use crate::metrics::Metrics;
 use crate::network::{Network, RaftService};
 use crate::raft_types::{CoordNode, NodeId, Raft, node_id_of, ordinal_of};
+use crate::replica::{JOIN_API_ADDR_KEY, Replica};
 use crate::service::CoordinatorService;
 use crate::soft::SoftState;
 use crate::store::Store;
 use bigfleet_mesh::LEADER_HINT_METADATA;
 
-/// Leader heartbeat. Elections must not fire on a 2-core machine whose scheduler stalls a
+/// Leader heartbeat. Elections must not fire on a 2-replica machine whose scheduler stalls a
 /// task for tens of milliseconds, so the heartbeat sits well below the election window.
 pub const HEARTBEAT_MS: u64 = 100;
 /// Election timeout window. openraft makes a follower wait the leader lease (= the window's
@@ -84,7 +84,7 @@ pub struct Running {
     /// Ops HTTP address, unless disabled.
     pub metrics_addr: Option<SocketAddr>,
     pub node_id: NodeId,
-    core: Arc<Core>,
+    replica: Arc<Replica>,
     api: RunningServer,
     raft_server: RunningServer,
     ops: Option<JoinHandle<std::io::Result<()>>>,
@@ -95,12 +95,12 @@ pub struct Running {
 impl Running {
     /// The openraft handle (metrics, leadership) for tests and tools.
     pub fn raft(&self) -> &Raft {
-        &self.core.raft
+        &self.replica.raft
     }
 
     /// Whether this replica currently leads.
     pub fn is_leader(&self) -> bool {
-        self.core.leader_term().is_ok()
+        self.replica.leader_term().is_ok()
     }
 
     /// Stops the loops, drains the Coordinator server, stops Raft and its server.
@@ -110,7 +110,7 @@ impl Running {
             t.abort();
         }
         let api = self.api.shutdown().await;
-        if let Err(e) = self.core.raft.shutdown().await {
+        if let Err(e) = self.replica.raft.shutdown().await {
             tracing::warn!(error = %e, "raft shutdown");
         }
         let raft = self.raft_server.shutdown().await;
@@ -218,7 +218,7 @@ pub async fn start_with_registry(
     .await
     .map_err(|e| StartError::Raft(e.to_string()))?;
 
-    let core = Arc::new(Core {
+    let replica = Arc::new(Replica {
         raft: raft.clone(),
         id,
         me: me.clone(),
@@ -276,7 +276,7 @@ pub async fn start_with_registry(
     .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
     .drain_deadline(args.drain_timeout)
     .add_service_with_status(
-        CoordinatorService::new(Arc::clone(&core)).into_server(),
+        CoordinatorService::new(Arc::clone(&replica)).into_server(),
         ServingStatus::NotServing,
     )
     .start()
@@ -304,21 +304,21 @@ pub async fn start_with_registry(
 
     let mut tasks = vec![
         tokio::spawn(watch_leader(
-            Arc::clone(&core),
+            Arc::clone(&replica),
             api.health().clone(),
             readiness,
             stop.clone(),
         )),
-        tokio::spawn(snapshot_timer(Arc::clone(&core), stop.clone())),
+        tokio::spawn(snapshot_timer(Arc::clone(&replica), stop.clone())),
         tokio::spawn(join_loop(
-            Arc::clone(&core),
+            Arc::clone(&replica),
             args.join_addrs(),
             tls.as_ref().map(TlsContext::client_config).transpose()?,
             stop.clone(),
         )),
     ];
     tasks.push(tokio::spawn(crate::rebalancer::run(
-        Arc::clone(&core),
+        Arc::clone(&replica),
         crate::rebalancer::Config {
             policy: args.rebalance_policy(),
             interval: args.rebalance_interval,
@@ -328,7 +328,7 @@ pub async fn start_with_registry(
     )));
     if let Some(dir) = args.snapshot_export_dir.clone() {
         tasks.push(tokio::spawn(export_loop(
-            Arc::clone(&core),
+            Arc::clone(&replica),
             dir,
             args.export_interval(),
             stop.clone(),
@@ -347,7 +347,7 @@ pub async fn start_with_registry(
         raft_addr,
         metrics_addr,
         node_id: id,
-        core,
+        replica,
         api,
         raft_server,
         ops,
@@ -358,20 +358,20 @@ pub async fn start_with_registry(
 
 /// Mirrors Raft metrics into gauges, health and readiness; counts leader changes.
 async fn watch_leader(
-    core: Arc<Core>,
+    replica: Arc<Replica>,
     health: bigfleet_mesh::HealthReporter,
     readiness: Readiness,
     stop: CancellationToken,
 ) {
-    let mut rx = core.raft.metrics();
+    let mut rx = replica.raft.metrics();
     let mut last_leader: Option<Option<NodeId>> = None;
     loop {
         let m = rx.borrow_and_update().clone();
-        let mx = &core.metrics;
+        let mx = &replica.metrics;
         mx.raft_term
             .set(i64::try_from(m.current_term).unwrap_or(i64::MAX));
         mx.is_leader
-            .set(i64::from(m.current_leader == Some(core.id)));
+            .set(i64::from(m.current_leader == Some(replica.id)));
         mx.last_applied_index.set(
             m.last_applied
                 .map_or(0, |l| i64::try_from(l.index).unwrap_or(i64::MAX)),
@@ -379,7 +379,7 @@ async fn watch_leader(
         mx.voters.set(
             i64::try_from(m.membership_config.membership().voter_ids().count()).unwrap_or(i64::MAX),
         );
-        let (shards, clusters, domains) = core.shared.read().state.sizes();
+        let (shards, clusters, domains) = replica.shared.read().state.sizes();
         for (table, n) in [
             ("shards", shards),
             ("clusters", clusters),
@@ -419,15 +419,15 @@ async fn watch_leader(
 }
 
 /// Time-based snapshots (openraft's policy covers the entry-count threshold).
-async fn snapshot_timer(core: Arc<Core>, stop: CancellationToken) {
+async fn snapshot_timer(replica: Arc<Replica>, stop: CancellationToken) {
     loop {
         tokio::select! {
             () = tokio::time::sleep(SNAPSHOT_INTERVAL) => {}
             () = stop.cancelled() => return,
         }
-        let m = core.raft.metrics().borrow().clone();
+        let m = replica.raft.metrics().borrow().clone();
         if m.last_applied > m.snapshot
-            && let Err(e) = core.raft.trigger().snapshot().await
+            && let Err(e) = replica.raft.trigger().snapshot().await
         {
             tracing::warn!(error = %e, "periodic snapshot");
         }
@@ -436,7 +436,7 @@ async fn snapshot_timer(core: Arc<Core>, stop: CancellationToken) {
 
 /// Leader-only periodic export to `dir`.
 async fn export_loop(
-    core: Arc<Core>,
+    replica: Arc<Replica>,
     dir: std::path::PathBuf,
     every: Duration,
     stop: CancellationToken,
@@ -446,14 +446,14 @@ async fn export_loop(
             () = tokio::time::sleep(every) => {}
             () = stop.cancelled() => return,
         }
-        if core.leader_term().is_err() {
+        if replica.leader_term().is_err() {
             continue;
         }
-        let outcome = match core.fresh_snapshot().await {
+        let outcome = match replica.fresh_snapshot().await {
             Err(e) => Err(e.to_string()),
             Ok((meta, state)) => {
                 let dir = dir.clone();
-                let name = core.me.name.clone();
+                let name = replica.me.name.clone();
                 tokio::task::spawn_blocking(move || {
                     SnapshotArchive { meta, state }.export_to(&dir, &name)
                 })
@@ -464,14 +464,16 @@ async fn export_loop(
         };
         match outcome {
             Ok(path) => {
-                core.metrics
+                replica
+                    .metrics
                     .snapshot_exports
                     .with_label_values(&["success"])
                     .inc();
                 tracing::info!(path = %path.display(), "snapshot exported");
             }
             Err(e) => {
-                core.metrics
+                replica
+                    .metrics
                     .snapshot_exports
                     .with_label_values(&["error"])
                     .inc();
@@ -485,7 +487,7 @@ async fn export_loop(
 /// through --join-addr (following leader hints), or — as the leader — rewrites its own
 /// entry after a restart at a new address.
 async fn join_loop(
-    core: Arc<Core>,
+    replica: Arc<Replica>,
     join_addrs: Vec<String>,
     tls: Option<Arc<rustls::ClientConfig>>,
     stop: CancellationToken,
@@ -495,29 +497,30 @@ async fn join_loop(
         if stop.is_cancelled() {
             return;
         }
-        if core.membership_current() {
+        if replica.membership_current() {
             tracing::info!("membership current: voter at the advertised address");
             return;
         }
-        let attempt = if core.leader_term().is_ok() {
-            let me = &core.me;
-            core.add_voter(&me.name, &me.raft_addr, &me.api_addr)
+        let attempt = if replica.leader_term().is_ok() {
+            let me = &replica.me;
+            replica
+                .add_voter(&me.name, &me.raft_addr, &me.api_addr)
                 .await
                 .map_err(|e| e.to_string())
         } else if !join_addrs.is_empty() {
             // Attempted whether or not a leader is visible: a fresh replica sees none until
             // it has been added.
-            join_via(&core, &join_addrs, tls.clone()).await
+            join_via(&replica, &join_addrs, tls.clone()).await
         } else {
             Err("no leader yet".into())
         };
         match attempt {
             Ok(()) => {
                 // The membership change reaches this replica through replication.
-                let _ = core
+                let _ = replica
                     .raft
                     .wait(Some(Duration::from_secs(3)))
-                    .metrics(|_| core.membership_current(), "membership current")
+                    .metrics(|_| replica.membership_current(), "membership current")
                     .await;
                 backoff.reset();
                 continue;
@@ -547,7 +550,7 @@ fn target(addr: &str, tls: bool) -> Result<Target, String> {
 
 /// Calls JoinRaftCluster on each address in turn, following one leader hint per address.
 async fn join_via(
-    core: &Core,
+    replica: &Replica,
     addrs: &[String],
     tls: Option<Arc<rustls::ClientConfig>>,
 ) -> Result<(), String> {
@@ -557,7 +560,7 @@ async fn join_via(
         let mut hops = 0;
         while let Some(a) = next.take() {
             hops += 1;
-            match join_once(core, &a, tls.clone()).await {
+            match join_once(replica, &a, tls.clone()).await {
                 Ok(()) => {
                     tracing::info!(via = %a, "joined the raft cluster");
                     return Ok(());
@@ -581,7 +584,7 @@ enum JoinFailure {
 }
 
 async fn join_once(
-    core: &Core,
+    replica: &Replica,
     addr: &str,
     tls: Option<Arc<rustls::ClientConfig>>,
 ) -> Result<(), JoinFailure> {
@@ -596,11 +599,11 @@ async fn join_once(
         .map_err(|e| JoinFailure::Other(e.to_string()))?;
     let mut client = bigfleet_mesh::with_message_limits!(CoordinatorClient::new(channel));
     let mut req = tonic::Request::new(JoinRaftClusterRequest {
-        node_id: core.me.name.clone(),
-        raft_address: core.me.raft_addr.clone(),
+        node_id: replica.me.name.clone(),
+        raft_address: replica.me.raft_addr.clone(),
     });
     req.set_timeout(Duration::from_secs(40));
-    if let Ok(v) = MetadataValue::try_from(core.me.api_addr.as_str()) {
+    if let Ok(v) = MetadataValue::try_from(replica.me.api_addr.as_str()) {
         req.metadata_mut().insert(JOIN_API_ADDR_KEY, v);
     }
     match client.join_raft_cluster(req).await {

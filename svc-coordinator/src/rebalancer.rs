@@ -13,10 +13,10 @@ use std::time::Duration;
 
 use tokio_util::sync::CancellationToken;
 
-use crate::core::{Core, now_unix_ns};
 use crate::fsm::Command;
 use crate::metrics::Metrics;
 use crate::rebalance::{self, Inputs, Persistence, Policy, ShardView};
+use crate::replica::{Replica, now_unix_ns};
 use crate::soft::new_instruction_id;
 use crate::transfers::Transfer;
 
@@ -31,7 +31,7 @@ pub struct Config {
 }
 
 /// Runs until `stop`.
-pub async fn run(core: Arc<Core>, cfg: Config, stop: CancellationToken) {
+pub async fn run(replica: Arc<Replica>, cfg: Config, stop: CancellationToken) {
     if cfg.interval.is_zero() {
         tracing::info!("rebalancer disabled (--rebalance-interval 0s)");
         return;
@@ -43,35 +43,35 @@ pub async fn run(core: Arc<Core>, cfg: Config, stop: CancellationToken) {
             () = tokio::time::sleep(cfg.interval) => {}
             () = stop.cancelled() => return,
         }
-        let Ok(term) = core.leader_term() else {
+        let Ok(term) = replica.leader_term() else {
             if led.take().is_some() {
                 tracing::info!("rebalancer paused: not the leader");
                 persistence.clear();
-                core.metrics.rebalance_in_flight.set(0);
+                replica.metrics.rebalance_in_flight.set(0);
             }
             continue;
         };
         if led != Some(term) {
             persistence.clear();
             led = Some(term);
-            let active = core.shared.read().state.active_transfers().len();
+            let active = replica.shared.read().state.active_transfers().len();
             tracing::info!(
                 term,
                 transfers_in_flight = active,
                 "rebalancer active on the leader; resuming transfers from the replicated state"
             );
         }
-        round(&core, &cfg, term, &mut persistence).await;
+        round(&replica, &cfg, term, &mut persistence).await;
     }
 }
 
 /// One decision round.
-async fn round(core: &Core, cfg: &Config, term: u64, persistence: &mut Persistence) {
+async fn round(replica: &Replica, cfg: &Config, term: u64, persistence: &mut Persistence) {
     let now = now_unix_ns();
-    core.metrics.rebalance_rounds.inc();
+    replica.metrics.rebalance_rounds.inc();
     let max_age = i64::try_from(cfg.report_max_age.as_nanos()).unwrap_or(i64::MAX);
     let (registered, active, recent) = {
-        let shared = core.shared.read();
+        let shared = replica.shared.read();
         let st = &shared.state;
         (
             st.shards().into_iter().map(|s| s.id).collect::<Vec<_>>(),
@@ -80,7 +80,7 @@ async fn round(core: &Core, cfg: &Config, term: u64, persistence: &mut Persisten
         )
     };
     let reports = {
-        let mut soft = core.soft.lock();
+        let mut soft = replica.soft.lock();
         soft.ensure_term(term);
         soft.retain_transfer_sequences(&active.iter().map(|t| t.instruction_id.clone()).collect());
         soft.reports(None)
@@ -111,7 +111,8 @@ async fn round(core: &Core, cfg: &Config, term: u64, persistence: &mut Persisten
         },
     );
     for s in &decided.skips {
-        core.metrics
+        replica
+            .metrics
             .rebalance_skipped
             .with_label_values(&[s.reason.label()])
             .inc();
@@ -129,7 +130,7 @@ async fn round(core: &Core, cfg: &Config, term: u64, persistence: &mut Persisten
             reason: d.why.clone(),
             ..d.transfer(new_instruction_id(), new_instruction_id(), now)
         };
-        match core
+        match replica
             .apply(Command::StartTransfer {
                 transfer: t.clone(),
             })
@@ -137,7 +138,8 @@ async fn round(core: &Core, cfg: &Config, term: u64, persistence: &mut Persisten
         {
             Ok(_) => {
                 in_flight += 1;
-                core.metrics
+                replica
+                    .metrics
                     .rebalance_decisions
                     .with_label_values(&[d.kind.label()])
                     .inc();
@@ -167,7 +169,8 @@ async fn round(core: &Core, cfg: &Config, term: u64, persistence: &mut Persisten
             }
         }
     }
-    core.metrics
+    replica
+        .metrics
         .rebalance_in_flight
         .set(i64::try_from(in_flight).unwrap_or(i64::MAX));
 }

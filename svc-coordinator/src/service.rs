@@ -12,8 +12,8 @@ use bigfleet_proto::v1alpha1::{self as pb, snapshot_save_chunk};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::core::{CoordError, Core, JOIN_API_ADDR_KEY, now_unix_ns};
 use crate::fsm::{Command, DomainKey, Effect, FsmError};
+use crate::replica::{CoordError, JOIN_API_ADDR_KEY, Replica, now_unix_ns};
 use crate::soft::new_instruction_id;
 use crate::transfers::{released_ids, verdict_of};
 
@@ -23,12 +23,12 @@ pub const SNAPSHOT_CHUNK: usize = 1 << 20;
 /// The service handler (cheap to clone).
 #[derive(Clone)]
 pub struct CoordinatorService {
-    core: Arc<Core>,
+    replica: Arc<Replica>,
 }
 
 impl CoordinatorService {
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    pub fn new(replica: Arc<Replica>) -> Self {
+        Self { replica }
     }
 
     pub fn into_server(self) -> CoordinatorServer<Self> {
@@ -36,7 +36,7 @@ impl CoordinatorService {
     }
 
     fn pending_gauge(&self, shard: &str, n: usize) {
-        self.core
+        self.replica
             .metrics
             .pending_instructions
             .with_label_values(&[shard])
@@ -45,7 +45,7 @@ impl CoordinatorService {
 
     fn enqueue(&self, term: u64, shard: &str, domain: &DomainKey, assign: bool) {
         let n = {
-            let mut soft = self.core.soft.lock();
+            let mut soft = self.replica.soft.lock();
             soft.ensure_term(term);
             let ins = soft.enqueue_domain(shard, domain, assign, new_instruction_id());
             tracing::info!(
@@ -72,7 +72,7 @@ impl CoordinatorService {
                 continue;
             };
             let Some(t) = self
-                .core
+                .replica
                 .shared
                 .read()
                 .state
@@ -94,9 +94,9 @@ impl CoordinatorService {
                 reason: ack.reason.clone(),
                 at_unix_ns: now_unix_ns(),
             };
-            match self.core.apply(cmd).await {
+            match self.replica.apply(cmd).await {
                 Ok(Effect::Transfer(t)) => {
-                    crate::rebalancer::record_step(&self.core.metrics, id, &t);
+                    crate::rebalancer::record_step(&self.replica.metrics, id, &t);
                 }
                 Ok(_) => {}
                 Err(CoordError::Fsm(e)) => {
@@ -105,8 +105,8 @@ impl CoordinatorService {
                 Err(e) => return Err(CoordError::Unavailable(e.to_string()).into()),
             }
         }
-        let n = self.core.shared.read().state.active_transfers().len();
-        self.core
+        let n = self.replica.shared.read().state.active_transfers().len();
+        self.replica
             .metrics
             .rebalance_in_flight
             .set(i64::try_from(n).unwrap_or(i64::MAX));
@@ -193,19 +193,19 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ShardReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        let term = self.core.leader_term()?;
+        let term = self.replica.leader_term()?;
         let report = request.get_ref();
         let id = report.shard_id.as_str();
         required("shard_id", id)?;
         peer(&request).ensure(&PeerIdentity::Shard(id.to_owned()))?;
 
-        if !self.core.shared.read().state.has_shard(id) {
+        if !self.replica.shared.read().state.has_shard(id) {
             let cmd = Command::AddShard {
                 shard_id: id.to_owned(),
                 address: report.shard_address.clone(),
                 registered_at_unix_ns: now_unix_ns(),
             };
-            match self.core.apply(cmd).await {
+            match self.replica.apply(cmd).await {
                 Ok(_) => {
                     tracing::info!(shard = id, address = %report.shard_address, "shard registered")
                 }
@@ -219,11 +219,11 @@ impl Coordinator for CoordinatorService {
             }
         }
         let now = now_unix_ns();
-        self.core.shared.write().state.mark_heartbeat(id, now);
+        self.replica.shared.write().state.mark_heartbeat(id, now);
         self.apply_transfer_acks(id, report).await?;
 
         let (mut instructions, pending) = {
-            let mut soft = self.core.soft.lock();
+            let mut soft = self.replica.soft.lock();
             soft.ensure_term(term);
             let outcome = soft.record_report(report, now);
             if !outcome.accepted {
@@ -236,7 +236,7 @@ impl Coordinator for CoordinatorService {
             let mut out = soft.pending(id);
             // Transfer phases live in the FSM: whichever replica leads redelivers the same
             // instruction id until the shard acknowledges it.
-            for t in self.core.shared.read().state.active_transfers() {
+            for t in self.replica.shared.read().state.active_transfers() {
                 if t.target() == Some(id)
                     && let Some(payload) = t.payload()
                 {
@@ -253,7 +253,7 @@ impl Coordinator for CoordinatorService {
         };
         instructions.sort_by_key(|i| i.sequence_number);
         self.pending_gauge(id, pending);
-        self.core
+        self.replica
             .metrics
             .raft_term
             .set(i64::try_from(term).unwrap_or(i64::MAX));
@@ -268,21 +268,21 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::AssignDomainRequest>,
     ) -> Result<Response<pb::AssignDomainResponse>, Status> {
-        self.core.leader_term()?;
+        self.replica.leader_term()?;
         require_admin(&request)?;
         let r = request.into_inner();
         required("topology_key", &r.topology_key)?;
         required("topology_value", &r.topology_value)?;
         required("shard_id", &r.shard_id)?;
         let domain = DomainKey::new(r.topology_key, r.topology_value);
-        self.core
+        self.replica
             .apply(Command::AssignDomain {
                 domain: domain.clone(),
                 shard_id: r.shard_id.clone(),
             })
             .await?;
         // Re-read the term: the write committed under the term this replica leads now.
-        let term = self.core.leader_term()?;
+        let term = self.replica.leader_term()?;
         self.enqueue(term, &r.shard_id, &domain, true);
         Ok(Response::new(pb::AssignDomainResponse {}))
     }
@@ -291,14 +291,14 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::UnassignDomainRequest>,
     ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
-        self.core.leader_term()?;
+        self.replica.leader_term()?;
         require_admin(&request)?;
         let r = request.into_inner();
         required("topology_key", &r.topology_key)?;
         required("topology_value", &r.topology_value)?;
         let domain = DomainKey::new(r.topology_key, r.topology_value);
         let effect = self
-            .core
+            .replica
             .apply(Command::UnassignDomain {
                 domain: domain.clone(),
             })
@@ -307,7 +307,7 @@ impl Coordinator for CoordinatorService {
             previous_owner: Some(owner),
         } = effect
         {
-            let term = self.core.leader_term()?;
+            let term = self.replica.leader_term()?;
             self.enqueue(term, &owner, &domain, false);
         }
         Ok(Response::new(pb::UnassignDomainResponse {}))
@@ -317,18 +317,18 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::RemoveShardRequest>,
     ) -> Result<Response<pb::RemoveShardResponse>, Status> {
-        self.core.leader_term()?;
+        self.replica.leader_term()?;
         require_admin(&request)?;
         let id = request.into_inner().shard_id;
         required("shard_id", &id)?;
-        self.core
+        self.replica
             .apply(Command::RemoveShard {
                 shard_id: id.clone(),
             })
             .await?;
-        self.core.soft.lock().remove_shard(&id);
+        self.replica.soft.lock().remove_shard(&id);
         let _ = self
-            .core
+            .replica
             .metrics
             .pending_instructions
             .remove_label_values(&[&id]);
@@ -340,10 +340,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListShardsRequest>,
     ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        self.core.leader_term()?;
+        self.replica.leader_term()?;
         require_reader(&request)?;
         let shards = self
-            .core
+            .replica
             .shared
             .read()
             .state
@@ -363,10 +363,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListDomainAssignmentsRequest>,
     ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
-        self.core.leader_term()?;
+        self.replica.leader_term()?;
         require_reader(&request)?;
         let assignments = self
-            .core
+            .replica
             .shared
             .read()
             .state
@@ -387,11 +387,11 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListShardReportsRequest>,
     ) -> Result<Response<pb::ListShardReportsResponse>, Status> {
-        let term = self.core.leader_term()?;
+        let term = self.replica.leader_term()?;
         require_reader(&request)?;
         let filter = request.get_ref().shard_id.clone();
         let reports = {
-            let mut soft = self.core.soft.lock();
+            let mut soft = self.replica.soft.lock();
             soft.ensure_term(term);
             soft.reports((!filter.is_empty()).then_some(filter.as_str()))
         };
@@ -412,7 +412,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::JoinRaftClusterRequest>,
     ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
-        self.core.leader_term()?;
+        self.replica.leader_term()?;
         require_admin_or_replica(&request, &request.get_ref().node_id)?;
         let api_addr = request
             .metadata()
@@ -429,9 +429,9 @@ impl Coordinator for CoordinatorService {
                 .raft_address
                 .rsplit_once(':')
                 .map_or(r.raft_address.as_str(), |(h, _)| h);
-            format!("{host}:{}", self.core.api_port)
+            format!("{host}:{}", self.replica.api_port)
         });
-        self.core
+        self.replica
             .add_voter(&r.node_id, &r.raft_address, &api_addr)
             .await?;
         Ok(Response::new(pb::JoinRaftClusterResponse {}))
@@ -443,9 +443,9 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::SnapshotSaveRequest>,
     ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
-        self.core.leader_term()?;
+        self.replica.leader_term()?;
         require_admin(&request)?;
-        let (meta, data) = self.core.fresh_snapshot().await?;
+        let (meta, data) = self.replica.fresh_snapshot().await?;
         let meta_json = snapshot_meta_json(&meta, data.len())?;
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "streaming snapshot");
         let mut frames = vec![Ok(pb::SnapshotSaveChunk {

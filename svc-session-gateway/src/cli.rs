@@ -54,7 +54,7 @@ pub struct Args {
 
     /// Largest frame after the Hello (a roll-up), in bytes; larger frames end the session
     /// with RESOURCE_EXHAUSTED before they are buffered.
-    #[arg(long, env = "BIGFLEET_MAX_ROLLUP_BYTES", default_value_t = crate::core::DEFAULT_MAX_ROLLUP_BYTES)]
+    #[arg(long, env = "BIGFLEET_MAX_ROLLUP_BYTES", default_value_t = crate::state::DEFAULT_MAX_ROLLUP_BYTES)]
     pub max_rollup_bytes: usize,
 
     /// Session opens per second per cluster (per source address for callers without an

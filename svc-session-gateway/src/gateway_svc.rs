@@ -21,20 +21,20 @@ use bigfleet_proto::v1alpha1::{BootstrapRequest, ReclaimInstruction, shard_messa
 use tokio::time::Instant;
 use tonic::{Request, Response, Status, Streaming};
 
-use crate::core::Core;
 use crate::error::SessionError;
 use crate::outbox::Offer;
 use crate::session::{QueueError, Session};
+use crate::state::GatewayState;
 
 /// The gateway's internal services (Outbox and Relay).
 #[derive(Debug, Clone)]
 pub struct GatewayService {
-    core: Arc<Core>,
+    gw: Arc<GatewayState>,
 }
 
 impl GatewayService {
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    pub fn new(gw: Arc<GatewayState>) -> Self {
+        Self { gw }
     }
 
     /// Relay callers: same-pod (Unix socket), or over mTLS exactly this shard's execute
@@ -47,7 +47,7 @@ impl GatewayService {
                 "bigfleet.mesh.v1.Relay needs mtls off the unix socket",
             )),
             Some(peer) => peer.ensure(&PeerIdentity::ShardExecute(
-                self.core.settings.shard_id.clone(),
+                self.gw.settings.shard_id.clone(),
             )),
         }
     }
@@ -102,10 +102,10 @@ impl Relay for GatewayService {
         request: Request<RequestBootstrapRequest>,
     ) -> Result<Response<RequestBootstrapResponse>, Status> {
         self.authorize_relay(&request)?;
-        let core = &self.core;
+        let gw = &self.gw;
         let req = request.into_inner();
         let outcome = |label: &str| {
-            core.metrics
+            gw.metrics
                 .request_bootstrap
                 .with_label_values(&[label])
                 .inc();
@@ -118,11 +118,11 @@ impl Relay for GatewayService {
                 id,
             ))
         };
-        let Some(session) = core.registry.get(&req.cluster_id) else {
+        let Some(session) = gw.registry.get(&req.cluster_id) else {
             return Ok(no_session(String::new()));
         };
         let timeout = match req.timeout_ms {
-            0 => core.settings.bootstrap_timeout,
+            0 => gw.settings.bootstrap_timeout,
             ms => Duration::from_millis(u64::from(ms)),
         };
         let request_id = new_request_id();
@@ -157,7 +157,7 @@ impl Relay for GatewayService {
         );
         let resp = match tokio::time::timeout(timeout, rx).await {
             Ok(Ok(answer)) => {
-                core.metrics
+                gw.metrics
                     .request_bootstrap_seconds
                     .observe(started.elapsed().as_secs_f64());
                 if answer.error.is_empty() {
@@ -207,7 +207,7 @@ impl Relay for GatewayService {
             delivered: false,
             instruction_id: String::new(),
         });
-        let Some(session) = self.core.registry.get(&req.cluster_id) else {
+        let Some(session) = self.gw.registry.get(&req.cluster_id) else {
             return Ok(undelivered);
         };
         let instruction_id = new_request_id();
@@ -219,7 +219,7 @@ impl Relay for GatewayService {
         });
         match session.send_control(frame) {
             Ok(()) => {
-                self.core.metrics.reclaims_sent.inc();
+                self.gw.metrics.reclaims_sent.inc();
                 tracing::debug!(cluster = %req.cluster_id, machine = %req.machine_id, instruction_id = %instruction_id, "reclaim instruction sent");
                 Ok(Response::new(SendReclaimResponse {
                     delivered: true,
@@ -239,12 +239,12 @@ impl Outbox for GatewayService {
         request: Request<Streaming<ShardEvent>>,
     ) -> Result<Response<PublishSummary>, Status> {
         Self::require_local(&request)?;
-        let core = &self.core;
+        let gw = &self.gw;
         let mut stream = request.into_inner();
         let mut summary = PublishSummary::default();
         loop {
             let next = tokio::select! {
-                () = core.shutdown.cancelled() => break,
+                () = gw.shutdown.cancelled() => break,
                 next = stream.message() => next,
             };
             let Some(event) = next? else { break };
@@ -265,9 +265,9 @@ impl Outbox for GatewayService {
             } else {
                 event.supersedes_key
             };
-            let Some(session) = core.registry.get(&event.cluster_id) else {
+            let Some(session) = gw.registry.get(&event.cluster_id) else {
                 summary.dropped_no_session += 1;
-                core.metrics.dropped("no_session", 1);
+                gw.metrics.dropped("no_session", 1);
                 continue;
             };
             match session.publish(&key, payload) {
@@ -275,15 +275,15 @@ impl Outbox for GatewayService {
                 Ok(Offer::Coalesced) => {
                     summary.queued += 1;
                     summary.coalesced += 1;
-                    core.metrics.dropped("coalesced", 1);
+                    gw.metrics.dropped("coalesced", 1);
                 }
                 Ok(Offer::Full) => {
                     summary.dropped_outbox_full += 1;
-                    core.metrics.dropped("full", 1);
+                    gw.metrics.dropped("full", 1);
                 }
                 Err(_) => {
                     summary.dropped_no_session += 1;
-                    core.metrics.dropped("no_session", 1);
+                    gw.metrics.dropped("no_session", 1);
                 }
             }
         }
@@ -295,9 +295,9 @@ impl Outbox for GatewayService {
         request: Request<StatusRequest>,
     ) -> Result<Response<StatusResponse>, Status> {
         Self::require_local(&request)?;
-        let core = &self.core;
+        let gw = &self.gw;
         let sessions = if request.get_ref().include_sessions {
-            core.registry
+            gw.registry
                 .snapshot()
                 .iter()
                 .map(|s| SessionInfo {
@@ -313,8 +313,8 @@ impl Outbox for GatewayService {
             Vec::new()
         };
         Ok(Response::new(StatusResponse {
-            active_sessions: u32::try_from(core.registry.count()).unwrap_or(u32::MAX),
-            shard_epoch: core.decide.epoch_term().0,
+            active_sessions: u32::try_from(gw.registry.count()).unwrap_or(u32::MAX),
+            shard_epoch: gw.decide.epoch_term().0,
             sessions,
         }))
     }

@@ -20,7 +20,6 @@
 //! tests) and returns a [`Running`] handle.
 
 pub mod cli;
-mod core;
 mod decide;
 mod error;
 mod gateway_svc;
@@ -31,6 +30,7 @@ mod registry;
 mod session;
 mod session_server;
 mod shard_svc;
+mod state;
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -48,7 +48,6 @@ use bigfleet_proto::v1alpha1::shard_read_server::ShardReadServer;
 use bigfleet_telemetry::{MetricsRegistry, Readiness};
 
 pub use crate::cli::Args;
-pub use crate::core::GatewaySettings;
 pub use crate::error::{SessionError, StartError};
 pub use crate::gateway_svc::new_request_id;
 pub use crate::metrics::GatewayMetrics;
@@ -57,9 +56,10 @@ pub use crate::session::{
     CONTROL_CAPACITY, ECHO_HELLO, ECHO_ROLLUP, ECHO_ROLLUP_NOT_APPLIED, ECHO_ROLLUP_REJECTED,
     RollupRate,
 };
+pub use crate::state::GatewaySettings;
 
-use crate::core::Core;
 use crate::decide::DecideLink;
+use crate::state::GatewayState;
 
 /// File name of the gateway's Unix socket inside the socket directory.
 pub const GATEWAY_SOCKET: &str = "gateway.sock";
@@ -120,7 +120,7 @@ impl GatewayConfig {
 pub struct Running {
     public: Option<RunningServer>,
     internal: RunningServer,
-    core: Arc<Core>,
+    gw: Arc<GatewayState>,
     public_addr: Option<SocketAddr>,
     socket_path: PathBuf,
 }
@@ -146,19 +146,19 @@ impl Running {
     }
 
     pub fn metrics(&self) -> &GatewayMetrics {
-        &self.core.metrics
+        &self.gw.metrics
     }
 
     /// Live sessions right now.
     pub fn active_sessions(&self) -> usize {
-        self.core.registry.count()
+        self.gw.registry.count()
     }
 
     /// Graceful drain: new sessions are refused, every session ends with UNAVAILABLE (so
     /// operators reconnect), Publish streams finish, then both servers drain.
     pub async fn shutdown(self) -> Result<(), StartError> {
-        self.core.shutdown.cancel();
-        let ended = shard_svc::end_all_for_shutdown(&self.core);
+        self.gw.shutdown.cancel();
+        let ended = shard_svc::end_all_for_shutdown(&self.gw);
         tracing::info!(sessions = ended, "ended operator sessions for shutdown");
         let public = async {
             match self.public {
@@ -189,9 +189,9 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
     let metrics = GatewayMetrics::register(&config.registry)?;
     let grpc_metrics = GrpcMetrics::server(&config.registry)?;
     let decide = DecideLink::dial(&config.decide_target())?;
-    let core = Core::new(config.settings.clone(), decide, metrics);
+    let gw = GatewayState::new(config.settings.clone(), decide, metrics);
 
-    let internal_svc = gateway_svc::GatewayService::new(Arc::clone(&core));
+    let internal_svc = gateway_svc::GatewayService::new(Arc::clone(&gw));
     let relay = || bigfleet_mesh::with_message_limits!(RelayServer::new(internal_svc.clone()));
     let stack = |authz: AuthzPolicy| ServerStackConfig {
         metrics: Some(grpc_metrics.clone()),
@@ -228,7 +228,7 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
                 .as_ref()
                 .map(TlsContext::server_config)
                 .transpose()?;
-            let read = read_proxy::ReadProxy::new(Arc::clone(&core));
+            let read = read_proxy::ReadProxy::new(Arc::clone(&gw));
             // Remote workers' Relay only under mTLS: in plaintext there is no identity to
             // bind it to, so the public port does not serve it at all.
             let relay = tls.is_some().then(relay);
@@ -251,7 +251,7 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
                 .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
                 .drain_deadline(config.drain_timeout)
                 .add_service(session_server::SessionServer::new(
-                    shard_svc::ShardService::new(Arc::clone(&core)),
+                    shard_svc::ShardService::new(Arc::clone(&gw)),
                     config.settings.max_hello_bytes,
                     config.settings.max_rollup_bytes,
                 ))
@@ -286,7 +286,7 @@ pub async fn start(config: GatewayConfig) -> Result<Running, StartError> {
     Ok(Running {
         public,
         internal,
-        core,
+        gw,
         public_addr,
         socket_path,
     })

@@ -16,18 +16,18 @@ use bigfleet_proto::v1alpha1::{InspectNeedsRequest, InspectNeedsResponse};
 use futures::Stream;
 use tonic::{Code, Request, Response, Status};
 
-use crate::core::Core;
+use crate::state::GatewayState;
 
 /// Proxies ShardRead and ShardInfo to decide. Role checks (readonly or admin under mTLS)
 /// happen in the server stack's authorization layer.
 #[derive(Debug, Clone)]
 pub struct ReadProxy {
-    core: Arc<Core>,
+    gw: Arc<GatewayState>,
 }
 
 impl ReadProxy {
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    pub fn new(gw: Arc<GatewayState>) -> Self {
+        Self { gw }
     }
 }
 
@@ -43,7 +43,7 @@ impl ShardRead for ReadProxy {
     ) -> Result<Response<NeedsStream>, Status> {
         let forward = Request::new(request.into_inner());
         let upstream = self
-            .core
+            .gw
             .decide
             .shard_read()
             .inspect_needs(forward)
@@ -59,24 +59,19 @@ impl ShardInfo for ReadProxy {
         &self,
         request: Request<DescribeShardRequest>,
     ) -> Result<Response<ShardDescription>, Status> {
-        let core = &self.core;
-        let sessions = u32::try_from(core.registry.count()).unwrap_or(u32::MAX);
-        let mut desc = match core
-            .decide
-            .shard_info()
-            .describe(request.into_inner())
-            .await
-        {
+        let gw = &self.gw;
+        let sessions = u32::try_from(gw.registry.count()).unwrap_or(u32::MAX);
+        let mut desc = match gw.decide.shard_info().describe(request.into_inner()).await {
             Ok(resp) => resp.into_inner(),
             // A decide that does not serve ShardInfo: what the gateway knows alone.
             Err(status) if status.code() == Code::Unimplemented => ShardDescription {
-                shard_epoch: core.decide.epoch_term().0,
+                shard_epoch: gw.decide.epoch_term().0,
                 ..ShardDescription::default()
             },
             Err(status) => return Err(status),
         };
         if desc.shard_id.is_empty() {
-            desc.shard_id.clone_from(&core.settings.shard_id);
+            desc.shard_id.clone_from(&gw.settings.shard_id);
         }
         desc.sessions = sessions;
         Ok(Response::new(desc))
@@ -87,7 +82,7 @@ impl ShardInfo for ReadProxy {
         request: Request<RecentActionsRequest>,
     ) -> Result<Response<RecentActionsResponse>, Status> {
         let resp = self
-            .core
+            .gw
             .decide
             .shard_info()
             .recent_actions(request.into_inner())
@@ -100,7 +95,7 @@ impl ShardInfo for ReadProxy {
         request: Request<ListMachinesRequest>,
     ) -> Result<Response<ListMachinesResponse>, Status> {
         let resp = self
-            .core
+            .gw
             .decide
             .shard_info()
             .list_machines(request.into_inner())

@@ -12,26 +12,26 @@ use bigfleet_proto::v1alpha1::{OperatorMessage, operator_message};
 use tonic::{Code, Request, Response, Status, Streaming};
 use tracing::Instrument;
 
-use crate::core::Core;
 use crate::error::SessionError;
 use crate::session::{
     ECHO_HELLO, ECHO_ROLLUP, ECHO_ROLLUP_NOT_APPLIED, ECHO_ROLLUP_REJECTED, LaneStep,
     PendingRollup, REASON_CLIENT_CLOSED, REASON_ERROR, REASON_REPLACED, Session, SessionStream,
 };
+use crate::state::GatewayState;
 
 /// The public session service.
 #[derive(Debug, Clone)]
 pub struct ShardService {
-    core: Arc<Core>,
+    gw: Arc<GatewayState>,
 }
 
 impl ShardService {
-    pub fn new(core: Arc<Core>) -> Self {
-        Self { core }
+    pub fn new(gw: Arc<GatewayState>) -> Self {
+        Self { gw }
     }
 
     fn refuse(&self, reason: &str, err: SessionError) -> Status {
-        self.core.metrics.refused(reason);
+        self.gw.metrics.refused(reason);
         err.into_status()
     }
 
@@ -43,7 +43,7 @@ impl ShardService {
         match peer.ensure(&PeerIdentity::Cluster(cluster.to_owned())) {
             Ok(()) => Ok(()),
             Err(denied) => {
-                self.core.metrics.identity_rejected.inc();
+                self.gw.metrics.identity_rejected.inc();
                 tracing::error!(
                     cluster = %cluster,
                     peer = %peer,
@@ -67,24 +67,23 @@ impl Shard for ShardService {
         &self,
         request: Request<Streaming<OperatorMessage>>,
     ) -> Result<Response<SessionStream>, Status> {
-        let core = &self.core;
+        let gw = &self.gw;
         let peer = peer_of(&request).cloned();
         let operator_trace = request.metadata().clone();
         let mut inbound = request.into_inner();
 
         // 1. Hello first.
-        let first = match tokio::time::timeout(core.settings.hello_timeout, inbound.message()).await
-        {
+        let first = match tokio::time::timeout(gw.settings.hello_timeout, inbound.message()).await {
             Err(_) => {
                 return Err(self.refuse(
                     "hello_timeout",
-                    SessionError::HelloTimeout(core.settings.hello_timeout),
+                    SessionError::HelloTimeout(gw.settings.hello_timeout),
                 ));
             }
             Ok(Err(status)) => {
                 // The first-frame bound fails the body at the length prefix (session_server).
                 if status.code() == tonic::Code::ResourceExhausted {
-                    self.core.metrics.refused("hello_too_large");
+                    self.gw.metrics.refused("hello_too_large");
                 }
                 return Err(status);
             }
@@ -115,25 +114,25 @@ impl Shard for ShardService {
 
         // 2. The certificate must name that cluster.
         self.bind_identity(peer.as_ref(), &cluster)?;
-        if core.shutdown.is_cancelled() {
+        if gw.shutdown.is_cancelled() {
             return Err(self.refuse("shutdown", SessionError::ShuttingDown));
         }
 
         // 3. One session per cluster: install, replacing (and closing) an older one.
         let session = Session::new(
-            core.registry.next_session_id(),
+            gw.registry.next_session_id(),
             &cluster,
-            core.settings.outbox_capacity,
-            core.settings.rollup_rate,
-            core.metrics.clone(),
+            gw.settings.outbox_capacity,
+            gw.settings.rollup_rate,
+            gw.metrics.clone(),
         );
         session.set_operator_trace(&operator_trace);
         let mut guard = InstallGuard {
-            core: Arc::clone(core),
+            gw: Arc::clone(gw),
             session: Arc::clone(&session),
             armed: true,
         };
-        match core.registry.install(Arc::clone(&session)) {
+        match gw.registry.install(Arc::clone(&session)) {
             Err(cap) => {
                 guard.armed = false;
                 tracing::warn!(cluster = %cluster, max = cap.max_sessions, "session refused: at capacity");
@@ -161,7 +160,7 @@ impl Shard for ShardService {
         }
 
         // 4. Tell decide (which resyncs the cluster's node states through Publish), then ack.
-        let opened = core
+        let opened = gw
             .decide
             .session_opened(SessionOpenedRequest {
                 cluster_id: cluster.clone(),
@@ -192,7 +191,7 @@ impl Shard for ShardService {
         );
 
         let outbound = session.outbound();
-        tokio::spawn(pump(Arc::clone(core), session, inbound));
+        tokio::spawn(pump(Arc::clone(gw), session, inbound));
         Ok(Response::new(outbound))
     }
 }
@@ -200,7 +199,7 @@ impl Shard for ShardService {
 /// Undoes a half-finished install if the handler fails or is cancelled (the client went
 /// away during SessionOpened).
 struct InstallGuard {
-    core: Arc<Core>,
+    gw: Arc<GatewayState>,
     session: Arc<Session>,
     armed: bool,
 }
@@ -209,8 +208,8 @@ impl Drop for InstallGuard {
     fn drop(&mut self) {
         if self.armed {
             self.session.end(REASON_ERROR, None);
-            self.core.registry.remove(&self.session);
-            report_closed(&self.core, &self.session);
+            self.gw.registry.remove(&self.session);
+            report_closed(&self.gw, &self.session);
         }
     }
 }
@@ -227,7 +226,11 @@ fn payload_name(p: Option<&operator_message::Payload>) -> &'static str {
 
 /// The receive pump: reads operator frames and never waits on slow work. Bootstrap answers,
 /// reclaim acks and re-Hellos are handled inline; roll-ups go to the session's lane.
-async fn pump(core: Arc<Core>, session: Arc<Session>, mut inbound: Streaming<OperatorMessage>) {
+async fn pump(
+    gw: Arc<GatewayState>,
+    session: Arc<Session>,
+    mut inbound: Streaming<OperatorMessage>,
+) {
     loop {
         let next = tokio::select! {
             biased;
@@ -236,7 +239,7 @@ async fn pump(core: Arc<Core>, session: Arc<Session>, mut inbound: Streaming<Ope
         };
         match next {
             Ok(Some(msg)) => {
-                if let Err(err) = handle_frame(&core, &session, msg) {
+                if let Err(err) = handle_frame(&gw, &session, msg) {
                     tracing::warn!(cluster = %session.cluster, error = %err, "ending session");
                     session.end(REASON_ERROR, Some(err.into_status()));
                 }
@@ -255,7 +258,7 @@ async fn pump(core: Arc<Core>, session: Arc<Session>, mut inbound: Streaming<Ope
             }
         }
     }
-    let removed = core.registry.remove(&session);
+    let removed = gw.registry.remove(&session);
     tracing::info!(
         cluster = %session.cluster,
         session = session.id,
@@ -263,13 +266,13 @@ async fn pump(core: Arc<Core>, session: Arc<Session>, mut inbound: Streaming<Ope
         removed,
         "session closed"
     );
-    report_closed(&core, &session);
+    report_closed(&gw, &session);
 }
 
 /// Tells decide a session ended, in the background (decide ignores it when a newer session
 /// of the cluster is already open).
-fn report_closed(core: &Arc<Core>, session: &Arc<Session>) {
-    let core = Arc::clone(core);
+fn report_closed(gw: &Arc<GatewayState>, session: &Arc<Session>) {
+    let gw = Arc::clone(gw);
     let req = SessionClosedRequest {
         cluster_id: session.cluster.to_string(),
         session_id: session.id,
@@ -279,14 +282,14 @@ fn report_closed(core: &Arc<Core>, session: &Arc<Session>) {
         },
     };
     tokio::spawn(async move {
-        if let Err(status) = core.decide.session_closed(req).await {
+        if let Err(status) = gw.decide.session_closed(req).await {
             tracing::debug!(error = %status.message(), "SessionClosed not delivered to decide");
         }
     });
 }
 
 fn handle_frame(
-    core: &Arc<Core>,
+    gw: &Arc<GatewayState>,
     session: &Arc<Session>,
     msg: OperatorMessage,
 ) -> Result<(), SessionError> {
@@ -298,12 +301,12 @@ fn handle_frame(
                     got: hello.cluster_id,
                 });
             }
-            let (epoch, term) = core.decide.epoch_term();
+            let (epoch, term) = gw.decide.epoch_term();
             session.ack(ECHO_HELLO, term, epoch);
         }
         Some(operator_message::Payload::Rollup(rollup)) => {
             let now = crate::unix_nanos();
-            core.metrics.rollups_received.inc();
+            gw.metrics.rollups_received.inc();
             session
                 .last_rollup_unix_nanos
                 .store(now, std::sync::atomic::Ordering::Relaxed);
@@ -312,21 +315,21 @@ fn handle_frame(
                 received_at_unix_nanos: now,
             });
             if replaced {
-                core.metrics.rollups_replaced.inc();
+                gw.metrics.rollups_replaced.inc();
             }
             if start {
-                tokio::spawn(lane(Arc::clone(core), Arc::clone(session)));
+                tokio::spawn(lane(Arc::clone(gw), Arc::clone(session)));
             }
         }
         Some(operator_message::Payload::BootstrapResponse(resp)) => {
             let id = resp.request_id.clone();
             if !session.complete_bootstrap(resp) {
-                core.metrics.bootstrap_responses_unmatched.inc();
+                gw.metrics.bootstrap_responses_unmatched.inc();
                 tracing::debug!(cluster = %session.cluster, request_id = %id, "bootstrap response dropped: no request waiting (late or unknown id)");
             }
         }
         Some(operator_message::Payload::ReclaimAck(ack)) => {
-            core.metrics.reclaim_acks.inc();
+            gw.metrics.reclaim_acks.inc();
             tracing::debug!(
                 cluster = %session.cluster,
                 instruction_id = %ack.instruction_id,
@@ -344,12 +347,12 @@ fn handle_frame(
 /// The roll-up lane worker: runs while the session has a roll-up queued, validates it at the
 /// trust boundary and hands it to decide. Newer roll-ups replace a queued one meanwhile, so
 /// a slow decide or the rate limit only ever costs staleness, never a backlog.
-async fn lane(core: Arc<Core>, session: Arc<Session>) {
+async fn lane(gw: Arc<GatewayState>, session: Arc<Session>) {
     loop {
         match session.next_lane_step() {
             LaneStep::Idle => return,
             LaneStep::Wait(wait) => {
-                core.metrics.rollups_throttled.inc();
+                gw.metrics.rollups_throttled.inc();
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     () = session.closed.cancelled() => {}
@@ -357,7 +360,7 @@ async fn lane(core: Arc<Core>, session: Arc<Session>) {
             }
             LaneStep::Process(pending) => {
                 let span = session.rollup_span(pending.rollup.needs.len());
-                process_rollup(&core, &session, pending)
+                process_rollup(&gw, &session, pending)
                     .instrument(span)
                     .await;
             }
@@ -370,19 +373,19 @@ pub const REJECT_CLUSTER_MISMATCH: &str = "cluster_mismatch";
 /// Rejection label of a roll-up decide refused without naming a known reason.
 pub const REJECT_BY_DECIDE: &str = "decide";
 
-async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) {
+async fn process_rollup(gw: &GatewayState, session: &Session, pending: PendingRollup) {
     let cluster = &*session.cluster;
     let rollup = pending.rollup;
     // `label` is a fixed reason (ADR-0104), never text from the roll-up.
     let reject = |label: &'static str, reason: String| {
-        core.metrics
+        gw.metrics
             .rollups_rejected
             .with_label_values(&[cluster, label])
             .inc();
         // The reason can quote the operator's own strings: bounded in logs and frames.
         let reason = bigfleet_telemetry::clip(&reason);
         tracing::warn!(cluster = %cluster, error = %reason, "roll-up rejected; the cluster keeps its previous demand");
-        let (epoch, term) = core.decide.epoch_term();
+        let (epoch, term) = gw.decide.epoch_term();
         session.ack(format!("{ECHO_ROLLUP_REJECTED}{reason}"), term, epoch);
     };
     if !rollup.cluster_id.is_empty() && rollup.cluster_id != cluster {
@@ -398,15 +401,14 @@ async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) 
     // case) passed these exact checks already (ADR-0113).
     let fp = bigfleet_conv::rollup_fingerprint(&rollup);
     if session.validated_before(fp) {
-        core.metrics.rollups_revalidation_skipped.inc();
+        gw.metrics.rollups_revalidation_skipped.inc();
     } else {
-        if let Err(e) = bigfleet_conv::rollup_from_proto_with(&rollup, &core.settings.rollup_limits)
-        {
+        if let Err(e) = bigfleet_conv::rollup_from_proto_with(&rollup, &gw.settings.rollup_limits) {
             return reject(e.reason(), e.to_string());
         }
         session.mark_validated(fp);
     }
-    let result = core
+    let result = gw
         .decide
         .apply_rollup(ApplyRollupRequest {
             rollup: Some(rollup),
@@ -423,10 +425,10 @@ async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) 
                 return;
             }
             if resp.outcome == RollupOutcome::Quarantined as i32 {
-                core.metrics.rollups_quarantined.inc();
+                gw.metrics.rollups_quarantined.inc();
                 tracing::info!(cluster = %cluster, detail = %resp.detail, "roll-up quarantined by decide");
             } else {
-                core.metrics.rollups_accepted.inc();
+                gw.metrics.rollups_accepted.inc();
             }
             session.ack(ECHO_ROLLUP, resp.coordinator_term, resp.shard_epoch);
         }
@@ -442,9 +444,9 @@ async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) 
             reject(label, format!("decide: {}", status.message()));
         }
         Err(status) => {
-            core.metrics.rollup_apply_errors.inc();
+            gw.metrics.rollup_apply_errors.inc();
             tracing::warn!(cluster = %cluster, error = %status.message(), "roll-up not applied: decide unavailable");
-            let (epoch, term) = core.decide.epoch_term();
+            let (epoch, term) = gw.decide.epoch_term();
             session.ack(
                 format!(
                     "{ECHO_ROLLUP_NOT_APPLIED}decide unavailable: {}",
@@ -458,7 +460,7 @@ async fn process_rollup(core: &Core, session: &Session, pending: PendingRollup) 
 }
 
 /// Ends every session for the drain; used by [`crate::Running::shutdown`].
-pub(crate) fn end_all_for_shutdown(core: &Core) -> usize {
-    core.registry
+pub(crate) fn end_all_for_shutdown(gw: &GatewayState) -> usize {
+    gw.registry
         .end_all(&SessionError::ShuttingDown.into_status())
 }

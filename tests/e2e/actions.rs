@@ -82,7 +82,7 @@ async fn the_action_history_is_what_the_shard_did_in_order_with_reasons() {
         .await;
     sc.operators[op].set_demand(Demand::empty());
     wait_until(Duration::from_secs(60), "all 16 idle", || async {
-        let by = bigfleet::up::mesh::count_by_state(&sc.machines().await);
+        let by = bigfleet::up::local::count_by_state(&sc.machines().await);
         if by.get("IDLE") == Some(&16) {
             Ok(())
         } else {

@@ -1,12 +1,12 @@
 //! Shared plumbing of the end-to-end tests: a mesh of real `bigfleet svc` children in a
-//! temp dir (the library's `bigfleet::up::mesh`), simulated operators, polling helpers,
+//! temp dir (the library's `bigfleet::up::local`), simulated operators, polling helpers,
 //! and the children's logs printed when a test fails.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bigfleet::up::mesh::{FakeSeed, Mesh, MeshSpec, ProviderSpec, state_name};
+use bigfleet::up::local::{FakeSeed, Mesh, MeshSpec, ProviderSpec, state_name};
 use bigfleet_loadtest::{Demand, NeedSpec, Operator, OperatorConfig, OperatorHandle};
 use bigfleet_proto::v1alpha1 as pb;
 

@@ -1,5 +1,5 @@
 //! End-to-end tests: the real `bigfleet` binary's services as separate processes
-//! (`bigfleet up`, or single `bigfleet svc ...` children through `bigfleet::up::mesh`),
+//! (`bigfleet up`, or single `bigfleet svc ...` children through `bigfleet::up::local`),
 //! simulated operators in the test, assertions on provider state and `InspectNeeds`.
 
 mod actions;

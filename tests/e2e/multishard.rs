@@ -7,7 +7,7 @@
 use std::collections::BTreeSet;
 use std::time::Duration;
 
-use bigfleet::up::mesh::{FakeSeed, ProviderSpec};
+use bigfleet::up::local::{FakeSeed, ProviderSpec};
 use bigfleet_mesh::RetryPolicy;
 use bigfleet_proto::v1alpha1 as pb;
 use svc_inspect::coordinator::{CoordinatorClient, CoordinatorConfig};

@@ -74,7 +74,7 @@ async fn capacity_stockout_configures_what_exists_and_reports_one_shortfall() {
     // Nothing more can be had: still 32, nothing else moved.
     tokio::time::sleep(Duration::from_secs(1)).await;
     let machines = sc.machines().await;
-    let by = bigfleet::up::mesh::count_by_state(&machines);
+    let by = bigfleet::up::local::count_by_state(&machines);
     assert_eq!((by["CONFIGURED"], by["IDLE"]), (32, 0), "{by:?}");
     sc.finish().await;
 }
@@ -201,7 +201,7 @@ async fn withdrawal_drains_back_to_idle_within_the_reclaim_cap() {
     }
     assert!(seen.len() >= 4, "reclaim was gradual, saw {seen:?}");
     wait_until(Duration::from_secs(10), "all 32 idle", || async {
-        let by = bigfleet::up::mesh::count_by_state(&sc.machines().await);
+        let by = bigfleet::up::local::count_by_state(&sc.machines().await);
         if by["IDLE"] == 32 {
             Ok(())
         } else {

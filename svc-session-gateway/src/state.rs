@@ -73,7 +73,7 @@ impl Default for GatewaySettings {
 
 /// Shared state behind every service of one gateway.
 #[derive(Debug)]
-pub struct Core {
+pub struct GatewayState {
     pub settings: GatewaySettings,
     pub registry: Registry,
     pub decide: DecideLink,
@@ -82,7 +82,7 @@ pub struct Core {
     pub shutdown: CancellationToken,
 }
 
-impl Core {
+impl GatewayState {
     pub fn new(
         settings: GatewaySettings,
         decide: DecideLink,

@@ -78,7 +78,7 @@ pub fn now_unix_ns() -> i64 {
 }
 
 /// One replica.
-pub struct Core {
+pub struct Replica {
     pub raft: Raft,
     pub id: NodeId,
     /// This replica as it should appear in the membership.
@@ -92,7 +92,7 @@ pub struct Core {
     pub api_port: u16,
 }
 
-impl Core {
+impl Replica {
     /// The current term if this replica leads, else NotLeader with the leader's address.
     pub fn leader_term(&self) -> Result<u64, CoordError> {
         let m = self.raft.metrics().borrow().clone();
