@@ -323,7 +323,7 @@ fn one_name_means_one_thing_across_the_shard_pod() {
             .count();
         assert_eq!(n, 1, "{} from {:?}", r.name, r.services);
     }
-    // What the reference catalog names stay (ref wire-and-ops §9.2): exported by the pod.
+    // The names the original's catalog has stay: exported by the pod.
     for name in [
         "bigfleet_shard_active_sessions",
         "bigfleet_shard_session_lifecycle_total",

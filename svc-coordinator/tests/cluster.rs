@@ -8,6 +8,7 @@ use std::time::{Duration, Instant};
 
 use bigfleet_mesh::LEADER_HINT_METADATA;
 use bigfleet_proto::v1alpha1::{self as pb, snapshot_save_chunk};
+use bigfleet_testkit::wait_until;
 use common::*;
 use svc_coordinator::{SnapshotArchive, restore_snapshot};
 use tonic::Code;
@@ -121,10 +122,10 @@ async fn bootstrap_commit_failover_and_rejoin_on_new_ports() {
     let join = join_list(&rs);
     rs[leader].spawn(&join);
     let healed = &rs[leader];
-    eventually(
+    wait_until(
         FORM,
         "restarted replica ready with the new write",
-        || async { healed.ready().await && domains_metric(healed).await == Some(7.0) },
+        async || healed.ready().await && domains_metric(healed).await == Some(7.0),
     )
     .await;
 
@@ -142,10 +143,10 @@ async fn bootstrap_commit_failover_and_rejoin_on_new_ports() {
             )
         });
     let healed = &rs[leader];
-    eventually(
+    wait_until(
         Duration::from_secs(5),
         "healed replica applies the write",
-        || async { domains_metric(healed).await == Some(8.0) },
+        async || domains_metric(healed).await == Some(8.0),
     )
     .await;
     let applied = rs[new_leader]
@@ -177,7 +178,7 @@ async fn partitioned_follower_catches_up() {
     lc.assign_domain(assign("zone", "a", "s1")).await.unwrap();
     let f = (leader + 1) % 3;
     let follower = &rs[f];
-    eventually(FORM, "follower caught up before the cut", || async {
+    wait_until(FORM, "follower caught up before the cut", async || {
         domains_metric(follower).await == Some(1.0)
     })
     .await;
@@ -201,9 +202,11 @@ async fn partitioned_follower_catches_up() {
 
     proxies[f].set_cut(false);
     let follower = &rs[f];
-    eventually(FORM, "follower catches up after the partition", || async {
-        domains_metric(follower).await == Some(6.0)
-    })
+    wait_until(
+        FORM,
+        "follower catches up after the partition",
+        async || domains_metric(follower).await == Some(6.0),
+    )
     .await;
     let l = wait_leader(&mut rs, FORM).await;
     assert_eq!(domains_of(&rs[l].api_addr()).await.len(), 6);
@@ -270,7 +273,7 @@ async fn snapshot_save_offline_restore_new_cluster() {
 
     // The periodic export produced the same state behind an atomic `latest`.
     let latest = export_dir.join("latest");
-    eventually(Duration::from_secs(10), "periodic export", || async {
+    wait_until(Duration::from_secs(10), "periodic export", async || {
         SnapshotArchive::read(&latest).is_ok_and(|a| a.state == archive.state)
     })
     .await;
@@ -306,7 +309,7 @@ async fn snapshot_save_offline_restore_new_cluster() {
     let mut c = client(&laddr).await.unwrap();
     c.assign_domain(assign("rack", "r3", "b")).await.unwrap();
     for r in &rs {
-        eventually(FORM, "every replica has the restored state", || async {
+        wait_until(FORM, "every replica has the restored state", async || {
             domains_metric(r).await == Some(2.0)
         })
         .await;
@@ -353,10 +356,10 @@ async fn three_replicas_form_and_fail_over_over_mtls() {
     let leader = leader.unwrap_or_else(|| panic!("no leader\n{}", dump_logs(&mut rs)));
     rs[leader].kill();
     let survivors: Vec<usize> = (0..3).filter(|i| *i != leader).collect();
-    eventually(
+    wait_until(
         FORM,
         "a new leader among the survivors over mTLS",
-        || async {
+        async || {
             for &i in &survivors {
                 if is_leader(&rs[i]).await {
                     return true;

@@ -25,7 +25,7 @@ use bigfleet_mesh::LEADER_HINT_METADATA;
 /// Snapshot data frames of the double are this small so reassembly is exercised.
 pub const SNAPSHOT_CHUNK: usize = 4;
 
-/// The coordinator's identity matrix (wire-and-ops §6).
+/// The coordinator's identity matrix (the roles table of docs/security.md).
 pub fn coordinator_policy() -> AuthzPolicy {
     let m = |rpc: &str| format!("/{}/{rpc}", service_names::COORDINATOR);
     let read = [Role::Readonly, Role::Admin];

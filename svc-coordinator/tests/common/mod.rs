@@ -204,25 +204,6 @@ pub async fn client(addr: &str) -> Option<CoordinatorClient<Channel>> {
     Some(CoordinatorClient::new(ch))
 }
 
-/// Polls until `f` holds or the deadline passes.
-pub async fn eventually<F, Fut>(within: Duration, what: &str, mut f: F) -> Duration
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let start = Instant::now();
-    loop {
-        if f().await {
-            return start.elapsed();
-        }
-        assert!(
-            start.elapsed() < within,
-            "timed out after {within:?} waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
-}
-
 /// Index of the running replica that answers a leader-only read.
 pub async fn leader_of(rs: &[Replica]) -> Option<usize> {
     for (i, r) in rs.iter().enumerate() {

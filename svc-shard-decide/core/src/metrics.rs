@@ -258,7 +258,7 @@ mod tests {
     use super::*;
     use std::collections::BTreeSet;
 
-    /// The ref catalog (wire-and-ops §9.2) minus the OCC / dead metrics of the
+    /// The original's metric catalog (docs/metrics.md lists it) minus the OCC / dead metrics of the
     /// reference engine and the names another container of the shard pod exports
     /// (one name per meaning per pod, docs/metrics.md): the gateway's session and
     /// roll-up rejection counters, execute's outcome counter and bootstrap round trip.

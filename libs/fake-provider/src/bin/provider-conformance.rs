@@ -8,7 +8,7 @@ use clap::Parser;
 #[derive(Debug, Parser)]
 #[command(
     name = "provider-conformance",
-    about = "Provider conformance suite (ref/wire-and-ops.md §11.1)"
+    about = "Provider conformance suite (docs/provider-guide.md, \"Running the conformance suite\")"
 )]
 struct Args {
     /// Provider address: `unix:///path.sock`, `http://host:port` or `host:port`.
