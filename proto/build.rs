@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-/// Everything except the coordinator contract, which is behind the
+/// Everything except the coordinator contracts, which are behind the
 /// `coordinator` feature so shard crates can prove they never link it.
 const ALWAYS: &[&str] = &[
     "bigfleet/v1alpha1/capacity.proto",
@@ -16,13 +16,16 @@ const ALWAYS: &[&str] = &[
     "bigfleet/mesh/v1/raft.proto",
     "bigfleet/mesh/v1/inspect.proto",
 ];
-const COORDINATOR: &str = "bigfleet/v1alpha1/coordinator.proto";
+const COORDINATOR: &[&str] = &[
+    "bigfleet/v1alpha1/coordinator.proto",
+    "bigfleet/mesh/v1/coordinator.proto",
+];
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let out = PathBuf::from(std::env::var("OUT_DIR")?);
     let mut protos: Vec<&str> = ALWAYS.to_vec();
     if std::env::var_os("CARGO_FEATURE_COORDINATOR").is_some() {
-        protos.push(COORDINATOR);
+        protos.extend_from_slice(COORDINATOR);
     }
     tonic_prost_build::configure()
         // Machine records are decoded by the hundred thousand (reconcile) and

@@ -133,6 +133,9 @@ pub enum Command {
     Shortfalls(ShortfallsArgs),
     /// Topology domains pinned to shards.
     Domains(DomainsArgs),
+    /// Cross-shard transfers in flight and recently finished, and each shard's domains
+    /// and unacknowledged instructions (from the coordinator).
+    Transfers(TransfersArgs),
     /// What BigFleet did: recent actions with their reason and outcome, newest first.
     Actions(ActionsArgs),
     /// Machines as their shards see them, in id order.
@@ -174,6 +177,15 @@ pub struct ShardsArgs {
 
 #[derive(Debug, Clone, Args)]
 pub struct DomainsArgs {
+    #[command(flatten)]
+    pub watch: WatchArgs,
+}
+
+#[derive(Debug, Clone, Args)]
+pub struct TransfersArgs {
+    /// Only transfers this shard gives or receives (and only its ownership line).
+    #[arg(long)]
+    pub shard: Option<String>,
     #[command(flatten)]
     pub watch: WatchArgs,
 }
@@ -340,6 +352,13 @@ pub const EXAMPLES: &[(&str, &str)] = &[
         "  bigfleet domains
   bigfleet domains -o name
   bigfleet domains -o yaml --watch",
+    ),
+    (
+        "transfers",
+        "  bigfleet transfers
+  bigfleet transfers -o wide
+  bigfleet transfers --shard shard-1 -o json
+  bigfleet transfers --watch",
     ),
     (
         "actions",

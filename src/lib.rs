@@ -210,9 +210,43 @@ where
     if !watch.watch {
         return Ok(());
     }
-    let mut last_warnings = warnings;
+    poll_until_stopped(watch.watch_interval, stop, err, warnings, fetch, |doc| {
+        let text = output::render(&doc, opts)?;
+        if text == last {
+            return Ok(());
+        }
+        let sep = match opts.format {
+            OutputFormat::Yaml => "---\n",
+            OutputFormat::Table | OutputFormat::Wide => "\n",
+            OutputFormat::Json | OutputFormat::Name => "",
+        };
+        out.write_all(sep.as_bytes())?;
+        out.write_all(text.as_bytes())?;
+        out.flush()?;
+        last = text;
+        Ok(())
+    })
+    .await
+}
+
+/// The polling half of every `--watch`: after each `interval` (the first answer is the
+/// caller's, already shown) asks `fetch` again and hands the document to `show`. Warnings
+/// are printed when they change, a failed poll once per distinct error; polling goes on
+/// either way, so a watch outlives a leader change. Ends when `stop` resolves.
+async fn poll_until_stopped<T, F, Fut>(
+    interval: Duration,
+    mut stop: std::pin::Pin<&mut impl Future<Output = ()>>,
+    err: &mut (dyn Write + Send),
+    mut last_warnings: Vec<String>,
+    mut fetch: F,
+    mut show: impl FnMut(T) -> Result<(), CliError>,
+) -> Result<(), CliError>
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Answer<T>>,
+{
     let mut last_error: Option<String> = None;
-    let mut tick = tokio::time::interval(watch.watch_interval);
+    let mut tick = tokio::time::interval(interval);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     tick.tick().await;
     loop {
@@ -231,19 +265,7 @@ where
                     warn(err, &warnings)?;
                     last_warnings = warnings;
                 }
-                let text = output::render(&doc, opts)?;
-                if text == last {
-                    continue;
-                }
-                let sep = match opts.format {
-                    OutputFormat::Yaml => "---\n",
-                    OutputFormat::Table | OutputFormat::Wide => "\n",
-                    OutputFormat::Json | OutputFormat::Name => "",
-                };
-                out.write_all(sep.as_bytes())?;
-                out.write_all(text.as_bytes())?;
-                out.flush()?;
-                last = text;
+                show(doc)?;
             }
             Err(e) => {
                 let msg = e.to_string();
@@ -289,41 +311,18 @@ async fn actions_command(
     }
     let (doc, warnings) = read::actions(ctx, &req).await?;
     warn(err, &warnings)?;
-    let mut seen = read::SeenActions::default();
-    read::print_actions(out, opts, seen.admit(doc.0), true)?;
-    let mut last_warnings = warnings;
-    let mut last_error: Option<String> = None;
-    let mut tick = tokio::time::interval(a.watch_interval);
-    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-    tick.tick().await;
-    loop {
-        tokio::select! {
-            () = &mut stop => return Ok(()),
-            _ = tick.tick() => {}
-        }
-        req.since_unix_nanos = req.since_unix_nanos.max(seen.newest());
-        let answer = tokio::select! {
-            () = &mut stop => return Ok(()),
-            a = read::actions(ctx, &req) => a,
-        };
-        match answer {
-            Ok((doc, warnings)) => {
-                last_error = None;
-                if warnings != last_warnings {
-                    warn(err, &warnings)?;
-                    last_warnings = warnings;
-                }
-                read::print_actions(out, opts, seen.admit(doc.0), false)?;
-            }
-            Err(e) => {
-                let msg = e.to_string();
-                if last_error.as_deref() != Some(msg.as_str()) {
-                    writeln!(err, "warning: {msg} (still watching)")?;
-                    last_error = Some(msg);
-                }
-            }
-        }
-    }
+    // Shared by the poll (which asks only from the newest printed on) and the printer.
+    let seen = parking_lot::Mutex::new(read::SeenActions::default());
+    read::print_actions(out, opts, seen.lock().admit(doc.0), true)?;
+    let fetch = || {
+        req.since_unix_nanos = req.since_unix_nanos.max(seen.lock().newest());
+        let req = req.clone();
+        async move { read::actions(ctx, &req).await }
+    };
+    poll_until_stopped(a.watch_interval, stop, err, warnings, fetch, |doc| {
+        read::print_actions(out, opts, seen.lock().admit(doc.0), false)
+    })
+    .await
 }
 
 /// Runs one command; a `--watch` read ends cleanly when `stop` resolves (the binary
@@ -396,6 +395,14 @@ pub async fn run_until(
         Command::Domains(a) => {
             read_command(opts, a.watch, out, err, stop, || async move {
                 Ok((read::domains(ctx).await?, Vec::new()))
+            })
+            .await?;
+        }
+        Command::Transfers(a) => {
+            let shard = a.shard.clone().unwrap_or_default();
+            read_command(opts, a.watch, out, err, stop, || {
+                let shard = shard.clone();
+                async move { Ok((read::transfers(ctx, &shard).await?, Vec::new())) }
             })
             .await?;
         }

@@ -1,4 +1,5 @@
-//! Read commands: `shards`, `needs`, `shortfalls`, `domains`, `actions`, `machines`.
+//! Read commands: `shards`, `needs`, `shortfalls`, `domains`, `transfers`, `actions`,
+//! `machines`.
 //!
 //! With `--inspect` they read through svc-inspect (one call, its cache); without it the CLI
 //! does the same fan-out itself — the coordinator's `ListShards`, then every shard's read
@@ -12,8 +13,8 @@ use serde::{Deserialize, Serialize};
 use svc_inspect::InspectError;
 use svc_inspect::grpc::{COORDINATOR_ERROR_METADATA_KEY, UNREACHABLE_SHARDS_METADATA_KEY};
 use svc_inspect::view::{
-    ActionView, DomainView, MachineView, NeedRow, ShardView, ShortfallView, resources_text,
-    short_state,
+    ActionView, DomainView, MachineView, NeedRow, ShardView, ShortfallView, TransfersView,
+    resources_text, short_state,
 };
 use tonic::Status;
 
@@ -610,6 +611,91 @@ impl Render for Domains {
                     d.topology_key.clone(),
                     d.topology_value.clone(),
                     d.shard_id.clone(),
+                ],
+            );
+        }
+        t
+    }
+}
+
+/// `bigfleet transfers`: the coordinator's transfer picture (ADR-0139).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(transparent)]
+pub struct Transfers(pub TransfersView);
+
+/// Transfers in flight and recently finished, and each shard's domains (always from the
+/// coordinator; `shard` non-empty: only what involves that shard).
+pub async fn transfers(ctx: &Context, shard: &str) -> Result<Transfers, CliError> {
+    let c = ctx.coordinator_client(Some(ctx.timeout))?;
+    let v = c
+        .list_transfers(shard)
+        .await
+        .map_err(|e| CliError::coordinator(e, Some(ctx.timeout)))?;
+    Ok(Transfers(TransfersView::from_proto(&v)))
+}
+
+impl Render for Transfers {
+    fn listing(&self) -> Listing {
+        let mut t = Listing::new(
+            "transfer",
+            vec![
+                Column::text("TRANSFER"),
+                Column::text("KIND"),
+                Column::text("PHASE"),
+                Column::text("DONOR"),
+                Column::text("RECIPIENT"),
+                Column::text("ASKED"),
+                Column::number("MOVED"),
+                Column::text("PENDING"),
+                Column::number("PRIO").wide(),
+                Column::text("MACHINES").wide(),
+                Column::text("STARTED").wide(),
+                Column::text("UPDATED").wide(),
+                Column::text("REASON").wide(),
+            ],
+        )
+        .when_empty("no transfer in flight or recently finished");
+        // Ownership first: which shard owns what, and what it has not acknowledged yet.
+        for s in &self.0.shards {
+            t.preamble.push(format!(
+                "shard {}: domains {}; pending instructions {}",
+                s.shard_id,
+                if s.domains.is_empty() {
+                    "-".to_owned()
+                } else {
+                    s.domains.join(",")
+                },
+                if s.pending_instruction_ids.is_empty() {
+                    "-".to_owned()
+                } else {
+                    s.pending_instruction_ids.join(",")
+                },
+            ));
+        }
+        if !self.0.shards.is_empty() {
+            t.preamble.push(String::new());
+        }
+        for x in self.0.active.iter().chain(&self.0.recent) {
+            t.row(
+                x.transfer_id.clone(),
+                vec![
+                    x.transfer_id.clone(),
+                    x.kind.clone(),
+                    x.phase.clone(),
+                    x.donor_shard_id.clone(),
+                    x.recipient_shard_id.clone(),
+                    x.selector_text(),
+                    x.moved.to_string(),
+                    if x.is_active() {
+                        format!("{}->{}", x.pending_instruction_id, x.pending_shard_id)
+                    } else {
+                        "-".to_owned()
+                    },
+                    x.priority.to_string(),
+                    or_dash(x.machine_ids.join(",")),
+                    svc_inspect_timestamp(x.started_at_unix_ns).unwrap_or_else(|| "-".into()),
+                    svc_inspect_timestamp(x.updated_at_unix_ns).unwrap_or_else(|| "-".into()),
+                    or_dash(x.reason.clone()),
                 ],
             );
         }

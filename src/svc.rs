@@ -100,7 +100,7 @@ pub async fn run(service: &str, argv: Vec<OsString>) -> anyhow::Result<()> {
         }
         "shard-decide" => {
             let args: svc_shard_decide::Args = parse(argv);
-            let guard = telemetry(service, args.log.log_format)?;
+            let guard = telemetry(service, args.service.log.log_format)?;
             let r = svc_shard_decide::run(args).await;
             drop(guard);
             r
@@ -114,14 +114,14 @@ pub async fn run(service: &str, argv: Vec<OsString>) -> anyhow::Result<()> {
         }
         "session-gateway" => {
             let args: svc_session_gateway::Args = parse(argv);
-            let guard = telemetry(service, args.log.log_format)?;
+            let guard = telemetry(service, args.service.log.log_format)?;
             let r = svc_session_gateway::run(args).await;
             drop(guard);
             r
         }
         "inspect" => {
             let args: svc_inspect::Args = parse(argv);
-            let guard = telemetry(service, args.log.log_format)?;
+            let guard = telemetry(service, args.service.log.log_format)?;
             let r = svc_inspect::run(args).await;
             drop(guard);
             r

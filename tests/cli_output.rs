@@ -119,6 +119,7 @@ impl Fleet {
                 domain("rack", "r1", "s1"),
                 domain("topology.kubernetes.io/zone", "eu-west-1a", "s1"),
             ],
+            transfers: sample_transfers(),
             ..Default::default()
         });
         let coordinator_server = coordinator.serve(None).await.unwrap();
@@ -156,6 +157,50 @@ impl Fleet {
     }
 }
 
+/// One transfer in its adopt phase and one finished (s2 gives s1 two GPU machines), with
+/// s1 owning a zone and waiting to acknowledge the adopt.
+fn sample_transfers() -> mesh::ListTransfersResponse {
+    let t = |id: &str, phase: &str, pending: &str, moved: u32, reason: &str| mesh::TransferInfo {
+        transfer_id: id.into(),
+        kind: "idle".into(),
+        phase: phase.into(),
+        donor_shard_id: "s2".into(),
+        recipient_shard_id: "s1".into(),
+        instance_type: "gpu".into(),
+        count: 2,
+        priority: 100,
+        machine_ids: vec!["m-201".into(), "m-202".into()],
+        moved,
+        pending_instruction_id: pending.into(),
+        pending_shard_id: if pending.is_empty() { "" } else { "s1" }.into(),
+        started_at_unix_ns: 1_700_000_000_000_000_000,
+        updated_at_unix_ns: 1_700_000_030_000_000_000,
+        reason: reason.into(),
+    };
+    mesh::ListTransfersResponse {
+        active: vec![t("t-2", "adopt", "9b24f1087cda4ea8", 0, "")],
+        recent: vec![t("t-1", "done", "", 2, "")],
+        shards: vec![
+            mesh::ShardOwnership {
+                shard_id: "s1".into(),
+                domains: vec![mesh::OwnedDomain {
+                    topology_key: "topology.kubernetes.io/zone".into(),
+                    topology_value: "eu-west-1a".into(),
+                }],
+                pending_instruction_ids: vec!["9b24f1087cda4ea8".into()],
+            },
+            mesh::ShardOwnership {
+                shard_id: "s2".into(),
+                domains: vec![mesh::OwnedDomain {
+                    topology_key: "topology.kubernetes.io/zone".into(),
+                    topology_value: "eu-west-1b".into(),
+                }],
+                pending_instruction_ids: Vec::new(),
+            },
+        ],
+    }
+}
+
 fn domain(key: &str, value: &str, shard: &str) -> pb::DomainAssignment {
     pb::DomainAssignment {
         topology_key: key.into(),
@@ -169,6 +214,7 @@ async fn read_commands_match_their_goldens_in_every_format() {
     let f = Fleet::start().await;
     let commands: &[(&str, &[&str])] = &[
         ("domains", &["domains"]),
+        ("transfers", &["transfers"]),
         ("shortfalls", &["shortfalls"]),
         ("needs", &["needs", "--cluster", "c-a"]),
     ];
@@ -192,10 +238,30 @@ async fn read_commands_match_their_goldens_in_every_format() {
 }
 
 #[tokio::test]
+async fn transfers_filter_by_shard_and_say_when_there_are_none() {
+    let f = Fleet::start().await;
+    let out = f.run(&["transfers", "--shard", "s2", "-o", "json"]).await;
+    let v: bigfleet::read::Transfers = serde_json::from_str(&out).unwrap();
+    // Both transfers involve s2; only its ownership line is kept.
+    assert_eq!((v.0.active.len(), v.0.recent.len()), (1, 1));
+    assert_eq!(
+        v.0.shards
+            .iter()
+            .map(|s| s.shard_id.as_str())
+            .collect::<Vec<_>>(),
+        ["s2"]
+    );
+    let out = f.run(&["transfers", "--shard", "s9"]).await;
+    assert_eq!(out, "no transfer in flight or recently finished\n");
+    f.shutdown().await;
+}
+
+#[tokio::test]
 async fn no_headers_drops_the_header_line_and_keeps_every_row() {
     let f = Fleet::start().await;
     for (cmd, header) in [
         (&["domains"][..], "KEY"),
+        (&["transfers"][..], "TRANSFER"),
         (&["shortfalls"][..], "AGE (CYCLES)"),
         (&["needs", "--cluster", "c-a"][..], "#"),
     ] {

@@ -58,4 +58,7 @@ pub mod service_names {
     pub const INSPECT: &str = "bigfleet.mesh.v1.Inspect";
     /// `bigfleet.mesh.v1.ShardInfo`.
     pub const SHARD_INFO: &str = "bigfleet.mesh.v1.ShardInfo";
+    /// `bigfleet.mesh.v1.CoordinatorInfo`: the coordinator's transfer read
+    /// (present only with the `coordinator` feature).
+    pub const COORDINATOR_INFO: &str = "bigfleet.mesh.v1.CoordinatorInfo";
 }

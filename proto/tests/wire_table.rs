@@ -361,6 +361,11 @@ fn descriptor_holds_the_mesh_services() {
             "bigfleet/mesh/v1/inspect.proto",
             &["FleetSummary", "RecentActions", "ListMachines"][..],
         ),
+        (
+            "CoordinatorInfo",
+            "bigfleet/mesh/v1/coordinator.proto",
+            &["ListTransfers"][..],
+        ),
     ];
     for (svc, file, rpcs) in expect {
         let (got_file, got_rpcs) = mesh
@@ -382,6 +387,7 @@ fn descriptor_holds_the_mesh_services() {
         bigfleet_proto::service_names::SHARD,
         bigfleet_proto::service_names::SHARD_READ,
         bigfleet_proto::service_names::COORDINATOR,
+        bigfleet_proto::service_names::COORDINATOR_INFO,
     ];
     let compiled: BTreeSet<String> = fds
         .file

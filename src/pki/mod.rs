@@ -455,17 +455,21 @@ async fn ensure_leaf(
         request = request.with_dns_name(dns);
     }
     let annotations = BTreeMap::from([(IDENTITY_ANNOTATION.to_owned(), planned.identity.clone())]);
+    // A new leaf in the Secret's shape, whether it creates the Secret or renews it.
+    let issue_secret = || -> Result<Value, PkiError> {
+        let leaf = ca.issue(&request)?;
+        Ok(tls_secret(
+            plan,
+            &planned.name,
+            &leaf.cert_pem,
+            &leaf.key_pem,
+            ca.cert_pem(),
+            annotations,
+        ))
+    };
     match client.get_secret(ns, &planned.name).await? {
         None => {
-            let leaf = ca.issue(&request)?;
-            let body = tls_secret(
-                plan,
-                &planned.name,
-                &leaf.cert_pem,
-                &leaf.key_pem,
-                ca.cert_pem(),
-                annotations,
-            );
+            let body = issue_secret()?;
             client.create_secret(ns, &body).await?;
             Ok(outcome(SecretAction::Created, None))
         }
@@ -484,16 +488,8 @@ async fn ensure_leaf(
             else {
                 return Ok(outcome(SecretAction::Unchanged, None));
             };
-            let leaf = ca.issue(&request)?;
+            let fresh = issue_secret()?;
             let mut updated = existing;
-            let fresh = tls_secret(
-                plan,
-                &planned.name,
-                &leaf.cert_pem,
-                &leaf.key_pem,
-                ca.cert_pem(),
-                annotations,
-            );
             // Keep whatever else is on the object (other labels, owner references, the
             // resourceVersion that makes the replace conditional); replace data and ours.
             updated["data"] = fresh["data"].clone();

@@ -10,6 +10,7 @@
 //! * [`local`] — the local mesh harness (also used by the end-to-end tests): plan, start, supervise.
 //! * [`child`] — one child process and its log.
 //! * [`chaos`] — `--chaos`: seeded kills and the invariants they must not break.
+//! * [`demo`] — `--shards` above one: zones per shard and a transfer to watch (ADR-0139).
 //! * [`progress`] — the progress view (in place on a terminal) and the `--duration` summary.
 //! * [`operators`] — the simulated operators' demand.
 //! * [`pki`] — `--tls` certificates.
@@ -17,6 +18,7 @@
 
 pub mod chaos;
 pub mod child;
+pub mod demo;
 pub mod local;
 pub mod operators;
 pub mod pki;
@@ -295,6 +297,12 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     spec.coordinators = usize::from(args.coordinators);
     spec.tls = args.tls;
     spec.provider = provider_spec(&args)?;
+    let demo = demo::enabled(&args);
+    if demo {
+        spec.shared_provider = true;
+        spec.provider = ProviderSpec::Fake(vec![FakeSeed::Catalog(Box::new(demo::catalog()))]);
+        spec.coordinator_flags.extend(demo::coordinator_flags());
+    }
     spec.decide_flags = vec![
         "--cycle-interval".into(),
         humantime::format_duration(args.cycle_interval).to_string(),
@@ -329,6 +337,27 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
             return Err(e);
         }
     };
+    // Before the ports file (what "ready" means to scripts): every shard owns its zone. A
+    // signal meanwhile stops the mesh as one during the run would.
+    if demo {
+        eprintln!(
+            "bigfleet up: multi-shard demo: shard-i owns zone fake-z<i>; only shard-1's zone has {} machines, and shard-0's clusters ask for them",
+            demo::GPU_TYPE
+        );
+        tokio::select! {
+            r = demo::assign_zones(&mesh, Duration::from_secs(60)) => {
+                if let Err(e) = r {
+                    eprintln!("bigfleet up: {e}");
+                }
+            }
+            () = stop_signal() => {
+                mesh.shutdown().await;
+                drop(temp);
+                eprintln!("bigfleet up: stopped");
+                return Ok(true);
+            }
+        }
+    }
     // Before the ports file: whoever waits for that one finds the context in place.
     let context_path = args
         .context_file
@@ -356,6 +385,7 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
         operator_count,
         &operators::OperatorPlan {
             rollup_interval: args.rollup_interval,
+            multi_shard_demo: demo,
             ..operators::OperatorPlan::default()
         },
     )?;
@@ -443,6 +473,9 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
             operators: operator_count,
             run_dir: run_dir.display().to_string(),
             chaos: chaos_report,
+            transfers: snap.transfers.map(|t| t.moved),
+            cross_shard_drains: snap.transfers.map(|t| t.drains),
+            shortfalls_by_shard: (args.shards > 1).then(|| snap.shortfalls_by_shard.clone()),
         };
         let line = serde_json::to_string(&summary).unwrap_or_else(|_| "{}".into());
         let mut out = std::io::stdout().lock();

@@ -41,6 +41,9 @@ pub fn demand_for(i: usize) -> Demand {
 pub struct OperatorPlan {
     pub rollup_interval: Duration,
     pub churn: Option<Churn>,
+    /// The multi-shard demo's demand ([`super::demo::demand_for`]) instead of
+    /// [`demand_for`].
+    pub multi_shard_demo: bool,
 }
 
 impl Default for OperatorPlan {
@@ -51,6 +54,7 @@ impl Default for OperatorPlan {
                 probability: 0.3,
                 spread: 0.25,
             }),
+            multi_shard_demo: false,
         }
     }
 }
@@ -69,7 +73,11 @@ pub fn spawn(
         let mut cfg = OperatorConfig::new(id, &mesh.gateway_target(shard_of(i, shards)));
         cfg.tls = mesh.client_tls(&format!("cluster/{id}"))?;
         cfg.rollup_interval = plan.rollup_interval;
-        cfg.demand = demand_for(i);
+        cfg.demand = if plan.multi_shard_demo {
+            super::demo::demand_for(i, shards)
+        } else {
+            demand_for(i)
+        };
         cfg.churn = plan.churn;
         out.push(Operator::spawn(cfg));
     }

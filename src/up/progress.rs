@@ -39,8 +39,34 @@ pub struct Snapshot {
     pub actions_succeeded: u64,
     /// Decision cycles run, summed over shards.
     pub cycles: u64,
+    /// Unmet demand rows per shard (`shard-<i>`), as [`Snapshot::shortfalls`] sums them.
+    pub shortfalls_by_shard: BTreeMap<String, u64>,
+    /// With several shards: the coordinator's transfers (ADR-0139).
+    pub transfers: Option<TransferCounts>,
     /// What could not be read this time.
     pub problems: Vec<String>,
+}
+
+/// The coordinator's transfers as `up` counts them.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize)]
+pub struct TransferCounts {
+    /// Finished transfers that moved machines to their recipient.
+    pub moved: u64,
+    /// Finished cross-shard drains.
+    pub drains: u64,
+    /// Transfers in flight.
+    pub active: u64,
+}
+
+impl TransferCounts {
+    pub fn of(v: &svc_inspect::view::TransfersView) -> Self {
+        let (moved, drains) = v.counts();
+        Self {
+            moved: moved as u64,
+            drains: drains as u64,
+            active: v.active.len() as u64,
+        }
+    }
 }
 
 impl Snapshot {
@@ -62,12 +88,21 @@ pub async fn sample(mesh: &Mesh) -> Snapshot {
     let shards = mesh.ports().shards.len();
     let mut all = Vec::new();
     for i in 0..shards {
-        match mesh.list_machines(i).await {
-            Ok(m) => all.extend(m),
-            Err(e) => snap.problems.push(format!("provider of shard-{i}: {e}")),
+        // One shared provider lists every shard's machines: count them once.
+        if i == 0 || !mesh.spec().shared_provider {
+            match mesh.list_machines(i).await {
+                Ok(m) => all.extend(m),
+                Err(e) => snap.problems.push(format!("provider of shard-{i}: {e}")),
+            }
         }
         match mesh.describe(i).await {
-            Ok(d) => snap.add_description(&d),
+            Ok(d) => {
+                snap.add_description(&d);
+                snap.shortfalls_by_shard.insert(
+                    format!("shard-{i}"),
+                    u64::try_from(d.unmet_needs).unwrap_or(0),
+                );
+            }
             Err(e) => snap.problems.push(format!("shard-{i} Describe: {e}")),
         }
         match mesh.metrics(&format!("shard-{i}-execute")).await {
@@ -78,6 +113,12 @@ pub async fn sample(mesh: &Mesh) -> Snapshot {
                     super::probe::sum(&m, name, &[("outcome", "success")]) as u64;
             }
             Err(e) => snap.problems.push(format!("shard-{i}-execute: {e}")),
+        }
+    }
+    if shards > 1 {
+        match super::demo::transfers(mesh).await {
+            Ok(v) => snap.transfers = Some(TransferCounts::of(&v)),
+            Err(e) => snap.problems.push(format!("coordinator transfers: {e}")),
         }
     }
     snap.machines_by_state = count_by_state(&all);
@@ -208,6 +249,12 @@ pub fn render(
         operators.0,
         operators.1,
     );
+    if let Some(t) = &snap.transfers {
+        line.push_str(&format!(
+            " | transfers {} done, {} in flight · drains {}",
+            t.moved, t.active, t.drains
+        ));
+    }
     if !snap.problems.is_empty() {
         line.push_str(&format!(" | unreadable: {}", snap.problems.len()));
     }
@@ -242,6 +289,15 @@ pub struct Summary {
     /// `--chaos`: the kills and whether the invariants held.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub chaos: Option<super::chaos::ChaosReport>,
+    /// With several shards: finished transfers that moved machines (ADR-0139).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub transfers: Option<u64>,
+    /// With several shards: finished cross-shard drains.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub cross_shard_drains: Option<u64>,
+    /// With several shards: unmet demand rows per shard at the end.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub shortfalls_by_shard: Option<BTreeMap<String, u64>>,
 }
 
 #[cfg(test)]
@@ -272,6 +328,18 @@ mod tests {
         assert!(line.contains("actions 10.0/s (30 total)"), "{line}");
         assert!(line.contains("operators 2/3"), "{line}");
         assert_eq!(b.configured(), 3);
+        // One shard: no transfer segment.
+        assert!(!line.contains("transfers"), "{line}");
+        b.transfers = Some(TransferCounts {
+            moved: 2,
+            drains: 1,
+            active: 1,
+        });
+        let line = render(Duration::from_secs(8), &b, None, (2, 3));
+        assert!(
+            line.contains("| transfers 2 done, 1 in flight · drains 1"),
+            "{line}"
+        );
     }
 
     #[test]

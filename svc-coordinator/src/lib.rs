@@ -8,6 +8,7 @@
 //! * [`network`] — openraft over the internal `bigfleet.mesh.v1.Raft` gRPC service.
 //! * [`service`] — the public `bigfleet.v1alpha1.Coordinator` service, leader-only, with
 //!   leader hints (`x-bigfleet-leader`) on FAILED_PRECONDITION.
+//! * [`info`] — the internal `bigfleet.mesh.v1.CoordinatorInfo` transfer read (ADR-0139).
 //! * [`soft`] — leader-local soft state: latest reports and fenced instruction queues.
 //! * [`node`] — [`start`] a replica (ordinal bootstrap, join reconciler, probes, export).
 //! * [`rebalance`] — the rebalancer's policy, a pure function (ADR-0130).
@@ -18,6 +19,7 @@
 pub mod args;
 pub mod dr;
 pub mod fsm;
+pub mod info;
 pub mod metrics;
 pub mod network;
 pub mod node;

@@ -279,6 +279,7 @@ pub async fn start_with_registry(
         CoordinatorService::new(Arc::clone(&replica)).into_server(),
         ServingStatus::NotServing,
     )
+    .add_service(crate::info::CoordinatorInfoService::new(Arc::clone(&replica)).into_server())
     .start()
     .await?;
 

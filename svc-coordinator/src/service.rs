@@ -141,7 +141,8 @@ fn require_admin_or_replica<T>(req: &Request<T>, node_id: &str) -> Result<(), Co
     }
 }
 
-fn require_reader<T>(req: &Request<T>) -> Result<(), CoordError> {
+/// The public reads' rule, shared with the internal transfer read: readonly or admin.
+pub(crate) fn require_reader<T>(req: &Request<T>) -> Result<(), CoordError> {
     match peer(req) {
         Peer::Plaintext
         | Peer::Local

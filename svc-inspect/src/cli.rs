@@ -3,8 +3,7 @@
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use bigfleet_identity::TlsFlags;
-use bigfleet_telemetry::LogArgs;
+use bigfleet_mesh::ServiceFlags;
 
 use crate::error::InspectError;
 
@@ -99,15 +98,9 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_PAGE_REFRESH", default_value = "5s", value_parser = humantime::parse_duration)]
     pub page_refresh: std::time::Duration,
 
-    /// Graceful-shutdown deadline after SIGTERM.
-    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-
+    /// `--drain-timeout`, TLS and log flags, alike in every service.
     #[command(flatten)]
-    pub tls: TlsFlags,
-
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub service: ServiceFlags,
 }
 
 /// `:7795` ⇒ `[::]:7795` (both families, see `bigfleet_mesh::bind_tcp`); `host:port` is
@@ -121,10 +114,10 @@ pub fn parse_listen(addr: &str) -> Result<SocketAddr, InspectError> {
 
 /// As [`parse_listen`], with `0` (or empty) meaning "disabled".
 pub fn parse_optional_listen(addr: &str) -> Result<Option<SocketAddr>, InspectError> {
-    match addr.trim() {
-        "" | "0" => Ok(None),
-        a => parse_listen(a).map(Some),
-    }
+    bigfleet_mesh::parse_optional_listen_addr(addr).map_err(|reason| InspectError::Listen {
+        addr: addr.to_owned(),
+        reason,
+    })
 }
 
 #[cfg(test)]
@@ -157,7 +150,7 @@ mod tests {
         assert!(a.http_token_file.is_none());
         assert_eq!(a.metrics_addr, ":8796");
         assert_eq!(a.cache_ttl, Duration::from_secs(2));
-        assert_eq!(a.drain_timeout, Duration::from_secs(10));
+        assert_eq!(a.service.drain_timeout, Duration::from_secs(10));
         assert_eq!(a.sample_interval, Duration::from_secs(5));
         assert_eq!(
             (

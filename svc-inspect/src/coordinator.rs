@@ -10,6 +10,8 @@
 use std::time::Duration;
 
 use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshChannel, RetryPolicy};
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::coordinator_info_client::CoordinatorInfoClient as InfoClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient as RawClient;
 use parking_lot::Mutex;
@@ -28,6 +30,8 @@ pub enum CoordinatorRpc {
     UnassignDomain,
     RemoveShard,
     SnapshotSave,
+    /// The internal `bigfleet.mesh.v1.CoordinatorInfo/ListTransfers` (ADR-0139).
+    ListTransfers,
 }
 
 impl CoordinatorRpc {
@@ -40,6 +44,7 @@ impl CoordinatorRpc {
             CoordinatorRpc::UnassignDomain => "UnassignDomain",
             CoordinatorRpc::RemoveShard => "RemoveShard",
             CoordinatorRpc::SnapshotSave => "SnapshotSave",
+            CoordinatorRpc::ListTransfers => "ListTransfers",
         }
     }
 
@@ -48,7 +53,8 @@ impl CoordinatorRpc {
         match self {
             CoordinatorRpc::ListShards
             | CoordinatorRpc::ListShardReports
-            | CoordinatorRpc::ListDomainAssignments => "readonly or admin",
+            | CoordinatorRpc::ListDomainAssignments
+            | CoordinatorRpc::ListTransfers => "readonly or admin",
             CoordinatorRpc::AssignDomain
             | CoordinatorRpc::UnassignDomain
             | CoordinatorRpc::RemoveShard
@@ -184,6 +190,23 @@ impl CoordinatorClient {
         F: Fn(RawClient<MeshChannel>) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
+        self.call_channel(rpc, |ch| {
+            call(bigfleet_mesh::with_message_limits!(RawClient::new(ch)))
+        })
+        .await
+    }
+
+    /// [`CoordinatorClient::call`] for any service on the coordinator's listener: `call`
+    /// gets the channel and builds its own client.
+    pub async fn call_channel<T, F, Fut>(
+        &self,
+        rpc: CoordinatorRpc,
+        call: F,
+    ) -> Result<T, CoordinatorError>
+    where
+        F: Fn(MeshChannel) -> Fut,
+        Fut: Future<Output = Result<T, Status>>,
+    {
         let (addr, channel) = self.current.lock().clone();
         let status = match self.attempt(&call, channel).await {
             Ok(v) => return Ok(v),
@@ -210,13 +233,12 @@ impl CoordinatorClient {
 
     async fn attempt<T, F, Fut>(&self, call: &F, channel: MeshChannel) -> Result<T, Status>
     where
-        F: Fn(RawClient<MeshChannel>) -> Fut,
+        F: Fn(MeshChannel) -> Fut,
         Fut: Future<Output = Result<T, Status>>,
     {
-        let client = bigfleet_mesh::with_message_limits!(RawClient::new(channel));
         match self.cfg.timeout {
             // The stack bounds each attempt; this bounds the whole call (connect included).
-            Some(t) => tokio::time::timeout(t, call(client))
+            Some(t) => tokio::time::timeout(t, call(channel))
                 .await
                 .unwrap_or_else(|_| {
                     Err(Status::deadline_exceeded(format!(
@@ -224,7 +246,7 @@ impl CoordinatorClient {
                         humantime::format_duration(t)
                     )))
                 }),
-            None => call(client).await,
+            None => call(channel).await,
         }
     }
 
@@ -246,6 +268,25 @@ impl CoordinatorClient {
                 .await?
                 .into_inner()
                 .reports)
+        })
+        .await
+    }
+
+    /// Transfers in flight and recently finished, and each shard's domains and pending
+    /// instructions (`shard`: only those involving it; empty: all).
+    pub async fn list_transfers(
+        &self,
+        shard: &str,
+    ) -> Result<mesh::ListTransfersResponse, CoordinatorError> {
+        let req = mesh::ListTransfersRequest {
+            shard_id: shard.to_owned(),
+        };
+        self.call_channel(CoordinatorRpc::ListTransfers, |ch| {
+            let req = req.clone();
+            async move {
+                let mut c = bigfleet_mesh::with_message_limits!(InfoClient::new(ch));
+                Ok(c.list_transfers(req).await?.into_inner())
+            }
         })
         .await
     }

@@ -10,6 +10,7 @@ use std::time::Duration;
 
 use bigfleet_mesh::{AuthzPolicy, MeshServer, Role, RunningServer, ServerError, ServerStackConfig};
 use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::coordinator_info_server::{CoordinatorInfo, CoordinatorInfoServer};
 use bigfleet_proto::mesh::v1::shard_info_server::{ShardInfo, ShardInfoServer};
 use bigfleet_proto::service_names;
 use bigfleet_proto::v1alpha1 as pb;
@@ -48,7 +49,7 @@ pub fn coordinator_policy() -> AuthzPolicy {
     ] {
         p = p.allow_method(&m(rpc), &read);
     }
-    p
+    p.allow_service(service_names::COORDINATOR_INFO, &read)
 }
 
 /// A shard's read services: readonly or admin.
@@ -71,6 +72,8 @@ pub struct CoordinatorState {
     pub snapshot: Option<(Vec<u8>, Vec<u8>)>,
     /// Names of the RPCs that reached the handler (past the identity checks).
     pub calls: Vec<String>,
+    /// What `CoordinatorInfo/ListTransfers` answers (before its shard filter).
+    pub transfers: mesh::ListTransfersResponse,
 }
 
 /// A coordinator with canned, mutable state.
@@ -117,6 +120,7 @@ impl CoordinatorDouble {
             .drain_deadline(Duration::from_secs(1))
             .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
             .add_service(CoordinatorServer::new(self.clone()))
+            .add_service(CoordinatorInfoServer::new(self.clone()))
             .start()
             .await
     }
@@ -126,6 +130,26 @@ fn stack(policy: AuthzPolicy) -> ServerStackConfig {
     ServerStackConfig {
         authz: Arc::new(policy),
         ..ServerStackConfig::default()
+    }
+}
+
+#[tonic::async_trait]
+impl CoordinatorInfo for CoordinatorDouble {
+    async fn list_transfers(
+        &self,
+        request: Request<mesh::ListTransfersRequest>,
+    ) -> Result<Response<mesh::ListTransfersResponse>, Status> {
+        let shard = request.into_inner().shard_id;
+        let st = self.enter("ListTransfers")?;
+        let mut out = st.transfers.clone();
+        if !shard.is_empty() {
+            let involves =
+                |t: &mesh::TransferInfo| t.donor_shard_id == shard || t.recipient_shard_id == shard;
+            out.active.retain(involves);
+            out.recent.retain(involves);
+            out.shards.retain(|s| s.shard_id == shard);
+        }
+        Ok(Response::new(out))
     }
 }
 

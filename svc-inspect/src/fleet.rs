@@ -251,6 +251,18 @@ impl Fleet {
         }
     }
 
+    /// The coordinator's transfers and shard ownership (`shard`: only what involves it;
+    /// empty: all). Not cached: one small leader read, asked for by a person.
+    pub async fn transfers(
+        &self,
+        shard: &str,
+    ) -> Result<crate::view::TransfersView, crate::coordinator::CoordinatorError> {
+        self.coordinator
+            .list_transfers(shard)
+            .await
+            .map(|r| crate::view::TransfersView::from_proto(&r))
+    }
+
     /// The needs of one cluster (empty: every cluster) from every shard, merged, at most
     /// `limit` rows (0: all).
     pub async fn needs(

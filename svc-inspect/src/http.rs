@@ -486,6 +486,7 @@ async fn shard_page(State(st): State<Shared>, Path(id): Path<String>) -> Respons
             sh,
             st.history.shard(&id).as_ref(),
             st.interval_ms(),
+            &st.fleet.transfers(&id).await.map_err(|e| e.to_string()),
         )),
         None => page_error(
             StatusCode::NOT_FOUND,

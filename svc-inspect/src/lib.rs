@@ -94,9 +94,9 @@ impl Config {
             metrics_listen: cli::parse_optional_listen(&args.metrics_addr)?,
             cache_ttl: args.cache_ttl,
             shard_timeout: args.shard_timeout,
-            drain_timeout: args.drain_timeout,
-            tls: args.tls.resolve()?,
-            insecure_plaintext: args.tls.insecure_plaintext,
+            drain_timeout: args.service.drain_timeout,
+            tls: args.service.tls.resolve()?,
+            insecure_plaintext: args.service.tls.insecure_plaintext,
             http_token: args
                 .http_token_file
                 .as_deref()
@@ -321,10 +321,7 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
 /// Runs the service until SIGTERM or SIGINT, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
     let running = start(Config::from_args(&args)?).await?;
-    let signal = bigfleet_mesh::shutdown_signal().await;
-    if let Err(e) = signal {
-        tracing::error!(error = %e, "cannot listen for signals; stopping");
-    }
+    bigfleet_mesh::until_shutdown_signal().await;
     running.shutdown().await?;
     Ok(())
 }

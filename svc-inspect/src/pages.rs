@@ -14,7 +14,7 @@ use crate::history::{ClusterSample, FleetHistory, KeyHistory, ShardSample};
 use crate::html::{coarse, pct, timestamp};
 use crate::view::{
     ClusterNeedsView, ClusterView, DomainView, MACHINE_STATES, NeedRow, Page, ShardFetchView,
-    ShardView, ShortfallView, resources_text, short_state,
+    ShardView, ShortfallView, TransfersView, resources_text, short_state,
 };
 
 /// Seconds between in-place refreshes of live pages unless configured otherwise.
@@ -382,6 +382,7 @@ pub fn shard(
     sh: &ShardView,
     history: Option<&KeyHistory<ShardSample>>,
     interval_ms: u64,
+    transfers: &Result<TransfersView, String>,
 ) -> String {
     let (machines, by_state) = shard_machines(sh);
     let shortfalls: Vec<ShortfallView> = o
@@ -440,6 +441,7 @@ pub fn shard(
         } @else {
             (shortfall_table(&shortfalls))
         }
+        (ownership_section(&sh.shard_id, transfers))
         (assembled(o.computed_at_unix_nanos))
     };
     layout(
@@ -449,6 +451,65 @@ pub fn shard(
         true,
         content,
     )
+}
+
+/// The shard's domains, unacknowledged instructions and the transfers it gives or receives
+/// (in flight first, then recent, newest first), from the coordinator (ADR-0139).
+fn ownership_section(shard_id: &str, transfers: &Result<TransfersView, String>) -> Markup {
+    html! {
+        h2 id="transfers" { "Domains and transfers" }
+        @match transfers {
+            Err(e) => {
+                p.muted { "The coordinator's transfer read failed: " span.mono { (e) } }
+            }
+            Ok(v) => {
+                @let own = v.shards.iter().find(|s| s.shard_id == shard_id);
+                p {
+                    "Owned domains: "
+                    @match own.filter(|s| !s.domains.is_empty()) {
+                        Some(s) => { span.mono.domains { (s.domains.join(", ")) } }
+                        None => { span.muted { "none pinned" } }
+                    }
+                    " · pending instructions: "
+                    @match own.filter(|s| !s.pending_instruction_ids.is_empty()) {
+                        Some(s) => { span.mono.pending { (s.pending_instruction_ids.join(", ")) } }
+                        None => { span.muted { "none" } }
+                    }
+                }
+                @if v.active.is_empty() && v.recent.is_empty() {
+                    p.muted { "No transfer gives or receives machines of this shard." }
+                } @else {
+                    div.scroll { table.transfers {
+                        thead { tr {
+                            th { "Transfer" } th { "Kind" } th { "Phase" } th { "Donor" }
+                            th { "Recipient" } th { "Asked" } th.num { "Moved" }
+                            th { "Pending instruction" } th { "Started" } th { "Updated" }
+                            th { "Reason" }
+                        } }
+                        tbody { @for t in v.active.iter().chain(&v.recent) {
+                            tr data-phase=(t.phase) {
+                                td.mono { (t.transfer_id) }
+                                td { (t.kind) }
+                                td { (t.phase) }
+                                td { (shard_link(&t.donor_shard_id)) }
+                                td { (shard_link(&t.recipient_shard_id)) }
+                                td.mono { (t.selector_text()) }
+                                td.num { (t.moved) }
+                                td.mono {
+                                    @if t.is_active() {
+                                        (t.pending_instruction_id) " → " (t.pending_shard_id)
+                                    } @else { span.muted { "-" } }
+                                }
+                                td { (timestamp(t.started_at_unix_ns)) }
+                                td { (timestamp(t.updated_at_unix_ns)) }
+                                td { (t.reason) }
+                            }
+                        } }
+                    } }
+                }
+            }
+        }
+    }
 }
 
 fn shortfall_table(rows: &[ShortfallView]) -> Markup {
@@ -1123,7 +1184,9 @@ mod tests {
             &o.shards[0],
             h.shard("s1").as_ref(),
             5000,
+            &Err("coordinator down".to_owned()),
         );
+        assert!(shard_page.contains("transfer read failed"));
         assert_eq!(shard_page.matches("<figure class=\"spark\"").count(), 5);
         assert!(shard_page.contains("href=\"/machines?shard=s1\""));
     }

@@ -154,6 +154,126 @@ impl DomainView {
     }
 }
 
+/// One cross-shard transfer as the coordinator holds it (ADR-0130, ADR-0139).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransferView {
+    pub transfer_id: String,
+    /// `idle`, `speculative` or `drain`.
+    pub kind: String,
+    /// `release`, `adopt`, `return`, `done` or `failed`.
+    pub phase: String,
+    pub donor_shard_id: String,
+    pub recipient_shard_id: String,
+    /// Empty: any instance type.
+    pub instance_type: String,
+    pub count: u32,
+    pub priority: i32,
+    pub machine_ids: Vec<String>,
+    pub moved: u32,
+    /// Empty once finished.
+    pub pending_instruction_id: String,
+    /// Empty once finished.
+    pub pending_shard_id: String,
+    pub started_at_unix_ns: i64,
+    pub updated_at_unix_ns: i64,
+    pub reason: String,
+}
+
+impl TransferView {
+    pub fn from_proto(t: &mesh::TransferInfo) -> Self {
+        TransferView {
+            transfer_id: t.transfer_id.clone(),
+            kind: t.kind.clone(),
+            phase: t.phase.clone(),
+            donor_shard_id: t.donor_shard_id.clone(),
+            recipient_shard_id: t.recipient_shard_id.clone(),
+            instance_type: t.instance_type.clone(),
+            count: t.count,
+            priority: t.priority,
+            machine_ids: t.machine_ids.clone(),
+            moved: t.moved,
+            pending_instruction_id: t.pending_instruction_id.clone(),
+            pending_shard_id: t.pending_shard_id.clone(),
+            started_at_unix_ns: t.started_at_unix_ns,
+            updated_at_unix_ns: t.updated_at_unix_ns,
+            reason: t.reason.clone(),
+        }
+    }
+
+    /// `2 x gpu` / `2 x any`: what the release asked for.
+    pub fn selector_text(&self) -> String {
+        let ty = if self.instance_type.is_empty() {
+            "any"
+        } else {
+            self.instance_type.as_str()
+        };
+        format!("{} x {ty}", self.count)
+    }
+
+    pub fn is_active(&self) -> bool {
+        !self.pending_instruction_id.is_empty()
+    }
+}
+
+/// One shard's topology domains and unacknowledged instructions.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ShardOwnershipView {
+    pub shard_id: String,
+    /// `key=value`, sorted.
+    pub domains: Vec<String>,
+    pub pending_instruction_ids: Vec<String>,
+}
+
+/// The coordinator's transfer picture: active transfers, recent ones (newest first) and
+/// each shard's domains.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TransfersView {
+    pub active: Vec<TransferView>,
+    pub recent: Vec<TransferView>,
+    pub shards: Vec<ShardOwnershipView>,
+}
+
+impl TransfersView {
+    pub fn from_proto(r: &mesh::ListTransfersResponse) -> Self {
+        TransfersView {
+            active: r.active.iter().map(TransferView::from_proto).collect(),
+            recent: r.recent.iter().map(TransferView::from_proto).collect(),
+            shards: r
+                .shards
+                .iter()
+                .map(|s| ShardOwnershipView {
+                    shard_id: s.shard_id.clone(),
+                    domains: s
+                        .domains
+                        .iter()
+                        .map(|d| format!("{}={}", d.topology_key, d.topology_value))
+                        .collect(),
+                    pending_instruction_ids: s.pending_instruction_ids.clone(),
+                })
+                .collect(),
+        }
+    }
+
+    /// Finished transfers that moved machines (`done` with `moved > 0`), and finished
+    /// drains — what `bigfleet up` counts.
+    pub fn counts(&self) -> (usize, usize) {
+        let done = |t: &&TransferView| t.phase == "done";
+        let moved = self
+            .recent
+            .iter()
+            .filter(done)
+            .filter(|t| t.moved > 0)
+            .count();
+        let drains = self
+            .recent
+            .iter()
+            .filter(done)
+            .filter(|t| t.kind == "drain")
+            .count();
+        (moved, drains)
+    }
+}
+
 /// One cluster found on the shards, with its demand counts.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct ClusterView {
@@ -395,6 +515,46 @@ fn resources_of(r: Option<&pb::Resources>) -> BTreeMap<String, String> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn transfer(kind: &str, phase: &str, moved: u32) -> mesh::TransferInfo {
+        mesh::TransferInfo {
+            transfer_id: format!("{kind}-{phase}-{moved}"),
+            kind: kind.into(),
+            phase: phase.into(),
+            moved,
+            count: 2,
+            ..Default::default()
+        }
+    }
+
+    #[test]
+    fn transfers_count_what_moved_and_the_drains() {
+        let v = TransfersView::from_proto(&mesh::ListTransfersResponse {
+            active: vec![mesh::TransferInfo {
+                pending_instruction_id: "i1".into(),
+                ..transfer("idle", "release", 0)
+            }],
+            recent: vec![
+                transfer("idle", "done", 2),
+                // Done without moving anything (the donor had nothing to release).
+                transfer("idle", "done", 0),
+                transfer("idle", "failed", 0),
+                transfer("drain", "done", 0),
+            ],
+            shards: vec![mesh::ShardOwnership {
+                shard_id: "s1".into(),
+                domains: vec![mesh::OwnedDomain {
+                    topology_key: "zone".into(),
+                    topology_value: "z1".into(),
+                }],
+                pending_instruction_ids: vec!["i1".into()],
+            }],
+        });
+        assert_eq!(v.counts(), (1, 1));
+        assert!(v.active[0].is_active() && !v.recent[0].is_active());
+        assert_eq!(v.shards[0].domains, ["zone=z1"]);
+        assert_eq!(v.active[0].selector_text(), "2 x any");
+    }
 
     #[test]
     fn pages_slice_and_clamp() {

@@ -381,3 +381,83 @@ async fn headless_chromium_sees_charts_and_values_change_without_a_reload() {
     );
     h.shutdown().await;
 }
+
+fn transfer(id: &str, phase: &str, pending: &str, moved: u32) -> mesh::TransferInfo {
+    mesh::TransferInfo {
+        transfer_id: id.into(),
+        kind: "idle".into(),
+        phase: phase.into(),
+        donor_shard_id: "s2".into(),
+        recipient_shard_id: "s1".into(),
+        instance_type: "gpu".into(),
+        count: 2,
+        priority: 100,
+        machine_ids: vec!["m1".into(), "m2".into()],
+        moved,
+        pending_instruction_id: pending.into(),
+        pending_shard_id: if pending.is_empty() { "" } else { "s1" }.into(),
+        started_at_unix_ns: 1_700_000_000_000_000_000,
+        updated_at_unix_ns: 1_700_000_001_000_000_000,
+        reason: String::new(),
+    }
+}
+
+#[tokio::test]
+async fn shard_pages_show_domains_pending_instructions_and_transfers() {
+    let h = Harness::start(Options::default()).await;
+    h.coordinator.state().transfers = mesh::ListTransfersResponse {
+        active: vec![transfer("t-active", "adopt", "ins-7", 0)],
+        recent: vec![transfer("t-done", "done", "", 2)],
+        shards: vec![
+            mesh::ShardOwnership {
+                shard_id: "s1".into(),
+                domains: vec![mesh::OwnedDomain {
+                    topology_key: "zone".into(),
+                    topology_value: "z1".into(),
+                }],
+                pending_instruction_ids: vec!["ins-7".into()],
+            },
+            mesh::ShardOwnership {
+                shard_id: "s3".into(),
+                ..Default::default()
+            },
+        ],
+    };
+    let addr = h.inspect().http_addr();
+    let (status, _, page) = http_get(addr, "/shards/s1").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("Domains and transfers"), "{page}");
+    assert!(
+        page.contains("<span class=\"mono domains\">zone=z1</span>"),
+        "{page}"
+    );
+    assert!(
+        page.contains("<span class=\"mono pending\">ins-7</span>"),
+        "{page}"
+    );
+    // In flight first, then the finished one.
+    let active = page.find("t-active").expect("active transfer row");
+    let done = page.find("t-done").expect("recent transfer row");
+    assert!(active < done);
+    assert!(
+        page.contains("<tr data-phase=\"adopt\">") && page.contains("<tr data-phase=\"done\">")
+    );
+    assert!(
+        page.contains("ins-7 → s1") && page.contains("2 x gpu"),
+        "{page}"
+    );
+    // The page asked the coordinator for this shard only.
+    assert!(
+        h.coordinator
+            .state()
+            .calls
+            .iter()
+            .any(|c| c == "ListTransfers")
+    );
+
+    // A shard with no domains and no transfers says so.
+    let (status, _, page) = http_get(addr, "/shards/s3").await;
+    assert_eq!(status, 200);
+    assert!(page.contains("none pinned") && page.contains("No transfer gives or receives"));
+    h.shutdown().await;
+}

@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bigfleet_identity::TlsFlags;
-use bigfleet_telemetry::LogArgs;
+use bigfleet_mesh::ServiceFlags;
 
 /// Terminates cluster operators' `Shard/Session` streams for one shard.
 #[derive(Debug, Clone, clap::Parser)]
@@ -71,15 +70,9 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8781")]
     pub metrics_addr: String,
 
-    /// Graceful-shutdown deadline after SIGTERM.
-    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-
+    /// `--drain-timeout`, TLS and log flags, alike in every service.
     #[command(flatten)]
-    pub tls: TlsFlags,
-
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub service: ServiceFlags,
 }
 
 #[cfg(test)]
@@ -99,8 +92,8 @@ mod tests {
         assert_eq!(a.bootstrap_timeout, Duration::from_secs(30));
         assert_eq!(a.outbox_capacity, 1024);
         assert_eq!(a.metrics_addr, ":8781");
-        assert_eq!(a.drain_timeout, Duration::from_secs(10));
-        assert!(a.tls.resolve().unwrap().is_none());
+        assert_eq!(a.service.drain_timeout, Duration::from_secs(10));
+        assert!(a.service.tls.resolve().unwrap().is_none());
         assert_eq!(
             a.rollup_limits.limits(),
             bigfleet_conv::RollupLimits::default()
@@ -162,6 +155,6 @@ mod tests {
         .unwrap();
         assert_eq!(a.bootstrap_timeout, Duration::from_millis(500));
         assert_eq!(a.max_sessions, 3);
-        assert!(a.tls.resolve().unwrap().is_some());
+        assert!(a.service.tls.resolve().unwrap().is_some());
     }
 }

@@ -37,7 +37,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use bigfleet_identity::{Role, TlsContext};
 use bigfleet_mesh::{AuthzPolicy, GrpcMetrics, MeshServer, RunningServer, ServerStackConfig};
 use bigfleet_proto::mesh::v1::outbox_server::OutboxServer;
@@ -302,25 +301,15 @@ pub fn parse_listen(addr: &str) -> Result<SocketAddr, StartError> {
 
 /// The binary: serves until SIGTERM/SIGINT, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let tls = match args.tls.resolve()? {
+    let tls = match args.service.tls.resolve()? {
         None => None,
         Some(files) => Some(TlsContext::load(&files)?),
     };
     let registry = MetricsRegistry::new();
     let readiness = Readiness::not_ready("gateway starting");
-    let ops_stop = tokio_util::sync::CancellationToken::new();
-    let ops_addr = (args.metrics_addr != "0")
-        .then(|| parse_listen(&args.metrics_addr))
-        .transpose()?;
-    let ops = bigfleet_telemetry::spawn_ops_server_if(
-        ops_addr,
-        registry.clone(),
-        readiness.clone(),
-        ops_stop.clone().cancelled_owned(),
-    )
-    .await
-    .with_context(|| format!("serving metrics on {}", args.metrics_addr))?
-    .map(|(_, task)| task);
+    let ops =
+        bigfleet_mesh::start_ops_server(&args.metrics_addr, registry.clone(), readiness.clone())
+            .await?;
     let config = GatewayConfig {
         settings: GatewaySettings {
             shard_id: args.shard_id.clone(),
@@ -344,24 +333,18 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         socket_dir: args.socket_dir.clone(),
         decide_addr: None,
         tls,
-        insecure_plaintext: args.tls.insecure_plaintext,
+        insecure_plaintext: args.service.tls.insecure_plaintext,
         local_peers: bigfleet_mesh::LocalPeers::same_user().with_group(args.socket_peer_gid),
         max_concurrent_requests: args.max_concurrent_requests,
-        drain_timeout: args.drain_timeout,
+        drain_timeout: args.service.drain_timeout,
         registry,
     };
     let running = start(config).await?;
     readiness.set_ready();
-    let signal = bigfleet_mesh::shutdown_signal().await;
+    bigfleet_mesh::until_shutdown_signal().await;
     readiness.set_not_ready("draining");
-    if let Err(e) = signal {
-        tracing::error!(error = %e, "cannot listen for signals; stopping");
-    }
     running.shutdown().await?;
-    ops_stop.cancel();
-    if let Some(task) = ops {
-        let _ = task.await;
-    }
+    ops.stop().await;
     Ok(())
 }
 

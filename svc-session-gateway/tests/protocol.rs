@@ -375,16 +375,11 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     assert_eq!(r.outcome, refused(BootstrapError::NoSession));
 
     // Matched by id: an answer with another id is dropped, the right one completes it.
-    let mut caller = gw.clone();
-    let call = tokio::spawn(async move {
-        caller
-            .bootstrap(RequestBootstrapRequest {
-                cluster_id: "a".into(),
-                timeout_ms: 5_000,
-                machine_id: "m-1".into(),
-                ..Default::default()
-            })
-            .await
+    let call = gw.bootstrap_in_background(RequestBootstrapRequest {
+        cluster_id: "a".into(),
+        timeout_ms: 5_000,
+        machine_id: "m-1".into(),
+        ..Default::default()
     });
     let req = s.next_bootstrap_request().await;
     assert_eq!(req.request_id.len(), 16);
@@ -436,15 +431,10 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     .await;
 
     // Operator-reported error.
-    let mut caller = gw.clone();
-    let call = tokio::spawn(async move {
-        caller
-            .bootstrap(RequestBootstrapRequest {
-                cluster_id: "a".into(),
-                timeout_ms: 5_000,
-                ..Default::default()
-            })
-            .await
+    let call = gw.bootstrap_in_background(RequestBootstrapRequest {
+        cluster_id: "a".into(),
+        timeout_ms: 5_000,
+        ..Default::default()
     });
     let req = s.next_bootstrap_request().await;
     assert_ne!(req.request_id, late.request_id, "fresh id per request");

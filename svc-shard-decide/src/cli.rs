@@ -3,8 +3,7 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bigfleet_identity::TlsFlags;
-use bigfleet_telemetry::LogArgs;
+use bigfleet_mesh::ServiceFlags;
 
 /// The shard's brain: inventory, reconcile, the decision cycle and the action ledger.
 #[derive(Debug, Clone, clap::Parser)]
@@ -220,15 +219,9 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8780")]
     pub metrics_addr: String,
 
-    /// Graceful-shutdown deadline after SIGTERM.
-    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
-
+    /// `--drain-timeout`, TLS and log flags, alike in every service.
     #[command(flatten)]
-    pub tls: TlsFlags,
-
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub service: ServiceFlags,
 }
 
 /// A fraction in [0, 1].
@@ -272,7 +265,7 @@ mod tests {
         assert_eq!((a.etcd_ca, a.etcd_cert, a.etcd_key), (None, None, None));
         assert_eq!(a.work_advertise, None);
         assert_eq!(a.metrics_addr, ":8780");
-        assert_eq!(a.drain_timeout, Duration::from_secs(10));
+        assert_eq!(a.service.drain_timeout, Duration::from_secs(10));
     }
 
     #[test]

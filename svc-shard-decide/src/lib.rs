@@ -26,7 +26,6 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
-use anyhow::Context as _;
 use bigfleet_coordclient::{ClientConfig, CoordClient};
 use bigfleet_identity::{Role, TlsContext};
 use bigfleet_mesh::{
@@ -581,9 +580,9 @@ pub fn etcd_mode(args: &Args) -> anyhow::Result<Option<EtcdMode>> {
     config
         .timing()
         .map_err(|e| anyhow::anyhow!("--etcd-*: {e}"))?;
-    let mesh_mtls = args.tls.resolve()?.is_some();
+    let mesh_mtls = args.service.tls.resolve()?.is_some();
     config
-        .check_transport(mesh_mtls, args.tls.insecure_plaintext)
+        .check_transport(mesh_mtls, args.service.tls.insecure_plaintext)
         .map_err(|e| anyhow::anyhow!("{e}"))?;
     let mut mode = EtcdMode::new(config);
     mode.work_endpoint = args.work_advertise.clone();
@@ -667,7 +666,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "--reclaim-budget-window must be positive (use --reclaim-budget-fraction=0 to disable the budget)"
         );
     }
-    let tls = match args.tls.resolve()? {
+    let tls = match args.service.tls.resolve()? {
         None => None,
         Some(files) => Some(TlsContext::load(&files)?),
     };
@@ -684,19 +683,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
 
     let registry = MetricsRegistry::new();
     let readiness = Readiness::not_ready(NOT_READY);
-    let ops_stop = CancellationToken::new();
-    let ops_addr = (args.metrics_addr != "0")
-        .then(|| parse_listen(&args.metrics_addr))
-        .transpose()?;
-    let ops = bigfleet_telemetry::spawn_ops_server_if(
-        ops_addr,
-        registry.clone(),
-        readiness.clone(),
-        ops_stop.clone().cancelled_owned(),
-    )
-    .await
-    .with_context(|| format!("serving metrics on {}", args.metrics_addr))?
-    .map(|(_, task)| task);
+    let ops =
+        bigfleet_mesh::start_ops_server(&args.metrics_addr, registry.clone(), readiness.clone())
+            .await?;
     let coordinator = args
         .coordinator_addr
         .as_ref()
@@ -713,25 +702,19 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         gateway_addr: None,
         work_listen: args.work_listen.as_deref().map(parse_listen).transpose()?,
         tls,
-        insecure_plaintext: args.tls.insecure_plaintext,
+        insecure_plaintext: args.service.tls.insecure_plaintext,
         local_peers: bigfleet_mesh::LocalPeers::same_user().with_group(args.socket_peer_gid),
         coordinator,
         etcd,
         registry,
         readiness: readiness.clone(),
-        drain_timeout: args.drain_timeout,
+        drain_timeout: args.service.drain_timeout,
     };
     let running = start(config).await?;
-    let signal = bigfleet_mesh::shutdown_signal().await;
+    bigfleet_mesh::until_shutdown_signal().await;
     readiness.set_not_ready("draining");
-    if let Err(e) = signal {
-        tracing::error!(error = %e, "cannot listen for signals; stopping");
-    }
     running.shutdown().await?;
-    ops_stop.cancel();
-    if let Some(task) = ops {
-        let _ = task.await;
-    }
+    ops.stop().await;
     // Only now may another decide take the data dir.
     drop(data_dir_lock);
     Ok(())

@@ -40,7 +40,7 @@ use std::time::Duration;
 use bigfleet_identity::{PeerIdentity, TlsContext, TlsFlags};
 use bigfleet_mesh::GrpcMetrics;
 use bigfleet_shardlease::{EtcdConfig, EtcdShards, EtcdTls, WorkEndpointWatcher};
-use bigfleet_telemetry::{LogArgs, MetricsRegistry, Readiness};
+use bigfleet_telemetry::{LogArgs, MetricsRegistry, OpsServer, Readiness};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -197,13 +197,7 @@ pub fn default_worker_id() -> String {
 
 /// `host:port`, `:port` (all interfaces) or `0` (disabled).
 pub fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, StartError> {
-    let s = s.trim();
-    if s == "0" || s.is_empty() {
-        return Ok(None);
-    }
-    bigfleet_mesh::parse_listen_addr(s)
-        .map(Some)
-        .map_err(|_| StartError::MetricsAddr(s.to_owned()))
+    bigfleet_mesh::parse_optional_listen_addr(s).map_err(|_| StartError::MetricsAddr(s.to_owned()))
 }
 
 impl Args {
@@ -262,13 +256,11 @@ impl Args {
 /// A worker pool running in this process.
 #[derive(Debug)]
 pub struct Running {
-    metrics_addr: Option<SocketAddr>,
     registry: MetricsRegistry,
     metrics: ExecuteMetrics,
     shutdown: CancellationToken,
-    ops_stop: CancellationToken,
     pool: JoinHandle<()>,
-    ops: Option<JoinHandle<std::io::Result<()>>>,
+    ops: OpsServer,
     /// etcd mode: the Work endpoint the pool follows.
     watcher: Option<WorkEndpointWatcher>,
 }
@@ -276,7 +268,7 @@ pub struct Running {
 impl Running {
     /// The bound /metrics address, when enabled.
     pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_addr
+        self.ops.addr()
     }
 
     pub fn registry(&self) -> &MetricsRegistry {
@@ -299,10 +291,7 @@ impl Running {
         if let Err(e) = self.pool.await {
             tracing::error!(error = %e, "worker pool task failed");
         }
-        self.ops_stop.cancel();
-        if let Some(ops) = self.ops {
-            let _ = ops.await;
-        }
+        self.ops.stop().await;
     }
 
     /// Stops like a crash: running actions are dropped mid-flight without
@@ -310,10 +299,7 @@ impl Running {
     pub async fn abort(self) {
         self.pool.abort();
         let _ = self.pool.await;
-        self.ops_stop.cancel();
-        if let Some(ops) = self.ops {
-            let _ = ops.await;
-        }
+        self.ops.stop().await;
     }
 }
 
@@ -367,15 +353,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
     )?);
 
     let readiness = Readiness::not_ready("no work stream to decide yet");
-    let ops_stop = CancellationToken::new();
-    let (metrics_addr, ops) = bigfleet_telemetry::spawn_ops_server_if(
-        cfg.metrics_addr,
-        registry.clone(),
-        readiness.clone(),
-        ops_stop.clone().cancelled_owned(),
-    )
-    .await?
-    .unzip();
+    let ops = OpsServer::start(cfg.metrics_addr, registry.clone(), readiness.clone()).await?;
 
     let pool_cfg = PoolConfig {
         worker_id: cfg.worker_id.clone(),
@@ -433,11 +411,9 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         "starting execute worker pool"
     );
     Ok(Running {
-        metrics_addr,
         registry,
         metrics,
         shutdown,
-        ops_stop,
         pool,
         ops,
         watcher,

@@ -233,46 +233,31 @@ impl GrpcProvider {
     }
 }
 
-impl ProviderLink for GrpcProvider {
-    async fn create(
-        &self,
-        req: pb::CreateRequest,
-        timeout: Duration,
-    ) -> Result<pb::TransitionAck, Status> {
-        let mut client = self.client.clone();
-        let (span, req) = provider_call("Create", req, timeout);
-        finish(&span, client.create(req).instrument(span.clone()).await)
-    }
+/// The four provider mutations are one traced call each, differing only in the method,
+/// its request type and the RPC name on the span.
+macro_rules! traced_provider_calls {
+    ($($method:ident($req:ty) => $rpc:literal;)*) => {
+        impl ProviderLink for GrpcProvider {
+            $(
+                async fn $method(
+                    &self,
+                    req: $req,
+                    timeout: Duration,
+                ) -> Result<pb::TransitionAck, Status> {
+                    let mut client = self.client.clone();
+                    let (span, req) = provider_call($rpc, req, timeout);
+                    finish(&span, client.$method(req).instrument(span.clone()).await)
+                }
+            )*
+        }
+    };
+}
 
-    async fn configure(
-        &self,
-        req: pb::ConfigureRequest,
-        timeout: Duration,
-    ) -> Result<pb::TransitionAck, Status> {
-        let mut client = self.client.clone();
-        let (span, req) = provider_call("Configure", req, timeout);
-        finish(&span, client.configure(req).instrument(span.clone()).await)
-    }
-
-    async fn drain(
-        &self,
-        req: pb::DrainRequest,
-        timeout: Duration,
-    ) -> Result<pb::TransitionAck, Status> {
-        let mut client = self.client.clone();
-        let (span, req) = provider_call("Drain", req, timeout);
-        finish(&span, client.drain(req).instrument(span.clone()).await)
-    }
-
-    async fn delete(
-        &self,
-        req: pb::DeleteRequest,
-        timeout: Duration,
-    ) -> Result<pb::TransitionAck, Status> {
-        let mut client = self.client.clone();
-        let (span, req) = provider_call("Delete", req, timeout);
-        finish(&span, client.delete(req).instrument(span.clone()).await)
-    }
+traced_provider_calls! {
+    create(pb::CreateRequest) => "Create";
+    configure(pb::ConfigureRequest) => "Configure";
+    drain(pb::DrainRequest) => "Drain";
+    delete(pb::DeleteRequest) => "Delete";
 }
 
 /// A `grpc.client` span for one provider RPC (child of the work item's span) and the

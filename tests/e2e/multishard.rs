@@ -253,13 +253,11 @@ async fn multishard_coordinator_restart_mid_transfer_keeps_one_owner() {
     sc.finish().await;
 }
 
-/// Known bug (run with `--run-ignored only`): a donor restarted after saving a selector
-/// release but before its ack reached the coordinator answers the redelivered instruction
-/// by releasing *another* machine, so the first one is released by the donor and never
-/// adopted — owned by nobody. The fix needs the release remembered per instruction id
-/// across restarts (the `ShardView` seam passes no instruction id today).
+/// A donor restarted after saving a selector release but before its ack reached the
+/// coordinator answers the redelivered instruction with the machines it released then,
+/// saved with its owned set under the instruction id (ADR-0137), and releases nothing
+/// new: every machine it released is adopted by the recipient, none is left unowned.
 #[tokio::test(flavor = "multi_thread")]
-#[ignore = "known bug: a donor restart mid-transfer orphans the first released machine"]
 async fn multishard_shard_restart_mid_transfer_resumes_it() {
     let mut sc = two_shards().await;
     assign_zones(&sc).await;

@@ -19,7 +19,11 @@
 //! * an instruction with a term below the mark is `REJECTED_STALE` (equal
 //!   terms are accepted, higher terms raise the mark);
 //! * a payload the shard cannot apply is `REJECTED_INVALID`, a handler error
-//!   `FAILED`, anything else `ACCEPTED`.
+//!   `FAILED`, anything else `ACCEPTED`;
+//! * the transfer hooks (`TransferOwnership`, `ReassignSpeculative`,
+//!   `CrossShardDrain`) get the instruction id: the in-memory de-duplication
+//!   here is lost on a restart, so a shard that chose machines for an
+//!   instruction keeps its own record of the answer (ADR-0137).
 //!
 //! Acks go out with the next report; if that report fails they are queued again.
 //!
@@ -64,17 +68,28 @@ pub trait ShardView: Send + Sync + 'static {
     /// Removes a topology domain from the owned set (idempotent).
     fn unassign_domain(&self, key: &str, value: &str) -> Result<(), String>;
     /// One half of `TransferOwnership` (ADR-0129): the donor releases, the
-    /// recipient adopts. The default keeps ADR-0032's rejection.
-    fn transfer_ownership(&self, t: &pb::TransferOwnership) -> Applied {
-        let _ = t;
+    /// recipient adopts. `instruction_id` names the instruction, so a shard
+    /// can answer its redelivery after a restart with what it did the first
+    /// time (ADR-0137). The default keeps ADR-0032's rejection.
+    fn transfer_ownership(&self, instruction_id: &str, t: &pb::TransferOwnership) -> Applied {
+        let _ = (instruction_id, t);
         Applied::Invalid(UNSUPPORTED.to_owned())
     }
     /// One half of `ReassignSpeculative`: release tokens (`*`, `*/<type>`) ask
     /// this shard, the donor, to give up that many Speculative slots; machine ids
     /// ask it to own them (the recipient adopting, or a donor taking back what the
     /// recipient refused). Default: unsupported.
-    fn reassign_speculative(&self, r: &pb::ReassignSpeculative) -> Applied {
-        let _ = r;
+    fn reassign_speculative(&self, instruction_id: &str, r: &pb::ReassignSpeculative) -> Applied {
+        let _ = (instruction_id, r);
+        Applied::Invalid(UNSUPPORTED.to_owned())
+    }
+    /// `CrossShardDrain` (ADR-0137): this shard, the donor, reclaims up to one
+    /// machine per selector (`*`, `*/<type>`) running demand below
+    /// `preemptor_priority`, through its own victim scoring and rails, and
+    /// answers `DoneWith("released: id1,id2")` naming the machines it started
+    /// draining (possibly none). Default: unsupported.
+    fn cross_shard_drain(&self, instruction_id: &str, d: &pb::CrossShardDrain) -> Applied {
+        let _ = (instruction_id, d);
         Applied::Invalid(UNSUPPORTED.to_owned())
     }
 }
@@ -435,16 +450,13 @@ impl<V: ShardView> CoordClient<V> {
                 .view
                 .unassign_domain(&d.topology_key, &d.topology_value),
             Some(Payload::TransferOwnership(t)) => {
-                return self.applied(st, id, self.view.transfer_ownership(t));
+                return self.applied(st, id, self.view.transfer_ownership(id, t));
             }
             Some(Payload::ReassignSpeculative(r)) => {
-                return self.applied(st, id, self.view.reassign_speculative(r));
+                return self.applied(st, id, self.view.reassign_speculative(id, r));
             }
-            Some(Payload::CrossShardDrain(_)) => {
-                // The reference acks this no-op stub ACCEPTED; an ACCEPTED ack would tell
-                // the coordinator something drained when nothing did (ADR-0032). Shards do
-                // not drain for another shard yet.
-                return Some(ack(id, Outcome::RejectedInvalid, UNSUPPORTED));
+            Some(Payload::CrossShardDrain(d)) => {
+                return self.applied(st, id, self.view.cross_shard_drain(id, d));
             }
             None => {
                 return Some(ack(
@@ -478,6 +490,12 @@ mod tests {
         pub transfer_script: Mutex<VecDeque<Applied>>,
         pub transfers: Mutex<u32>,
         pub speculative: Mutex<Vec<Vec<String>>>,
+        /// Verdicts the drain hook returns in turn; empty = the default.
+        pub drain_script: Mutex<VecDeque<Applied>>,
+        /// (instruction id, selectors, preemptor priority) of each drain applied.
+        pub drains: Mutex<Vec<(String, Vec<String>, i32)>>,
+        /// Instruction ids the transfer hook was called with.
+        pub transfer_ids: Mutex<Vec<String>>,
     }
 
     impl ShardView for FakeView {
@@ -507,17 +525,28 @@ mod tests {
             self.domains.lock().remove(&(key.into(), value.into()));
             Ok(())
         }
-        fn reassign_speculative(&self, r: &pb::ReassignSpeculative) -> Applied {
+        fn reassign_speculative(&self, _id: &str, r: &pb::ReassignSpeculative) -> Applied {
             self.speculative.lock().push(r.machine_ids.clone());
             Applied::DoneWith("released: s-1".into())
         }
 
-        fn transfer_ownership(&self, _t: &pb::TransferOwnership) -> Applied {
+        fn transfer_ownership(&self, id: &str, _t: &pb::TransferOwnership) -> Applied {
             *self.transfers.lock() += 1;
+            self.transfer_ids.lock().push(id.to_owned());
             self.transfer_script
                 .lock()
                 .pop_front()
                 .unwrap_or(Applied::Invalid(UNSUPPORTED.into()))
+        }
+
+        fn cross_shard_drain(&self, id: &str, d: &pb::CrossShardDrain) -> Applied {
+            let Some(verdict) = self.drain_script.lock().pop_front() else {
+                return Applied::Invalid(UNSUPPORTED.into());
+            };
+            self.drains
+                .lock()
+                .push((id.to_owned(), d.machine_ids.clone(), d.preemptor_priority));
+            verdict
         }
     }
 
@@ -651,6 +680,57 @@ mod tests {
             assert_eq!(o.acks[0].reason, "released: s-1");
         }
         assert_eq!(*view.speculative.lock(), [vec!["*/m5.large".to_owned()]]);
+    }
+
+    /// CrossShardDrain reaches the shard's hook with its instruction id, once; a
+    /// deferral leaves it unacked; a redelivery is re-acked with the same list.
+    #[tokio::test]
+    async fn cross_shard_drain_reaches_the_view_once_with_its_id() {
+        let view = Arc::new(FakeView::default());
+        view.drain_script.lock().extend([
+            Applied::Deferred("a cycle is running".into()),
+            Applied::DoneWith("released: v1,v2".into()),
+        ]);
+        let c = client(view.clone());
+        let drain = pb::CoordinatorInstruction {
+            coordinator_term: 3,
+            sequence_number: 1,
+            instruction_id: "d1".into(),
+            payload: Some(Payload::CrossShardDrain(pb::CrossShardDrain {
+                machine_ids: vec!["*/m5.large".into(); 2],
+                preemptor_priority: 2_000_000,
+            })),
+        };
+        let reply = || pb::ReportAck {
+            coordinator_term: 3,
+            acknowledged: true,
+            instructions: vec![drain.clone()],
+        };
+        assert!(
+            c.handle_reply(&reply()).acks.is_empty(),
+            "deferred: unacked"
+        );
+        for _ in 0..2 {
+            let o = c.handle_reply(&reply());
+            assert_eq!(outcomes(&o), [("d1".to_owned(), Outcome::Accepted as i32)]);
+            assert_eq!(o.acks[0].reason, "released: v1,v2");
+        }
+        assert_eq!(
+            *view.drains.lock(),
+            [
+                ("d1".to_owned(), vec!["*/m5.large".to_owned(); 2], 2_000_000),
+                ("d1".to_owned(), vec!["*/m5.large".to_owned(); 2], 2_000_000),
+            ],
+            "the deferred try and the applied one; the redelivery after it is not applied"
+        );
+        // The transfer hook gets its instruction id too.
+        view.transfer_script.lock().push_back(Applied::Done);
+        c.handle_reply(&pb::ReportAck {
+            coordinator_term: 3,
+            acknowledged: true,
+            instructions: vec![transfer("t9", 3)],
+        });
+        assert_eq!(*view.transfer_ids.lock(), ["t9"]);
     }
 
     #[tokio::test]

@@ -254,8 +254,9 @@ fn capacity_stockout() {
     assert_eq!(census.get("configured@c1"), Some(&32));
 }
 
-#[test]
-fn priority_inversion() {
+/// Four GPU machines configured for "batch" (priority 100,000, wanting 32 GPU), and
+/// "train" (priority 1,000,000) wanting `train_gpus` more than the shard has free.
+fn batch_holds_four_gpus_train_wants(train_gpus: i64) -> Sim {
     let batch = need("batch", units(GPU, 32)).prio(100_000).build();
     let ms = (0..4)
         .map(|i| {
@@ -269,8 +270,18 @@ fn priority_inversion() {
     sim.rollup("batch", vec![batch]);
     sim.rollup(
         "train",
-        vec![need("train", units(GPU, 32)).prio(1_000_000).build()],
+        vec![
+            need("train", units(GPU, train_gpus))
+                .prio(1_000_000)
+                .build(),
+        ],
     );
+    sim
+}
+
+#[test]
+fn priority_inversion() {
+    let mut sim = batch_holds_four_gpus_train_wants(32);
     let c1 = sim.step();
     assert_eq!(c1.stats.preempts, 4);
     let c2 = sim.step();
@@ -510,21 +521,7 @@ fn preemption_fell_short() {
     // PREEMPTION_EXHAUSTED. Next cycle train acquires the freed 4 and holds
     // every matching machine, still short: PRIORITY_STARVED (held, by train
     // itself), never NO_MATCHING_SUPPLY; batch, starved by train, likewise.
-    let batch = need("batch", units(GPU, 32)).prio(100_000).build();
-    let ms = (0..4)
-        .map(|i| {
-            gpu_machine(&format!("gpu-{i}"), MachineState::Configured)
-                .cluster("batch")
-                .serving(&batch)
-                .build()
-        })
-        .collect();
-    let mut sim = Sim::new(ms);
-    sim.rollup("batch", vec![batch]);
-    sim.rollup(
-        "train",
-        vec![need("train", units(GPU, 64)).prio(1_000_000).build()],
-    );
+    let mut sim = batch_holds_four_gpus_train_wants(64);
     let d = demand_of(&sim);
     let c1 = sim.step();
     assert_eq!(c1.stats.preempts, 4);

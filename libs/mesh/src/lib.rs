@@ -28,6 +28,7 @@ mod channel;
 mod client;
 mod conn;
 pub mod error;
+mod flags;
 mod layers;
 mod limits;
 mod listen;
@@ -53,12 +54,15 @@ pub use error::{
     BoxError, ClassifyError, ErrorClass, HttpError, INTERNAL_MESSAGE, IntoStatus,
     LEADER_HINT_METADATA, MeshError, http_error, internal_message, internal_status, status_from,
 };
+pub use flags::ServiceFlags;
 pub use layers::{
     AuthzCheck, CheckLayer, DeadlineLayer, ErrorMapLayer, IdentityCheck, RateLimitCheck,
     RequestCheck, TraceLayer,
 };
 pub use limits::ServerLimits;
-pub use listen::{bind_tcp, parse_listen_addr};
+pub use listen::{
+    OpsFlagError, bind_tcp, parse_listen_addr, parse_optional_listen_addr, start_ops_server,
+};
 pub use local::{
     LocalPeers, SOCKET_DIR_MODE, SOCKET_FILE_MODE, SocketDirError, current_uid, prepare_socket_dir,
 };
@@ -67,7 +71,7 @@ pub use peer::{Peer, peer_of};
 pub use rate_limit::{RateLimit, TokenBuckets};
 pub use server::{
     DEFAULT_DRAIN_DEADLINE, MAX_MESSAGE_SIZE, MeshServer, RunningServer, ServerError,
-    shutdown_signal, stop_signal,
+    shutdown_signal, stop_signal, until_shutdown_signal,
 };
 pub use stack::{MeshLayer, ServerStackConfig, ServerStackService, server_stack};
 

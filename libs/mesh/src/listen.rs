@@ -6,6 +6,8 @@
 
 use std::net::{Ipv6Addr, SocketAddr, ToSocketAddrs};
 
+use bigfleet_telemetry::{MetricsRegistry, OpsServer, Readiness};
+
 pub use bigfleet_telemetry::bind_tcp;
 
 /// Parses `host:port`, or `:port` for every interface (`[::]:port`, dual-stack once bound
@@ -27,6 +29,47 @@ pub fn parse_listen_addr(addr: &str) -> Result<SocketAddr, String> {
         .ok_or_else(|| "resolves to no address".to_owned())
 }
 
+/// [`parse_listen_addr`] for a listener that may be turned off: `0` (or nothing) means
+/// none, as `--metrics-addr 0` does in every service.
+pub fn parse_optional_listen_addr(addr: &str) -> Result<Option<SocketAddr>, String> {
+    match addr.trim() {
+        "" | "0" => Ok(None),
+        a => parse_listen_addr(a).map(Some),
+    }
+}
+
+/// Why the ops server a `--metrics-addr` flag names did not start.
+#[derive(Debug, thiserror::Error)]
+pub enum OpsFlagError {
+    #[error("invalid --metrics-addr {addr:?}: {reason}")]
+    Address { addr: String, reason: String },
+    #[error("serving metrics on {addr}: {source}")]
+    Serve {
+        addr: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Starts the `/metrics` `/healthz` `/readyz` server at the address a `--metrics-addr` flag
+/// gives (`0` turns it off), so every service reads the flag the same way.
+pub async fn start_ops_server(
+    flag: &str,
+    registry: MetricsRegistry,
+    readiness: Readiness,
+) -> Result<OpsServer, OpsFlagError> {
+    let addr = parse_optional_listen_addr(flag).map_err(|reason| OpsFlagError::Address {
+        addr: flag.to_owned(),
+        reason,
+    })?;
+    OpsServer::start(addr, registry, readiness)
+        .await
+        .map_err(|source| OpsFlagError::Serve {
+            addr: flag.to_owned(),
+            source,
+        })
+}
+
 /// A peer address as the rest of the mesh reasons about it: an IPv4 client of a dual-stack
 /// listener arrives as `::ffff:a.b.c.d`, which is not `is_loopback()` and would key rate
 /// limits apart from the same client on an IPv4 listener, so it is mapped back to IPv4.
@@ -36,7 +79,7 @@ pub(crate) fn canonical_peer(addr: SocketAddr) -> SocketAddr {
 
 #[cfg(test)]
 mod tests {
-    use super::{bind_tcp, canonical_peer, parse_listen_addr};
+    use super::*;
     use std::net::SocketAddr;
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
@@ -45,6 +88,42 @@ mod tests {
         assert_eq!(
             parse_listen_addr(":7780").unwrap(),
             "[::]:7780".parse().unwrap()
+        );
+    }
+
+    #[test]
+    fn zero_or_nothing_turns_a_listener_off() {
+        assert_eq!(parse_optional_listen_addr("0").unwrap(), None);
+        assert_eq!(parse_optional_listen_addr(" ").unwrap(), None);
+        assert_eq!(
+            parse_optional_listen_addr(":8780").unwrap(),
+            Some("[::]:8780".parse().unwrap())
+        );
+        assert!(parse_optional_listen_addr("nope").is_err());
+    }
+
+    #[tokio::test]
+    async fn the_metrics_flag_starts_the_ops_server_or_says_why_not() {
+        let off = start_ops_server("0", MetricsRegistry::new(), Readiness::ready())
+            .await
+            .unwrap();
+        assert_eq!(off.addr(), None);
+        off.stop().await;
+
+        let on = start_ops_server("127.0.0.1:0", MetricsRegistry::new(), Readiness::ready())
+            .await
+            .unwrap();
+        assert!(on.addr().is_some_and(|a| a.port() != 0));
+        on.stop().await;
+
+        let bad = start_ops_server("nope", MetricsRegistry::new(), Readiness::ready())
+            .await
+            .unwrap_err();
+        assert!(matches!(bad, OpsFlagError::Address { .. }), "{bad}");
+        assert!(
+            bad.to_string()
+                .starts_with("invalid --metrics-addr \"nope\""),
+            "{bad}"
         );
     }
 

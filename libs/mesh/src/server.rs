@@ -653,12 +653,7 @@ impl RunningServer {
 
     /// Serves until SIGTERM or SIGINT, then shuts down gracefully.
     pub async fn run_until_signal(self) -> Result<(), ServerError> {
-        self.run_until(async {
-            if let Err(e) = shutdown_signal().await {
-                tracing::error!(error = %e, "cannot listen for signals; stopping");
-            }
-        })
-        .await
+        self.run_until(until_shutdown_signal()).await
     }
 
     /// Serves until `stop` resolves (or the server fails), then shuts down gracefully.
@@ -693,6 +688,15 @@ pub async fn shutdown_signal() -> Result<&'static str, ServerError> {
     };
     tracing::info!(signal = name, "shutdown signal received");
     Ok(name)
+}
+
+/// [`shutdown_signal`] for a service's `run`: waits for SIGTERM or SIGINT, and a process
+/// that cannot listen for signals says so and stops at once rather than run on with no way
+/// to drain it.
+pub async fn until_shutdown_signal() {
+    if let Err(e) = shutdown_signal().await {
+        tracing::error!(error = %e, "cannot listen for signals; stopping");
+    }
 }
 
 /// Resolves on SIGTERM or SIGINT, for a process that stops the same way on

@@ -25,7 +25,7 @@ pub use logging::{
     TelemetryGuard, clip, init,
 };
 pub use metrics::{LATENCY_BUCKETS, MetricDescription, MetricsRegistry, id_label};
-pub use ops::{Readiness, ops_router, serve_ops, spawn_ops_server, spawn_ops_server_if};
+pub use ops::{OpsServer, Readiness, ops_router, serve_ops, spawn_ops_server, spawn_ops_server_if};
 pub use process::{BUILD_INFO, GIT_SHA, VERSION, service_name, set_service_name};
 
 /// Errors setting up telemetry or registering metrics.

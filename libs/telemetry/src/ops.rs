@@ -155,6 +155,48 @@ pub async fn spawn_ops_server_if(
     }
 }
 
+/// The ops server of a service binary, started by [`OpsServer::start`] and stopped by
+/// [`OpsServer::stop`] after the service has drained, so `/metrics` stays readable to the
+/// end.
+#[derive(Debug)]
+pub struct OpsServer {
+    addr: Option<SocketAddr>,
+    // Sending (or dropping the sender) ends the server's graceful shutdown wait.
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: Option<JoinHandle<std::io::Result<()>>>,
+}
+
+impl OpsServer {
+    /// Serves the ops router on `addr`, or nothing when `addr` is `None` (`--metrics-addr 0`).
+    pub async fn start(
+        addr: Option<SocketAddr>,
+        registry: MetricsRegistry,
+        readiness: Readiness,
+    ) -> std::io::Result<Self> {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let shutdown = async move {
+            let _ = stopped.await;
+        };
+        let (addr, task) = spawn_ops_server_if(addr, registry, readiness, shutdown)
+            .await?
+            .unzip();
+        Ok(Self { addr, stop, task })
+    }
+
+    /// The bound address, `None` when disabled.
+    pub fn addr(&self) -> Option<SocketAddr> {
+        self.addr
+    }
+
+    /// Finishes in-flight requests and waits for the server task.
+    pub async fn stop(self) {
+        let _ = self.stop.send(());
+        if let Some(task) = self.task {
+            let _ = task.await;
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -177,6 +219,37 @@ mod tests {
             .await
             .unwrap();
         (status, String::from_utf8(body.to_vec()).unwrap(), ct)
+    }
+
+    #[tokio::test]
+    async fn ops_server_serves_until_stopped_and_none_when_disabled() {
+        use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+        let disabled = OpsServer::start(None, MetricsRegistry::new(), Readiness::ready())
+            .await
+            .unwrap();
+        assert_eq!(disabled.addr(), None);
+        disabled.stop().await;
+
+        let server = OpsServer::start(
+            Some("127.0.0.1:0".parse().unwrap()),
+            MetricsRegistry::new(),
+            Readiness::ready(),
+        )
+        .await
+        .unwrap();
+        let addr = server.addr().expect("bound");
+        let mut conn = tokio::net::TcpStream::connect(addr).await.unwrap();
+        conn.write_all(b"GET /healthz HTTP/1.0\r\n\r\n")
+            .await
+            .unwrap();
+        let mut reply = String::new();
+        conn.read_to_string(&mut reply).await.unwrap();
+        assert!(reply.starts_with("HTTP/1.0 200"), "{reply}");
+        assert!(reply.ends_with("ok\n"), "{reply}");
+
+        server.stop().await;
+        assert!(tokio::net::TcpStream::connect(addr).await.is_err());
     }
 
     #[tokio::test]

@@ -295,6 +295,15 @@ impl InternalClient {
         self.request_bootstrap(req).await.unwrap().into_inner()
     }
 
+    /// [`Self::bootstrap`] left running, so the test can play the operator that answers it.
+    pub fn bootstrap_in_background(
+        &self,
+        req: meshpb::RequestBootstrapRequest,
+    ) -> tokio::task::JoinHandle<meshpb::RequestBootstrapResponse> {
+        let mut caller = self.clone();
+        tokio::spawn(async move { caller.bootstrap(req).await })
+    }
+
     pub async fn send_reclaim(
         &mut self,
         req: impl tonic::IntoRequest<meshpb::SendReclaimRequest>,

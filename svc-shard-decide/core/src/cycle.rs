@@ -298,6 +298,8 @@ impl Decide {
         let t = Instant::now();
         // Owned domains and transfers as of now (ADR-0128): taken alone, before the inventory.
         let ownership = inner.ownership.lock().clone();
+        // Drained machines waiting for their transfer are foreign to the engine only.
+        let held = self.engine_ownership(&ownership, now);
         let inv = inner.inventory.blocking_read();
         // The only moment the cycle touches ingest's room: collect what changed.
         let taken = inner.intake.lock().take();
@@ -318,7 +320,7 @@ impl Decide {
             now_unix_nanos: now,
             parking: Some(&room.parking),
             cluster_ready: Some(&ready),
-            ownership: Some(&ownership),
+            ownership: Some(held.as_ref().unwrap_or(&ownership)),
             demand_dimensions: Some(room.demand.dimensions()),
             ..CycleInput::with_fleet(inv.fleet(), demand)
         };
@@ -395,13 +397,14 @@ impl Decide {
             .traces
             .for_cycle(cycle, Instant::now(), trace);
         let mut held: Vec<Action> = Vec::new();
+        // Cross-shard drains join the engine's actions before the rails (ADR-0137).
+        let actions = self.with_drains(&inv, &ownership, out.actions);
         let (rails, stats) = {
             let mut work = inner.work.lock();
             let work = &mut *work;
             work.reclaim_budget
                 .expire(now, inner.cfg.rails.reclaim_budget_window);
-            let rails =
-                crate::rails::apply(&inner.cfg.rails, out.actions, &work.reclaim_budget, &*inv);
+            let rails = crate::rails::apply(&inner.cfg.rails, actions, &work.reclaim_budget, &*inv);
             for d in &rails.deferrals {
                 if work.reclaim_budget.should_log(&d.cluster, now) {
                     tracing::info!(

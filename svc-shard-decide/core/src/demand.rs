@@ -245,23 +245,12 @@ impl DemandView {
 mod tests {
     use super::*;
     use crate::needs::NeedsTable;
-    use bigfleet_model::{Operator, PenaltyBucket, Profile, Requirement};
     use proptest::prelude::*;
 
-    /// A need whose resources name a dimension of its own besides cpu, so the kept
-    /// dimension set changes as demand comes and goes.
+    /// The needs table's test need, with resources naming a dimension of its own besides
+    /// cpu, so the kept dimension set changes as demand comes and goes.
     fn need(prio: i32, tag: &str) -> Need {
-        let req = Requirement::new("tag", Operator::In, [tag.to_owned()]);
-        let mut n = Need::new(
-            "",
-            Profile::new(
-                vec![req],
-                vec![],
-                prio,
-                PenaltyBucket::Zero,
-                PenaltyBucket::Zero,
-            ),
-        );
+        let mut n = crate::needs::tests::need(prio, tag);
         n.aggregate_resources = bigfleet_model::ResourceVector::from_milli([
             ("cpu".to_owned(), 1000),
             (format!("r-{tag}"), 1),

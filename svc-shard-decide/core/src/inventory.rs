@@ -682,6 +682,35 @@ impl Inventory {
         s
     }
 
+    /// [`Self::summary`] over the machines `owned` lets this shard act on: what its
+    /// reports advertise to the coordinator's rebalancer. Counting a shared
+    /// provider's foreign machines would make every shard advertise the same free
+    /// supply, and the rebalancer pick donors that own nothing.
+    pub fn summary_owned(&self, owned: &bigfleet_decision::Ownership) -> InventorySummary {
+        if owned.is_everything() {
+            return self.summary();
+        }
+        let mut s = InventorySummary::default();
+        for pos in self.live() {
+            let id = self.id_at(pos).expect("a live position");
+            let r = &self.recs[pos];
+            let p = &self.profiles.items[r.profile as usize];
+            if !owned.owns(id, p) {
+                continue;
+            }
+            s.total += 1;
+            if matches!(r.state, MachineState::Idle | MachineState::Speculative) {
+                s.free += 1;
+            }
+            *s.by_state.entry(r.state).or_default() += 1;
+            *s.by_instance_type
+                .entry(p.instance_type.clone())
+                .or_default() += 1;
+            *s.by_zone.entry(p.zone.clone()).or_default() += 1;
+        }
+        s
+    }
+
     /// Idle and Speculative machines whose instance type is one of `types`
     /// (every type when `None`), and the cheapest such Idle price.
     pub fn free_supply(&self, types: Option<&[String]>) -> FreeSupply {
@@ -967,6 +996,34 @@ pub(crate) mod tests {
         assert_eq!(s.by_instance_type["m5"], 3);
         assert_eq!(inv.bound_to("c1").len(), 1);
         assert!(inv.bound_to("").is_empty());
+    }
+
+    #[test]
+    fn owned_summary_counts_only_what_the_shard_may_act_on() {
+        let mut inv = Inventory::new();
+        inv.upsert(machine("a", MachineState::Idle), 0);
+        inv.upsert(machine("b", MachineState::Idle), 0);
+        let mut c = machine("c", MachineState::Idle);
+        c.profile.zone = "z2".into();
+        inv.upsert(c, 0);
+        let mut d = machine("d", MachineState::Configured);
+        d.profile.zone = "z2".into();
+        inv.upsert(d, 0);
+        let everything = bigfleet_decision::Ownership::default();
+        assert_eq!(inv.summary_owned(&everything), inv.summary());
+        let mut owned = bigfleet_decision::Ownership::default();
+        owned.domains.insert((
+            bigfleet_model::requirement::ZONE_KEY.to_owned(),
+            "z1".to_owned(),
+        ));
+        owned.released.insert("b".to_owned());
+        owned.adopted.insert("d".to_owned());
+        let s = inv.summary_owned(&owned);
+        // a (z1), d (adopted); not b (released) nor c (z2).
+        assert_eq!((s.total, s.free), (2, 1));
+        assert_eq!(s.by_zone["z1"], 1);
+        assert_eq!(s.by_zone["z2"], 1);
+        assert_eq!(s.by_state[&MachineState::Configured], 1);
     }
 
     proptest! {

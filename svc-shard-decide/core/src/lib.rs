@@ -26,6 +26,7 @@ pub mod actions;
 pub mod actuation;
 mod cycle;
 pub mod demand;
+pub mod drain;
 pub mod edge;
 mod errors;
 pub mod history;

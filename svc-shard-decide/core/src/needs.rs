@@ -245,11 +245,12 @@ impl NeedsTable {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use bigfleet_model::{PenaltyBucket, Profile};
 
-    fn need(prio: i32, tag: &str) -> Need {
+    /// A need with one `tag In [tag]` requirement at `prio`, nothing else set.
+    pub(crate) fn need(prio: i32, tag: &str) -> Need {
         let req =
             bigfleet_model::Requirement::new("tag", bigfleet_model::Operator::In, [tag.to_owned()]);
         Need::new(

@@ -968,8 +968,8 @@ mod tests {
         assert_eq!(ids(&inv), ["a"]);
     }
 
-    #[test]
-    fn incremental_mode_never_removes() {
+    /// The inventory after a first full List of two idle machines, "a" and "b".
+    fn idle_a_and_b_listed() -> Inventory {
         let mut inv = Inventory::new();
         merge(
             &mut inv,
@@ -979,6 +979,12 @@ mod tests {
             0,
             |_| false,
         );
+        inv
+    }
+
+    #[test]
+    fn incremental_mode_never_removes() {
+        let mut inv = idle_a_and_b_listed();
         let r = merge(
             &mut inv,
             &[pm("a", MachineState::Speculative)],
@@ -994,15 +1000,7 @@ mod tests {
 
     #[test]
     fn in_flight_machines_are_neither_overwritten_nor_removed() {
-        let mut inv = Inventory::new();
-        merge(
-            &mut inv,
-            &[pm("a", MachineState::Idle), pm("b", MachineState::Idle)],
-            true,
-            1,
-            0,
-            |_| false,
-        );
+        let mut inv = idle_a_and_b_listed();
         // A worker moved "a" to Configuring; the provider still lists Idle.
         inv.update("a", 0, |m| {
             m.state = MachineState::Configuring;

@@ -184,6 +184,8 @@ pub(crate) struct Inner {
     pub(crate) provisioning: Ordered<ProvisioningClock>,
     /// Owned domains and transferred machines (ADR-0128); see `ownership.rs`.
     pub(crate) ownership: Ordered<bigfleet_decision::Ownership>,
+    /// Cross-shard drains chosen and not started (ADR-0137); see `drain.rs`.
+    pub(crate) drains: Ordered<crate::drain::DrainBook>,
     pub(crate) audit: Option<Ordered<AuditLog>>,
     /// Recent actions and their outcomes (ADR-0125).
     pub(crate) history: Ordered<crate::history::ActionHistory>,
@@ -334,6 +336,7 @@ impl Decide {
                 "domains",
                 bigfleet_decision::Ownership::everything(),
             ),
+            drains: Ordered::new(Level::Leaf, "drains", Default::default()),
             audit,
             history: Ordered::new(
                 Level::Leaf,
@@ -416,15 +419,17 @@ impl Decide {
             .max(term)
     }
 
-    /// Inventory counts for reports.
+    /// Inventory counts for reports: the machines this shard owns (ADR-0128), so
+    /// the coordinator's rebalancer sees each shard's own supply.
     pub async fn summary(&self) -> SummaryView {
         debug_assert_eq!(
             crate::locks::tracked_held(),
             0,
             "inventory is the outermost lock"
         );
+        let owned = self.ownership();
         SummaryView {
-            inventory: self.inner.inventory.read().await.summary(),
+            inventory: self.inner.inventory.read().await.summary_owned(&owned),
             provider_address: self.inner.cfg.provider_address.clone(),
         }
     }

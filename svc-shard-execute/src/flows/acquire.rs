@@ -177,16 +177,11 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
                 },
             )
             .await?;
-        match landed {
-            Landed::Arrived => {
-                self.ex
-                    .metrics
-                    .configure_phase
-                    .observe(phase_started.elapsed().as_secs_f64());
-                Ok(format!("configured for {cluster}"))
-            }
-            Landed::Pending(note) => Ok(note),
-        }
+        Ok(
+            landed.timed_note(&self.ex.metrics.configure_phase, phase_started, || {
+                format!("configured for {cluster}")
+            }),
+        )
     }
 
     /// The operator's bootstrap blob; every way of not getting one happens

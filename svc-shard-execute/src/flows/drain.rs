@@ -8,7 +8,7 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use tokio::time::Instant;
 
-use super::provider::{Landed, Leg, stamped};
+use super::provider::{Leg, stamped};
 use super::steps::describe;
 use super::{Fail, Flow, Run};
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
@@ -105,17 +105,12 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
                 },
             )
             .await?;
-        match landed {
-            Landed::Arrived => {
-                self.ex
-                    .metrics
-                    .drain_phase
-                    .observe(phase_started.elapsed().as_secs_f64());
-                Ok("drained to idle".to_owned())
-            }
-            // Asynchronous drain (the original's ADR-0059): the binding is
-            // cleared only when reconcile sees Idle.
-            Landed::Pending(note) => Ok(note),
-        }
+        // Asynchronous drain (the original's ADR-0059) lands Pending: the binding is
+        // cleared only when reconcile sees Idle.
+        Ok(
+            landed.timed_note(&self.ex.metrics.drain_phase, phase_started, || {
+                "drained to idle".to_owned()
+            }),
+        )
     }
 }

@@ -109,6 +109,26 @@ pub(super) enum Landed {
     Pending(String),
 }
 
+impl Landed {
+    /// The flow's note: `arrived` once the machine is in `to`, with the phase that began
+    /// at `started` observed into `phase`; a pending leg's own note otherwise, unobserved
+    /// because the phase has not ended yet.
+    pub(super) fn timed_note(
+        self,
+        phase: &prometheus::Histogram,
+        started: Instant,
+        arrived: impl FnOnce() -> String,
+    ) -> String {
+        match self {
+            Landed::Arrived => {
+                phase.observe(started.elapsed().as_secs_f64());
+                arrived()
+            }
+            Landed::Pending(note) => note,
+        }
+    }
+}
+
 impl<'a, D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'a, D, G, P> {
     /// Runs one leg for a machine already in `leg.via`: the fenced provider
     /// call, then its answer read as the machine's next state. An answer in

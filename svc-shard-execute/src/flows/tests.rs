@@ -465,19 +465,48 @@ async fn a_create_ack_with_bad_cost_fields_fails_the_machine() {
     assert!(err.contains("price"), "{err}");
 }
 
+/// A provider error on any leg (create, configure, drain) fails the machine at once:
+/// INTERNAL is not retryable, and the error is what decide records.
 #[tokio::test]
-async fn a_create_failure_fails_the_machine_without_retrying() {
-    let h = harness();
-    h.seed(machine("m1", Speculative, ""));
-    h.provider
-        .fail_next("m1", "create", Status::internal("out of capacity"));
-    let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
-        .await;
-    assert_eq!(r.outcome, Outcome::ProviderError);
-    assert_eq!(h.state("m1"), Failed);
-    assert_eq!(h.last_error("m1"), "create: out of capacity");
-    assert_eq!(h.provider.calls().len(), 1, "INTERNAL is not retryable");
+async fn a_provider_failure_on_any_leg_fails_the_machine_without_retrying() {
+    let cases = [
+        (
+            machine("m1", Speculative, ""),
+            acquire(mesh::ActionKind::Provision, "m1", "c1"),
+            ("create", "out of capacity"),
+            Outcome::ProviderError,
+            [(Speculative, Creating, Ok(())), (Creating, Failed, Ok(()))],
+        ),
+        (
+            machine("m1", Idle, ""),
+            acquire(mesh::ActionKind::Bootstrap, "m1", "c1"),
+            ("configure", "image pull failed"),
+            Outcome::ConfigureError,
+            [(Idle, Configuring, Ok(())), (Configuring, Failed, Ok(()))],
+        ),
+        (
+            machine("m1", Configured, "c1"),
+            drain_action(mesh::ActionKind::Reclaim, "m1", "c1", 0),
+            ("drain", "pdb blocked"),
+            Outcome::ProviderError,
+            [(Configured, Draining, Ok(())), (Draining, Failed, Ok(()))],
+        ),
+    ];
+    for (seeded, action, (rpc, error), outcome, edges) in cases {
+        let h = harness();
+        h.seed(seeded);
+        h.provider.fail_next("m1", rpc, Status::internal(error));
+        let r = h.run(action).await;
+        assert_eq!(r.outcome, outcome, "{rpc}");
+        assert_eq!(h.edges(), edges, "{rpc}");
+        assert_eq!(h.state("m1"), Failed, "{rpc}");
+        assert_eq!(h.last_error("m1"), format!("{rpc}: {error}"));
+        assert_eq!(
+            h.provider.calls().len(),
+            1,
+            "{rpc}: INTERNAL is not retryable"
+        );
+    }
 }
 
 #[tokio::test]
@@ -653,23 +682,6 @@ async fn bootstrap_of_a_machine_already_configured_for_the_need_is_success_witho
 }
 
 #[tokio::test]
-async fn a_configure_failure_fails_the_machine() {
-    let h = harness();
-    h.seed(machine("m1", Idle, ""));
-    h.provider
-        .fail_next("m1", "configure", Status::internal("image pull failed"));
-    let r = h
-        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
-        .await;
-    assert_eq!(r.outcome, Outcome::ConfigureError);
-    assert_eq!(
-        h.edges(),
-        [(Idle, Configuring, Ok(())), (Configuring, Failed, Ok(()))]
-    );
-    assert_eq!(h.last_error("m1"), "configure: image pull failed");
-}
-
-#[tokio::test]
 async fn an_asynchronous_configure_stays_configuring() {
     let h = harness();
     h.provider.st.lock().asynchronous.insert("configure");
@@ -792,19 +804,6 @@ async fn preempt_with_an_asynchronous_drain_is_left_draining() {
     assert_eq!(h.edges(), [(Configured, Draining, Ok(()))]);
     assert_eq!(h.state("m1"), Draining);
     assert_eq!(h.ex.metrics().drain_phase.get_sample_count(), 0);
-}
-
-#[tokio::test]
-async fn a_drain_failure_fails_the_machine() {
-    let h = harness();
-    h.seed(machine("m1", Configured, "c1"));
-    h.provider
-        .fail_next("m1", "drain", Status::internal("pdb blocked"));
-    let r = h
-        .run(drain_action(mesh::ActionKind::Reclaim, "m1", "c1", 0))
-        .await;
-    assert_eq!(r.outcome, Outcome::ProviderError);
-    assert_eq!(h.last_error("m1"), "drain: pdb blocked");
 }
 
 // ---- release ------------------------------------------------------------
