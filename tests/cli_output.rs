@@ -405,15 +405,9 @@ async fn five_more_polls(c: &CoordinatorDouble) {
     eventually("five more polls", || calls() >= before + 5).await;
 }
 
-/// Polls `cond` until it holds; a generous bound keeps a broken build from hanging.
+/// The suite's one wait, with the bound these watch tests always had.
 async fn eventually(what: &str, mut cond: impl FnMut() -> bool) {
-    for _ in 0..3000 {
-        if cond() {
-            return;
-        }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    panic!("never happened: {what}");
+    bigfleet_testkit::wait_until(Duration::from_secs(30), what, async || cond()).await;
 }
 
 #[tokio::test]

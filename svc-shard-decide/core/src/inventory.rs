@@ -690,12 +690,33 @@ impl Inventory {
         if owned.is_everything() {
             return self.summary();
         }
+        // Domain membership once per interned profile; only the (few) transferred
+        // machines are looked up by id.
+        let in_domain: Vec<bool> = self
+            .profiles
+            .items
+            .iter()
+            .map(|p| {
+                owned
+                    .domains
+                    .iter()
+                    .any(|(k, v)| p.attribute(k) == Some(v.as_str()))
+            })
+            .collect();
+        let by_id = !owned.released.is_empty() || !owned.adopted.is_empty();
         let mut s = InventorySummary::default();
         for pos in self.live() {
-            let id = self.id_at(pos).expect("a live position");
             let r = &self.recs[pos];
             let p = &self.profiles.items[r.profile as usize];
-            if !owned.owns(id, p) {
+            // `Ownership::owns`, with the domain half precomputed.
+            let domain_owns = owned.domains.is_empty() || in_domain[r.profile as usize];
+            let mine = if by_id {
+                let id = self.id_at(pos).expect("a live position");
+                !owned.released.contains(id) && (domain_owns || owned.adopted.contains(id))
+            } else {
+                domain_owns
+            };
+            if !mine {
                 continue;
             }
             s.total += 1;
@@ -1027,6 +1048,35 @@ pub(crate) mod tests {
     }
 
     proptest! {
+        /// The precomputed summary agrees with `Ownership::owns` machine by machine.
+        #[test]
+        fn owned_summary_matches_owns(
+            zones in proptest::collection::vec(0u8..3, 1..30),
+            domains in proptest::collection::btree_set(0u8..3, 0..3),
+            released in proptest::collection::btree_set(0usize..30, 0..5),
+            adopted in proptest::collection::btree_set(0usize..30, 0..5),
+        ) {
+            let mut inv = Inventory::new();
+            let mut all = Vec::new();
+            for (i, z) in zones.iter().enumerate() {
+                let mut m = machine(&format!("m{i}"), MachineState::Idle);
+                m.profile.zone = format!("z{z}");
+                all.push(m.clone());
+                inv.upsert(m, 0);
+            }
+            let mut owned = bigfleet_decision::Ownership::default();
+            for z in &domains {
+                owned.domains.insert((
+                    bigfleet_model::requirement::ZONE_KEY.to_owned(),
+                    format!("z{z}"),
+                ));
+            }
+            owned.released = released.iter().map(|i| format!("m{i}")).collect();
+            owned.adopted = adopted.iter().map(|i| format!("m{i}")).collect();
+            let want = all.iter().filter(|m| owned.owns(&m.id, &m.profile)).count() as u64;
+            prop_assert_eq!(inv.summary_owned(&owned).total, want);
+        }
+
         #[test]
         fn counters_match_recount_after_any_ops(ops in proptest::collection::vec((0u8..6, 0u8..20, 0u8..9), 1..80)) {
             let mut inv = Inventory::new();
