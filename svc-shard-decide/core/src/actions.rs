@@ -208,6 +208,16 @@ impl ActionLedger {
     pub fn queued(&self) -> impl Iterator<Item = &QueuedAction> {
         self.queue.iter()
     }
+
+    /// Machines with an action queued or in flight: what a transfer or a drain
+    /// must leave alone until the action is over.
+    pub fn machines_with_actions(&self) -> std::collections::BTreeSet<&str> {
+        self.queue
+            .iter()
+            .map(|q| q.action.machine_id())
+            .chain(self.inflight.keys().map(String::as_str))
+            .collect()
+    }
 }
 
 #[cfg(test)]

@@ -24,11 +24,11 @@
 //! never comes costs the donor only the hold.
 
 use crate::inventory::Inventory;
-use crate::ownership::TransferVerdict;
+use crate::ownership::{TransferVerdict, selector};
 use crate::shard::Decide;
 use bigfleet_decision::{Ownership, drain_grace, victim_score};
 use bigfleet_model::{Action, MachineState};
-use std::collections::{BTreeMap, BTreeSet};
+use std::collections::BTreeMap;
 use std::time::Duration;
 
 /// How long a drained machine is kept from the donor's own demand: long enough
@@ -64,14 +64,6 @@ impl DrainBook {
     }
 }
 
-/// `*` (any type) or `*/<type>`; `None` for anything else.
-fn selector(token: &str) -> Option<Option<&str>> {
-    match token.strip_prefix('*')? {
-        "" => Some(None),
-        rest => rest.strip_prefix('/').map(Some),
-    }
-}
-
 impl Decide {
     /// Donor half of `CrossShardDrain`: choose up to one victim per selector
     /// (`*` or `*/<type>`) among owned Configured machines serving demand of
@@ -100,27 +92,19 @@ impl Decide {
         if !self.is_ready() {
             return TransferVerdict::Busy("inventory not listed yet".to_owned());
         }
-        let Ok(_cycle) = self.inner.cycle_room.try_lock() else {
-            return TransferVerdict::Busy("a cycle is running".to_owned());
-        };
-        let Ok(inv) = self.inner.inventory.try_read() else {
-            return TransferVerdict::Busy("inventory is being synced".to_owned());
+        let (_cycle, inv) = match self.between_cycles() {
+            Ok(guards) => guards,
+            Err(busy) => return busy,
         };
         let owned = self.ownership();
         let opts = self.inner.cfg.phase2;
         let mut scored: Vec<(f64, bigfleet_model::Machine)> = {
             let work = self.inner.work.lock();
-            let queued: BTreeSet<&str> = work
-                .ledger
-                .queued()
-                .map(|q| q.action.machine_id())
-                .collect();
+            let busy = work.ledger.machines_with_actions();
             let pending = self.inner.drains.lock();
             inv.ids()
                 .filter(|id| inv.state_of(id) == Some(MachineState::Configured))
-                .filter(|id| {
-                    !queued.contains(id) && !work.ledger.is_in_flight(id) && !pending.contains(id)
-                })
+                .filter(|id| !busy.contains(id) && !pending.contains(id))
                 .filter_map(|id| inv.get(id))
                 .filter(|m| {
                     m.assigned_priority < preemptor_priority && owned.owns(&m.id, &m.profile)

@@ -31,7 +31,7 @@ pub enum TransferVerdict {
 
 /// A release token that asks the donor to choose: `*` (any instance type) or
 /// `*/<type>`; never a machine id (ADR-0130). `Some(None)` = any type.
-fn selector(token: &str) -> Option<Option<&str>> {
+pub(crate) fn selector(token: &str) -> Option<Option<&str>> {
     match token.strip_prefix('*')? {
         "" => Some(None),
         rest => rest.strip_prefix('/').map(Some),
@@ -39,6 +39,30 @@ fn selector(token: &str) -> Option<Option<&str>> {
 }
 
 impl Decide {
+    /// The cycle room and a read of the inventory, taken without waiting: a
+    /// transfer half or a drain decided between cycles, so no cycle decided on
+    /// the old ownership can still act on what it changes. `Err(Busy)` while a
+    /// cycle runs or a sync writes the inventory (the instruction is redelivered).
+    pub(crate) fn between_cycles(
+        &self,
+    ) -> Result<
+        (
+            tokio::sync::MutexGuard<'_, crate::cycle::CycleRoom>,
+            tokio::sync::RwLockReadGuard<'_, crate::inventory::Inventory>,
+        ),
+        TransferVerdict,
+    > {
+        let Ok(cycle) = self.inner.cycle_room.try_lock() else {
+            return Err(TransferVerdict::Busy("a cycle is running".to_owned()));
+        };
+        let Ok(inv) = self.inner.inventory.try_read() else {
+            return Err(TransferVerdict::Busy(
+                "inventory is being synced".to_owned(),
+            ));
+        };
+        Ok((cycle, inv))
+    }
+
     /// The machines this shard may act on, as the next cycle will see them.
     pub fn ownership(&self) -> Ownership {
         self.inner.ownership.lock().clone()
@@ -87,11 +111,9 @@ impl Decide {
         if ids.is_empty() {
             return TransferVerdict::Refused("no machine ids".to_owned());
         }
-        let Ok(_cycle) = self.inner.cycle_room.try_lock() else {
-            return TransferVerdict::Busy("a cycle is running".to_owned());
-        };
-        let Ok(inv) = self.inner.inventory.try_read() else {
-            return TransferVerdict::Busy("inventory is being synced".to_owned());
+        let (_cycle, inv) = match self.between_cycles() {
+            Ok(guards) => guards,
+            Err(busy) => return busy,
         };
         let owned = self.ownership();
         let selectors: Vec<Option<&str>> = ids.iter().filter_map(|t| selector(t)).collect();
@@ -101,16 +123,12 @@ impl Decide {
             }
             let chosen = {
                 let work = self.inner.work.lock();
-                let queued: BTreeSet<&str> = work
-                    .ledger
-                    .queued()
-                    .map(|q| q.action.machine_id())
-                    .collect();
+                let busy = work.ledger.machines_with_actions();
                 // Owned, in `state` and action-free, in id order; each selector takes one.
                 let mut free: Vec<bigfleet_model::Machine> = inv
                     .ids()
                     .filter(|id| inv.state_of(id) == Some(state))
-                    .filter(|id| !queued.contains(id) && !work.ledger.is_in_flight(id))
+                    .filter(|id| !busy.contains(id))
                     .filter_map(|id| inv.get(id))
                     .filter(|m| owned.owns(&m.id, &m.profile))
                     .collect();
@@ -155,15 +173,8 @@ impl Decide {
         }
         {
             let work = self.inner.work.lock();
-            let queued: BTreeSet<&str> = work
-                .ledger
-                .queued()
-                .map(|q| q.action.machine_id())
-                .collect();
-            if let Some(id) = todo
-                .iter()
-                .find(|id| work.ledger.is_in_flight(id) || queued.contains(id.as_str()))
-            {
+            let busy = work.ledger.machines_with_actions();
+            if let Some(id) = todo.iter().find(|id| busy.contains(id.as_str())) {
                 return TransferVerdict::Busy(format!("machine {id} has an action pending"));
             }
         }

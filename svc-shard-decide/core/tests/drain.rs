@@ -12,17 +12,12 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::Readiness;
 use common::pm;
-use futures::future::BoxFuture;
-use parking_lot::Mutex;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
-use svc_shard_decide_core::reconcile::RawMachineList;
 use svc_shard_decide_core::shard::Clock;
 use svc_shard_decide_core::{
-    Decide, DecideConfig, MachineSource, Publisher, RailsConfig, ShardMetrics, TransferVerdict,
-    edge,
+    Decide, DecideConfig, Publisher, RailsConfig, ShardMetrics, TransferVerdict, edge,
 };
 
 const SEC: i64 = 1_000_000_000;
@@ -31,29 +26,7 @@ const T0: i64 = 1_795_737_600 * SEC;
 /// A preemptor this far above priority-10 victims gets Phase 2's shortest grace.
 const URGENT: i32 = 2_000_000;
 
-/// The provider as a map the test edits.
-#[derive(Clone, Default)]
-struct Source(Arc<Mutex<BTreeMap<String, pb::Machine>>>);
-
-impl Source {
-    fn put(&self, m: pb::Machine) {
-        self.0.lock().insert(m.id.clone(), m);
-    }
-
-    fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
-        f(self.0.lock().get_mut(id).expect("known machine"));
-    }
-}
-
-impl MachineSource for Source {
-    fn list(&self, _since: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-        let list = pb::MachineList {
-            machines: self.0.lock().values().cloned().collect(),
-            revision: Vec::new(),
-        };
-        Box::pin(async move { Ok(RawMachineList::from(&list)) })
-    }
-}
+type Source = common::MapSource;
 
 /// A Configured machine of cluster c1 serving demand of `priority` (no roll-up
 /// of c1 ever arrives, so Phase 3 never reclaims it on its own).
@@ -149,6 +122,21 @@ async fn start_draining(d: &Decide, source: &Source, item: &mesh::WorkItem) {
     .unwrap();
     source.update(&item.action.as_ref().unwrap().machine_id, |m| {
         m.state = pb::MachineState::Draining as i32;
+    });
+}
+
+/// The worker finishes the reclaim: Draining → Idle, here and at the provider.
+async fn finish_draining(d: &Decide, source: &Source, item: &mesh::WorkItem) {
+    edge::transition(
+        d,
+        &transition(item, pb::MachineState::Draining, pb::MachineState::Idle),
+    )
+    .await
+    .unwrap();
+    source.update(&item.action.as_ref().unwrap().machine_id, |m| {
+        m.state = pb::MachineState::Idle as i32;
+        m.cluster.clear();
+        m.shard_metadata.clear();
     });
 }
 
@@ -275,21 +263,7 @@ async fn the_reclaim_budget_defers_a_drain_without_losing_it() {
     assert!(hand_out_all(&d).await.is_empty());
     assert_eq!(pending(&d), ["m2"], "m1 started draining; m2 is deferred");
     // m1 finishes and the window passes: m2 goes.
-    edge::transition(
-        &d,
-        &transition(
-            &items[0],
-            pb::MachineState::Draining,
-            pb::MachineState::Idle,
-        ),
-    )
-    .await
-    .unwrap();
-    source.update("m1", |m| {
-        m.state = pb::MachineState::Idle as i32;
-        m.cluster.clear();
-        m.shard_metadata.clear();
-    });
+    finish_draining(&d, &source, &items[0]).await;
     clock.fetch_add(600 * SEC, Ordering::SeqCst);
     let r = d.run_cycle().await.unwrap();
     assert_eq!((r.enqueued, r.capped), (1, 0));
@@ -321,21 +295,7 @@ async fn a_drained_machine_is_held_from_the_donors_own_demand_until_the_hold_end
     let items = hand_out_all(&d).await;
     assert_eq!(items.len(), 1, "the drain's reclaim");
     start_draining(&d, &source, &items[0]).await;
-    edge::transition(
-        &d,
-        &transition(
-            &items[0],
-            pb::MachineState::Draining,
-            pb::MachineState::Idle,
-        ),
-    )
-    .await
-    .unwrap();
-    source.update("v", |m| {
-        m.state = pb::MachineState::Idle as i32;
-        m.cluster.clear();
-        m.shard_metadata.clear();
-    });
+    finish_draining(&d, &source, &items[0]).await;
     d.done(&items[0].action_id, "succeeded");
     // c1 still wants the machine; during the hold the cycle leaves it alone.
     clock.fetch_add(SEC, Ordering::SeqCst);

@@ -12,16 +12,12 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::Readiness;
 use common::{need, pm, rollup};
-use futures::future::BoxFuture;
-use parking_lot::Mutex;
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use svc_shard_decide_core::edge;
-use svc_shard_decide_core::reconcile::RawMachineList;
 use svc_shard_decide_core::shard::Clock;
 use svc_shard_decide_core::{
-    Decide, DecideConfig, DecideError, MachineSource, Publisher, RailsConfig, ShardMetrics,
+    Decide, DecideConfig, DecideError, Publisher, RailsConfig, ShardMetrics,
 };
 
 const SEC: i64 = 1_000_000_000;
@@ -29,29 +25,7 @@ const SEC: i64 = 1_000_000_000;
 const T0: i64 = 1_795_737_600 * SEC;
 const WINDOW: i64 = 600 * SEC;
 
-/// The provider as a map the test edits, listed in process.
-#[derive(Clone, Default)]
-struct Source(Arc<Mutex<BTreeMap<String, pb::Machine>>>);
-
-impl Source {
-    fn put(&self, m: pb::Machine) {
-        self.0.lock().insert(m.id.clone(), m);
-    }
-
-    fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
-        f(self.0.lock().get_mut(id).expect("known machine"));
-    }
-}
-
-impl MachineSource for Source {
-    fn list(&self, _since: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-        let list = pb::MachineList {
-            machines: self.0.lock().values().cloned().collect(),
-            revision: Vec::new(),
-        };
-        Box::pin(async move { Ok(RawMachineList::from(&list)) })
-    }
-}
+type Source = common::MapSource;
 
 /// A Configured 4-core machine of `cluster` as the provider lists it, with decide's
 /// assignment in its metadata. Reserved capacity: never released when it goes Idle,

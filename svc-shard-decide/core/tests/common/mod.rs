@@ -428,3 +428,38 @@ pub fn transition(
         action_id: item.action_id.clone(),
     }
 }
+
+/// The provider as a map the test edits, listed in process (no socket): for tests
+/// that drive `Decide` directly on a simulated clock.
+#[derive(Clone, Default)]
+pub struct MapSource(Arc<Mutex<BTreeMap<String, pb::Machine>>>);
+
+impl MapSource {
+    pub fn put(&self, m: pb::Machine) {
+        self.0.lock().insert(m.id.clone(), m);
+    }
+
+    pub fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
+        f(self.0.lock().get_mut(id).expect("known machine"));
+    }
+}
+
+impl svc_shard_decide_core::MachineSource for MapSource {
+    fn list(
+        &self,
+        _since: Vec<u8>,
+    ) -> futures::future::BoxFuture<
+        '_,
+        Result<svc_shard_decide_core::reconcile::RawMachineList, tonic::Status>,
+    > {
+        let list = pb::MachineList {
+            machines: self.0.lock().values().cloned().collect(),
+            revision: Vec::new(),
+        };
+        Box::pin(async move {
+            Ok(svc_shard_decide_core::reconcile::RawMachineList::from(
+                &list,
+            ))
+        })
+    }
+}
