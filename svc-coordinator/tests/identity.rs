@@ -1,34 +1,19 @@
 //! The coordinator's identity matrix under mTLS (`docs/security.md`, ADR-0100), against an
 //! in-process single-replica coordinator.
 
-use std::path::Path;
-use std::time::{Duration, Instant};
+mod common;
 
-use bigfleet_identity::{TlsContext, TlsFiles};
-use bigfleet_mesh::{ChannelConfig, Target};
+use std::path::Path;
+
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};
 use bigfleet_testkit::{LeafSpec, TestCa, TlsPaths};
-use clap::Parser;
+use common::{mtls_channel, solo_over_mtls};
 use tonic::Code;
 use tonic::transport::Channel;
 
-fn files(p: &TlsPaths) -> TlsFiles {
-    TlsFiles::new(&p.cert, &p.key, &p.ca)
-}
-
 async fn connect(addr: std::net::SocketAddr, paths: &TlsPaths) -> CoordinatorClient<Channel> {
-    let tls = TlsContext::load(&files(paths))
-        .unwrap()
-        .client_config()
-        .unwrap();
-    let t: Target = format!("https://127.0.0.1:{}", addr.port())
-        .parse()
-        .unwrap();
-    let ch = bigfleet_mesh::connect(&t, &ChannelConfig::default().with_tls(Some(tls)))
-        .await
-        .unwrap();
-    CoordinatorClient::new(ch)
+    CoordinatorClient::new(mtls_channel(addr, paths).await)
 }
 
 fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
@@ -125,35 +110,7 @@ fn write_role(ca: &TestCa, dir: &Path, stem: &str, spec: &LeafSpec) -> TlsPaths 
 async fn identity_matrix_under_mtls() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("test-ca").unwrap();
-    // Replicas carry the admin identity (they call JoinRaftCluster on each other).
-    let server = ca.write_role_bundle(dir.path(), "admin").unwrap();
-    let args = svc_coordinator::Args::try_parse_from([
-        "bigfleet-coordinator",
-        "--id",
-        "solo",
-        "--bootstrap",
-        "--listen",
-        "127.0.0.1:0",
-        "--raft-bind",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "0",
-        "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
-        "--tls-cert",
-        server.cert.to_str().unwrap(),
-        "--tls-key",
-        server.key.to_str().unwrap(),
-        "--tls-ca",
-        server.ca.to_str().unwrap(),
-    ])
-    .unwrap();
-    let running = svc_coordinator::start(args).await.unwrap();
-    let start = Instant::now();
-    while !running.is_leader() {
-        assert!(start.elapsed() < Duration::from_secs(10), "no leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let running = solo_over_mtls(dir.path(), &ca).await;
     let addr = running.api_addr;
 
     let admin = ca.write_role_bundle(dir.path(), "admin").unwrap();

@@ -6,13 +6,10 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use bigfleet_identity::{TlsContext, TlsFiles};
-use bigfleet_mesh::{ChannelConfig, Target};
 use bigfleet_proto::mesh::v1::coordinator_info_client::CoordinatorInfoClient;
 use bigfleet_proto::mesh::v1::{self as mpb};
 use bigfleet_proto::v1alpha1::{self as pb};
 use bigfleet_testkit::{TestCa, TlsPaths};
-use clap::Parser;
 use common::*;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -164,51 +161,14 @@ async fn the_read_follows_a_transfer_from_release_to_done() {
 }
 
 async fn connect_tls(addr: std::net::SocketAddr, p: &TlsPaths) -> CoordinatorInfoClient<Channel> {
-    let tls = TlsContext::load(&TlsFiles::new(&p.cert, &p.key, &p.ca))
-        .unwrap()
-        .client_config()
-        .unwrap();
-    let t: Target = format!("https://127.0.0.1:{}", addr.port())
-        .parse()
-        .unwrap();
-    let ch = bigfleet_mesh::connect(&t, &ChannelConfig::default().with_tls(Some(tls)))
-        .await
-        .unwrap();
-    CoordinatorInfoClient::new(ch)
+    CoordinatorInfoClient::new(mtls_channel(addr, p).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("test-ca").unwrap();
-    let server = ca.write_role_bundle(dir.path(), "admin").unwrap();
-    let args = svc_coordinator::Args::try_parse_from([
-        "bigfleet-coordinator",
-        "--id",
-        "solo",
-        "--bootstrap",
-        "--listen",
-        "127.0.0.1:0",
-        "--raft-bind",
-        "127.0.0.1:0",
-        "--metrics-addr",
-        "0",
-        "--data-dir",
-        dir.path().join("data").to_str().unwrap(),
-        "--tls-cert",
-        server.cert.to_str().unwrap(),
-        "--tls-key",
-        server.key.to_str().unwrap(),
-        "--tls-ca",
-        server.ca.to_str().unwrap(),
-    ])
-    .unwrap();
-    let running = svc_coordinator::start(args).await.unwrap();
-    let start = Instant::now();
-    while !running.is_leader() {
-        assert!(start.elapsed() < Duration::from_secs(10), "no leader");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let running = solo_over_mtls(dir.path(), &ca).await;
     let addr = running.api_addr;
     let mut got = Vec::new();
     for role in [
@@ -239,16 +199,7 @@ async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
     );
     // The shard registered by reporting shows up for a reader, with no domains.
     let shard = ca.write_role_bundle(dir.path(), "shard/s1").unwrap();
-    let tls = TlsContext::load(&TlsFiles::new(&shard.cert, &shard.key, &shard.ca))
-        .unwrap()
-        .client_config()
-        .unwrap();
-    let t: Target = format!("https://127.0.0.1:{}", addr.port())
-        .parse()
-        .unwrap();
-    let ch = bigfleet_mesh::connect(&t, &ChannelConfig::default().with_tls(Some(tls)))
-        .await
-        .unwrap();
+    let ch = mtls_channel(addr, &shard).await;
     bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient::new(ch)
         .report_shard(pb::ShardReport {
             shard_id: "s1".into(),

@@ -524,3 +524,59 @@ pub fn gpu_shortfall() -> pb::Shortfall {
         ..Default::default()
     }
 }
+
+/// One bootstrapped replica, in process, serving mTLS under the admin identity (replicas
+/// call JoinRaftCluster on each other), returned once it leads.
+pub async fn solo_over_mtls(dir: &Path, ca: &bigfleet_testkit::TestCa) -> svc_coordinator::Running {
+    use clap::Parser;
+    let server = ca.write_role_bundle(dir, "admin").unwrap();
+    let data = dir.join("data");
+    let args = svc_coordinator::Args::try_parse_from([
+        "bigfleet-coordinator",
+        "--id",
+        "solo",
+        "--bootstrap",
+        "--listen",
+        "127.0.0.1:0",
+        "--raft-bind",
+        "127.0.0.1:0",
+        "--metrics-addr",
+        "0",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--tls-cert",
+        server.cert.to_str().unwrap(),
+        "--tls-key",
+        server.key.to_str().unwrap(),
+        "--tls-ca",
+        server.ca.to_str().unwrap(),
+    ])
+    .unwrap();
+    let running = svc_coordinator::start(args).await.unwrap();
+    bigfleet_testkit::wait_until(Duration::from_secs(10), "a leader", async || {
+        running.is_leader()
+    })
+    .await;
+    running
+}
+
+/// A channel to the replica at `addr` over mTLS as the identity in `paths`.
+pub async fn mtls_channel(
+    addr: std::net::SocketAddr,
+    paths: &bigfleet_testkit::TlsPaths,
+) -> tonic::transport::Channel {
+    let files = bigfleet_identity::TlsFiles::new(&paths.cert, &paths.key, &paths.ca);
+    let tls = bigfleet_identity::TlsContext::load(&files)
+        .unwrap()
+        .client_config()
+        .unwrap();
+    let t: bigfleet_mesh::Target = format!("https://127.0.0.1:{}", addr.port())
+        .parse()
+        .unwrap();
+    bigfleet_mesh::connect(
+        &t,
+        &bigfleet_mesh::ChannelConfig::default().with_tls(Some(tls)),
+    )
+    .await
+    .unwrap()
+}
