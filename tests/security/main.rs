@@ -10,6 +10,7 @@ mod transport;
 use std::time::Duration;
 
 use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::coordinator_info_client::CoordinatorInfoClient;
 use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;
 use bigfleet_proto::mesh::v1::raft_client::RaftClient;
@@ -189,6 +190,46 @@ async fn coordinator_admin_rpcs_and_reports_are_bound_to_roles() {
     )
     .await;
     assert_eq!(denied, 7.0, "every refusal is counted");
+}
+
+/// The coordinator's transfer read (ADR-0139) names every shard's domains and pending
+/// instructions: readers only — never a shard, a worker, an operator or another replica, and
+/// nobody without a certificate.
+#[tokio::test(flavor = "multi_thread")]
+async fn the_transfers_read_admits_only_readers() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path());
+    let coord = Coordinator::start(dir.path(), &pki).await;
+    let list = |tls: Option<std::sync::Arc<rustls::ClientConfig>>| {
+        let addr = coord.api;
+        async move {
+            match channel(addr, tls).await {
+                Ok(ch) => code(
+                    &CoordinatorInfoClient::new(ch)
+                        .list_transfers(mesh::ListTransfersRequest::default())
+                        .await,
+                ),
+                Err(_) => Code::Unavailable,
+            }
+        }
+    };
+    for role in [
+        "shard/s1",
+        "shard/s1/execute",
+        "cluster/c1",
+        "coordinator/other",
+    ] {
+        assert_eq!(
+            list(Some(pki.client(role))).await,
+            Code::PermissionDenied,
+            "{role}"
+        );
+    }
+    assert_ne!(list(None).await, Code::Ok, "plaintext read the transfers");
+    // Readers are served (the refusals above are not vacuous).
+    for role in ["readonly", "admin"] {
+        assert_eq!(list(Some(pki.client(role))).await, Code::Ok, "{role}");
+    }
 }
 
 fn hello(cluster: &str) -> pb::OperatorMessage {
