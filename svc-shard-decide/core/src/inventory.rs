@@ -50,6 +50,42 @@ pub struct InventorySummary {
     pub by_zone: BTreeMap<String, u64>,
 }
 
+impl InventorySummary {
+    /// Counts `n` machines in `state` with `profile`.
+    fn add(&mut self, state: MachineState, profile: &MachineProfile, n: u64) {
+        self.total += n;
+        if matches!(state, MachineState::Idle | MachineState::Speculative) {
+            self.free += n;
+        }
+        *self.by_state.entry(state).or_default() += n;
+        *self
+            .by_instance_type
+            .entry(profile.instance_type.clone())
+            .or_default() += n;
+        *self.by_zone.entry(profile.zone.clone()).or_default() += n;
+    }
+
+    /// Uncounts one machine [`Self::add`] counted; a count that reaches zero goes, as
+    /// if it had never been counted.
+    fn remove(&mut self, state: MachineState, profile: &MachineProfile) {
+        fn dec<K: Ord>(map: &mut BTreeMap<K, u64>, k: &K) {
+            if let Some(n) = map.get_mut(k) {
+                *n -= 1;
+                if *n == 0 {
+                    map.remove(k);
+                }
+            }
+        }
+        self.total -= 1;
+        if matches!(state, MachineState::Idle | MachineState::Speculative) {
+            self.free -= 1;
+        }
+        dec(&mut self.by_state, &state);
+        dec(&mut self.by_instance_type, &profile.instance_type);
+        dec(&mut self.by_zone, &profile.zone);
+    }
+}
+
 /// Matching free supply for an AvailableCapacity hint.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
 pub struct FreeSupply {
@@ -668,16 +704,7 @@ impl Inventory {
     pub fn summary(&self) -> InventorySummary {
         let mut s = InventorySummary::default();
         for (&(state, _, profile), &n) in &self.cells {
-            let p = &self.profiles.items[profile as usize];
-            s.total += n;
-            if matches!(state, MachineState::Idle | MachineState::Speculative) {
-                s.free += n;
-            }
-            *s.by_state.entry(state).or_default() += n;
-            *s.by_instance_type
-                .entry(p.instance_type.clone())
-                .or_default() += n;
-            *s.by_zone.entry(p.zone.clone()).or_default() += n;
+            s.add(state, &self.profiles.items[profile as usize], n);
         }
         s
     }
@@ -686,48 +713,49 @@ impl Inventory {
     /// reports advertise to the coordinator's rebalancer. Counting a shared
     /// provider's foreign machines would make every shard advertise the same free
     /// supply, and the rebalancer pick donors that own nothing.
+    ///
+    /// It runs on every report, under the inventory's read lock, so it never walks
+    /// the machines: the domain half of `Ownership::owns` is decided once per
+    /// interned profile over the aggregated cells, then only the (few) transferred
+    /// machines are looked up by id.
     pub fn summary_owned(&self, owned: &bigfleet_decision::Ownership) -> InventorySummary {
         if owned.is_everything() {
             return self.summary();
         }
-        // Domain membership once per interned profile; only the (few) transferred
-        // machines are looked up by id.
         let in_domain: Vec<bool> = self
             .profiles
             .items
             .iter()
             .map(|p| {
-                owned
-                    .domains
-                    .iter()
-                    .any(|(k, v)| p.attribute(k) == Some(v.as_str()))
+                owned.domains.is_empty()
+                    || owned
+                        .domains
+                        .iter()
+                        .any(|(k, v)| p.attribute(k) == Some(v.as_str()))
             })
             .collect();
-        let by_id = !owned.released.is_empty() || !owned.adopted.is_empty();
         let mut s = InventorySummary::default();
-        for pos in self.live() {
-            let r = &self.recs[pos];
-            let p = &self.profiles.items[r.profile as usize];
-            // `Ownership::owns`, with the domain half precomputed.
-            let domain_owns = owned.domains.is_empty() || in_domain[r.profile as usize];
-            let mine = if by_id {
-                let id = self.id_at(pos).expect("a live position");
-                !owned.released.contains(id) && (domain_owns || owned.adopted.contains(id))
-            } else {
-                domain_owns
-            };
-            if !mine {
-                continue;
+        for (&(state, _, profile), &n) in &self.cells {
+            if in_domain[profile as usize] {
+                s.add(state, &self.profiles.items[profile as usize], n);
             }
-            s.total += 1;
-            if matches!(r.state, MachineState::Idle | MachineState::Speculative) {
-                s.free += 1;
+        }
+        // A release wins over the domain and over an adoption.
+        for id in &owned.released {
+            if let Some(pos) = self.position(id) {
+                let r = &self.recs[pos];
+                if in_domain[r.profile as usize] {
+                    s.remove(r.state, &self.profiles.items[r.profile as usize]);
+                }
             }
-            *s.by_state.entry(r.state).or_default() += 1;
-            *s.by_instance_type
-                .entry(p.instance_type.clone())
-                .or_default() += 1;
-            *s.by_zone.entry(p.zone.clone()).or_default() += 1;
+        }
+        for id in owned.adopted.difference(&owned.released) {
+            if let Some(pos) = self.position(id) {
+                let r = &self.recs[pos];
+                if !in_domain[r.profile as usize] {
+                    s.add(r.state, &self.profiles.items[r.profile as usize], 1);
+                }
+            }
         }
         s
     }
@@ -1051,15 +1079,16 @@ pub(crate) mod tests {
         /// The precomputed summary agrees with `Ownership::owns` machine by machine.
         #[test]
         fn owned_summary_matches_owns(
-            zones in proptest::collection::vec(0u8..3, 1..30),
+            zones in proptest::collection::vec((0u8..3, 0usize..3), 1..30),
             domains in proptest::collection::btree_set(0u8..3, 0..3),
             released in proptest::collection::btree_set(0usize..30, 0..5),
             adopted in proptest::collection::btree_set(0usize..30, 0..5),
         ) {
             let mut inv = Inventory::new();
             let mut all = Vec::new();
-            for (i, z) in zones.iter().enumerate() {
-                let mut m = machine(&format!("m{i}"), MachineState::Idle);
+            let states = [MachineState::Idle, MachineState::Configured, MachineState::Speculative];
+            for (i, (z, st)) in zones.iter().enumerate() {
+                let mut m = machine(&format!("m{i}"), states[*st]);
                 m.profile.zone = format!("z{z}");
                 all.push(m.clone());
                 inv.upsert(m, 0);
@@ -1073,8 +1102,11 @@ pub(crate) mod tests {
             }
             owned.released = released.iter().map(|i| format!("m{i}")).collect();
             owned.adopted = adopted.iter().map(|i| format!("m{i}")).collect();
-            let want = all.iter().filter(|m| owned.owns(&m.id, &m.profile)).count() as u64;
-            prop_assert_eq!(inv.summary_owned(&owned).total, want);
+            let mut recount = Inventory::new();
+            for m in all.iter().filter(|m| owned.owns(&m.id, &m.profile)) {
+                recount.upsert(m.clone(), 0);
+            }
+            prop_assert_eq!(inv.summary_owned(&owned), recount.summary());
         }
 
         #[test]
