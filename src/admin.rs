@@ -31,10 +31,8 @@ pub async fn assign_domain(
     value: &str,
     shard: &str,
 ) -> Result<AdminOutcome, CliError> {
-    ctx.coordinator_client(Some(ctx.timeout))?
-        .assign_domain(key, value, shard)
-        .await
-        .map_err(|e| CliError::coordinator(e, Some(ctx.timeout)))?;
+    ctx.on_coordinator(async |c| c.assign_domain(key, value, shard).await)
+        .await?;
     Ok(AdminOutcome::new(
         "assign-domain",
         format!("domain {key}={value} assigned to shard {shard}"),
@@ -46,10 +44,8 @@ pub async fn unassign_domain(
     key: &str,
     value: &str,
 ) -> Result<AdminOutcome, CliError> {
-    ctx.coordinator_client(Some(ctx.timeout))?
-        .unassign_domain(key, value)
-        .await
-        .map_err(|e| CliError::coordinator(e, Some(ctx.timeout)))?;
+    ctx.on_coordinator(async |c| c.unassign_domain(key, value).await)
+        .await?;
     Ok(AdminOutcome::new(
         "unassign-domain",
         format!("domain {key}={value} is not assigned to any shard"),
@@ -57,10 +53,8 @@ pub async fn unassign_domain(
 }
 
 pub async fn remove_shard(ctx: &Context, shard: &str) -> Result<AdminOutcome, CliError> {
-    ctx.coordinator_client(Some(ctx.timeout))?
-        .remove_shard(shard)
-        .await
-        .map_err(|e| CliError::coordinator(e, Some(ctx.timeout)))?;
+    ctx.on_coordinator(async |c| c.remove_shard(shard).await)
+        .await?;
     Ok(AdminOutcome::new(
         "remove-shard",
         format!("shard {shard} removed with its cluster and domain bindings"),

@@ -223,7 +223,11 @@ pub struct ShortfallsArgs {
     pub watch: WatchArgs,
 }
 
+// `--watch` is the shared `WatchArgs`, but here it appends, and its help says so.
 #[derive(Debug, Clone, Args)]
+#[command(mut_arg("watch", |a| a.help(
+    "Keep polling and print only actions that finished since (oldest first; Ctrl-C ends)"
+)))]
 pub struct ActionsArgs {
     /// Only actions of this cluster.
     #[arg(long)]
@@ -237,12 +241,8 @@ pub struct ActionsArgs {
     /// At most this many actions per answer (the shards keep a bounded history).
     #[arg(long, default_value_t = 100, value_parser = clap::value_parser!(u32).range(1..))]
     pub limit: u32,
-    /// Keep polling and print only actions that finished since (oldest first; Ctrl-C ends).
-    #[arg(short = 'w', long)]
-    pub watch: bool,
-    /// How often `--watch` polls.
-    #[arg(long, default_value = "2s", value_parser = positive_duration, requires = "watch")]
-    pub watch_interval: Duration,
+    #[command(flatten)]
+    pub watch: WatchArgs,
 }
 
 #[derive(Debug, Clone, Args)]
@@ -633,6 +633,31 @@ mod tests {
     }
 
     #[test]
+    fn actions_watch_help_says_it_appends() {
+        let help = |sub: &str| {
+            let cmd = command();
+            let arg = cmd
+                .find_subcommand(sub)
+                .unwrap()
+                .get_arguments()
+                .find(|a| a.get_id() == "watch")
+                .unwrap()
+                .clone();
+            arg.get_help().unwrap().to_string()
+        };
+        assert!(
+            help("actions").contains("only actions that finished since"),
+            "{}",
+            help("actions")
+        );
+        assert!(
+            help("shards").contains("print the result again whenever it changes"),
+            "{}",
+            help("shards")
+        );
+    }
+
+    #[test]
     fn actions_and_machines_flags_parse() {
         let cli = Cli::try_parse_from([
             "bigfleet",
@@ -651,7 +676,7 @@ mod tests {
                 assert_eq!(a.cluster.as_deref(), Some("c"));
                 assert_eq!(a.since, Some(Duration::from_secs(3600)));
                 assert_eq!(a.limit, 5);
-                assert!(a.watch);
+                assert!(a.watch.watch);
             }
             other => panic!("{other:?}"),
         }

@@ -32,7 +32,7 @@ use std::time::Duration;
 
 use bigfleet_identity::{TlsContext, TlsFlags};
 use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshChannel, RetryPolicy};
-use svc_inspect::coordinator::{CoordinatorClient, CoordinatorConfig};
+use svc_inspect::coordinator::{CoordinatorClient, CoordinatorConfig, CoordinatorError};
 use svc_inspect::fleet::{Fleet, FleetConfig};
 
 pub use error::{CliError, RemoteError};
@@ -117,6 +117,18 @@ impl Context {
             retry: RetryPolicy::none(),
         })
         .map_err(|e| CliError::coordinator(e, timeout))
+    }
+
+    /// One call through a fresh coordinator client bounded by the context's timeout; a
+    /// failure becomes the error naming the coordinator's address.
+    pub(crate) async fn on_coordinator<T>(
+        &self,
+        call: impl AsyncFnOnce(&CoordinatorClient) -> Result<T, CoordinatorError>,
+    ) -> Result<T, CliError> {
+        let client = self.coordinator_client(Some(self.timeout))?;
+        call(&client)
+            .await
+            .map_err(|e| CliError::coordinator(e, Some(self.timeout)))
     }
 
     pub fn inspect_channel(&self, addr: &str) -> Result<MeshChannel, CliError> {
@@ -299,7 +311,7 @@ async fn actions_command(
         after_seq: 0,
         shard_id: a.shard.clone().unwrap_or_default(),
     };
-    if !a.watch {
+    if !a.watch.watch {
         let (doc, warnings) = read::actions(ctx, &req).await?;
         warn(err, &warnings)?;
         out.write_all(output::render(&doc, opts)?.as_bytes())?;
@@ -319,7 +331,7 @@ async fn actions_command(
         let req = req.clone();
         async move { read::actions(ctx, &req).await }
     };
-    poll_until_stopped(a.watch_interval, stop, err, warnings, fetch, |doc| {
+    poll_until_stopped(a.watch.watch_interval, stop, err, warnings, fetch, |doc| {
         read::print_actions(out, opts, seen.lock().admit(doc.0), false)
     })
     .await

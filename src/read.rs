@@ -45,15 +45,27 @@ pub struct NeedsOutput {
     pub needs: Vec<NeedRow>,
 }
 
-fn inspect_error(ctx: &Context, addr: &str, rpc: &'static str, status: Status) -> CliError {
-    CliError::Remote(Box::new(RemoteError {
+/// Awaits one svc-inspect call under the context's timeout; its failure, or the timeout,
+/// becomes an error naming `rpc` at `addr`.
+async fn inspect_call<T>(
+    ctx: &Context,
+    addr: &str,
+    rpc: &'static str,
+    call: impl Future<Output = Result<T, Status>>,
+) -> Result<T, CliError> {
+    let status = match tokio::time::timeout(ctx.timeout, call).await {
+        Ok(Ok(r)) => return Ok(r),
+        Ok(Err(s)) => s,
+        Err(_) => Status::deadline_exceeded("timed out"),
+    };
+    Err(CliError::Remote(Box::new(RemoteError {
         service: "inspect",
         addr: addr.to_owned(),
         rpc,
         roles: "readonly or admin",
         status,
         timeout: Some(ctx.timeout),
-    }))
+    })))
 }
 
 fn fleet_error(ctx: &Context, e: InspectError) -> CliError {
@@ -73,16 +85,9 @@ async fn fleet_summary(
 ) -> Result<mesh::FleetSummaryResponse, CliError> {
     let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
     let call = client.fleet_summary(mesh::FleetSummaryRequest { max_shortfalls });
-    match tokio::time::timeout(ctx.timeout, call).await {
-        Ok(Ok(r)) => Ok(r.into_inner()),
-        Ok(Err(s)) => Err(inspect_error(ctx, addr, "FleetSummary", s)),
-        Err(_) => Err(inspect_error(
-            ctx,
-            addr,
-            "FleetSummary",
-            Status::deadline_exceeded("timed out"),
-        )),
-    }
+    Ok(inspect_call(ctx, addr, "FleetSummary", call)
+        .await?
+        .into_inner())
 }
 
 fn shard_from_overview(s: &mesh::ShardOverview) -> ShardView {
@@ -276,7 +281,6 @@ async fn needs_via_inspect(
     limit: usize,
 ) -> Result<NeedsOutput, CliError> {
     let mut client = ShardReadClient::new(ctx.inspect_channel(addr)?);
-    let err = |s: Status| inspect_error(ctx, addr, "InspectNeeds", s);
     let call = async {
         let resp = client
             .inspect_needs(pb::InspectNeedsRequest {
@@ -306,10 +310,7 @@ async fn needs_via_inspect(
         let header = header.ok_or_else(|| Status::internal("protocol error: no header frame"))?;
         Ok::<_, Status>((header, rows, md))
     };
-    let (header, rows, md) = match tokio::time::timeout(ctx.timeout, call).await {
-        Ok(r) => r.map_err(err)?,
-        Err(_) => return Err(err(Status::deadline_exceeded("timed out"))),
-    };
+    let (header, rows, md) = inspect_call(ctx, addr, "InspectNeeds", call).await?;
     let meta = |key: &str| {
         md.get(key)
             .and_then(|v| v.to_str().ok())
@@ -469,7 +470,7 @@ impl Render for NeedsOutput {
                 row.push(or_dash(n.shard_id.clone().unwrap_or_default()));
             }
             row.extend([
-                svc_inspect_timestamp(n.arrival_unix_nanos).unwrap_or_else(|| "-".to_owned()),
+                timestamp_cell(n.arrival_unix_nanos),
                 or_dash(n.group.clone()),
                 or_dash(n.requirements.join("; ")),
                 or_dash(n.profile_fingerprint.clone()),
@@ -484,6 +485,11 @@ impl Render for NeedsOutput {
         }
         t
     }
+}
+
+/// A timestamp table cell: RFC 3339 seconds, `-` when unset.
+fn timestamp_cell(nanos: i64) -> String {
+    svc_inspect_timestamp(nanos).unwrap_or_else(|| "-".to_owned())
 }
 
 fn svc_inspect_timestamp(nanos: i64) -> Option<String> {
@@ -585,11 +591,9 @@ impl Render for Shortfalls {
 
 /// Topology domains pinned to shards (always from the coordinator).
 pub async fn domains(ctx: &Context) -> Result<Domains, CliError> {
-    let c = ctx.coordinator_client(Some(ctx.timeout))?;
-    let list = c
-        .list_domain_assignments()
-        .await
-        .map_err(|e| CliError::coordinator(e, Some(ctx.timeout)))?;
+    let list = ctx
+        .on_coordinator(async |c| c.list_domain_assignments().await)
+        .await?;
     Ok(Domains(list.iter().map(DomainView::from_proto).collect()))
 }
 
@@ -626,11 +630,9 @@ pub struct Transfers(pub TransfersView);
 /// Transfers in flight and recently finished, and each shard's domains (always from the
 /// coordinator; `shard` non-empty: only what involves that shard).
 pub async fn transfers(ctx: &Context, shard: &str) -> Result<Transfers, CliError> {
-    let c = ctx.coordinator_client(Some(ctx.timeout))?;
-    let v = c
-        .list_transfers(shard)
-        .await
-        .map_err(|e| CliError::coordinator(e, Some(ctx.timeout)))?;
+    let v = ctx
+        .on_coordinator(async |c| c.list_transfers(shard).await)
+        .await?;
     Ok(Transfers(TransfersView::from_proto(&v)))
 }
 
@@ -660,16 +662,8 @@ impl Render for Transfers {
             t.preamble.push(format!(
                 "shard {}: domains {}; pending instructions {}",
                 s.shard_id,
-                if s.domains.is_empty() {
-                    "-".to_owned()
-                } else {
-                    s.domains.join(",")
-                },
-                if s.pending_instruction_ids.is_empty() {
-                    "-".to_owned()
-                } else {
-                    s.pending_instruction_ids.join(",")
-                },
+                or_dash(s.domains.join(",")),
+                or_dash(s.pending_instruction_ids.join(",")),
             ));
         }
         if !self.0.shards.is_empty() {
@@ -693,8 +687,8 @@ impl Render for Transfers {
                     },
                     x.priority.to_string(),
                     or_dash(x.machine_ids.join(",")),
-                    svc_inspect_timestamp(x.started_at_unix_ns).unwrap_or_else(|| "-".into()),
-                    svc_inspect_timestamp(x.updated_at_unix_ns).unwrap_or_else(|| "-".into()),
+                    timestamp_cell(x.started_at_unix_ns),
+                    timestamp_cell(x.updated_at_unix_ns),
                     or_dash(x.reason.clone()),
                 ],
             );
@@ -729,11 +723,10 @@ pub async fn actions(
     let resp = match &ctx.inspect {
         Some(addr) => {
             let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
-            let err = |s: Status| inspect_error(ctx, addr, "RecentActions", s);
-            match tokio::time::timeout(ctx.timeout, client.recent_actions(req.clone())).await {
-                Ok(r) => r.map_err(err)?.into_inner(),
-                Err(_) => return Err(err(Status::deadline_exceeded("timed out"))),
-            }
+            let call = client.recent_actions(req.clone());
+            inspect_call(ctx, addr, "RecentActions", call)
+                .await?
+                .into_inner()
         }
         None => ctx
             .fleet()?
@@ -801,8 +794,7 @@ impl Render for Actions {
                 // seq is unique within one decide process of a shard.
                 format!("{}/{}", a.shard_id, a.seq),
                 vec![
-                    svc_inspect_timestamp(a.finished_at_unix_nanos)
-                        .unwrap_or_else(|| "-".to_owned()),
+                    timestamp_cell(a.finished_at_unix_nanos),
                     a.shard_id.clone(),
                     or_dash(a.cluster_id.clone()),
                     a.kind.clone(),
@@ -921,11 +913,10 @@ async fn machines_page(
     match &ctx.inspect {
         Some(addr) => {
             let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
-            let err = |s: Status| inspect_error(ctx, addr, "ListMachines", s);
-            match tokio::time::timeout(ctx.timeout, client.list_machines(req.clone())).await {
-                Ok(r) => Ok(r.map_err(err)?.into_inner()),
-                Err(_) => Err(err(Status::deadline_exceeded("timed out"))),
-            }
+            let call = client.list_machines(req.clone());
+            Ok(inspect_call(ctx, addr, "ListMachines", call)
+                .await?
+                .into_inner())
         }
         None => ctx
             .fleet()?

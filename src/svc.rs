@@ -91,45 +91,45 @@ fn telemetry(service: &str, format: LogFormat) -> anyhow::Result<TelemetryGuard>
 pub async fn run(service: &str, argv: Vec<OsString>) -> anyhow::Result<()> {
     match service {
         "coordinator" => {
-            let args: svc_coordinator::Args = parse(argv);
-            let guard = telemetry(service, args.log.log_format)?;
-            let r = svc_coordinator::run(args).await;
-            // Flush spans while the runtime is still alive.
-            drop(guard);
-            r
+            let log = |a: &svc_coordinator::Args| a.service.log.log_format;
+            serve(service, argv, log, svc_coordinator::run).await
         }
         "shard-decide" => {
-            let args: svc_shard_decide::Args = parse(argv);
-            let guard = telemetry(service, args.service.log.log_format)?;
-            let r = svc_shard_decide::run(args).await;
-            drop(guard);
-            r
+            let log = |a: &svc_shard_decide::Args| a.service.log.log_format;
+            serve(service, argv, log, svc_shard_decide::run).await
         }
         "shard-execute" => {
-            let args: svc_shard_execute::Args = parse(argv);
-            let guard = telemetry(service, args.log.log_format)?;
-            let r = svc_shard_execute::run(args).await;
-            drop(guard);
-            r
+            let log = |a: &svc_shard_execute::Args| a.service.log.log_format;
+            serve(service, argv, log, svc_shard_execute::run).await
         }
         "session-gateway" => {
-            let args: svc_session_gateway::Args = parse(argv);
-            let guard = telemetry(service, args.service.log.log_format)?;
-            let r = svc_session_gateway::run(args).await;
-            drop(guard);
-            r
+            let log = |a: &svc_session_gateway::Args| a.service.log.log_format;
+            serve(service, argv, log, svc_session_gateway::run).await
         }
         "inspect" => {
-            let args: svc_inspect::Args = parse(argv);
-            let guard = telemetry(service, args.service.log.log_format)?;
-            let r = svc_inspect::run(args).await;
-            drop(guard);
-            r
+            let log = |a: &svc_inspect::Args| a.service.log.log_format;
+            serve(service, argv, log, svc_inspect::run).await
         }
         // The fake provider's `run` installs its own telemetry.
         "fake-provider" => bigfleet_fake_provider::run(parse(argv)).await,
         other => anyhow::bail!("unknown service {other:?}"),
     }
+}
+
+/// Parses `argv` as `A`, installs the service's telemetry in the log format its flags
+/// name, and runs it.
+async fn serve<A: Parser, F: Future<Output = anyhow::Result<()>>>(
+    service: &str,
+    argv: Vec<OsString>,
+    log_format: impl FnOnce(&A) -> LogFormat,
+    run: impl FnOnce(A) -> F,
+) -> anyhow::Result<()> {
+    let args: A = parse(argv);
+    let guard = telemetry(service, log_format(&args))?;
+    let r = run(args).await;
+    // Flush spans while the runtime is still alive.
+    drop(guard);
+    r
 }
 
 /// What `<service binary> --help` prints (flag-parity tests).

@@ -20,6 +20,8 @@ use svc_inspect::doubles::{
 use svc_inspect::view::DomainView;
 use tonic::Code;
 
+mod common;
+
 struct Pki {
     dir: tempfile::TempDir,
     ca: TestCa,
@@ -47,15 +49,7 @@ impl Pki {
 
     /// `--tls-cert X --tls-key Y --tls-ca Z` for a role.
     fn flags(&self, role: &str) -> Vec<String> {
-        let f = self.files(role);
-        vec![
-            "--tls-cert".into(),
-            f.cert.display().to_string(),
-            "--tls-key".into(),
-            f.key.display().to_string(),
-            "--tls-ca".into(),
-            f.ca.display().to_string(),
-        ]
+        bigfleet::up::pki::tls_flags(&self.files(role))
     }
 }
 
@@ -77,17 +71,6 @@ impl Fleet {
     async fn start(tls: bool) -> Self {
         let pki = tls.then(Pki::new);
         let s1 = ShardDouble {
-            shard_id: "s1".into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 12,
-                computed_at_unix_nanos: 1_700_000_000_000_000_000,
-                total_needs: 0,
-            },
-            needs: vec![
-                need("c-a", 100, 1, Some(UnmetReason::PriorityStarved)),
-                need("c-a", 5, 2, None),
-                need("c-b", 1, 1, Some(UnmetReason::NoMatchingSupply)),
-            ],
             description: Some(mesh::ShardDescription {
                 shard_id: "s1".into(),
                 cycle: 12,
@@ -97,18 +80,21 @@ impl Fleet {
                 unmet_needs: 2,
                 ..Default::default()
             }),
-            ..Default::default()
+            ..common::shard(
+                "s1",
+                12,
+                vec![
+                    need("c-a", 100, 1, Some(UnmetReason::PriorityStarved)),
+                    need("c-a", 5, 2, None),
+                    need("c-b", 1, 1, Some(UnmetReason::NoMatchingSupply)),
+                ],
+            )
         };
-        let s2 = ShardDouble {
-            shard_id: "s2".into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 30,
-                computed_at_unix_nanos: 1_700_000_000_000_000_000,
-                total_needs: 0,
-            },
-            needs: vec![need("c-a", 50, 1, Some(UnmetReason::TopologyUnsatisfiable))],
-            ..Default::default()
-        };
+        let s2 = common::shard(
+            "s2",
+            30,
+            vec![need("c-a", 50, 1, Some(UnmetReason::TopologyUnsatisfiable))],
+        );
         let mut shards = Vec::new();
         let mut registry = Vec::new();
         for s in [s1, s2] {
@@ -123,20 +109,7 @@ impl Fleet {
         registry.push(registry_entry("s3", dead_addr()));
         let coordinator = CoordinatorDouble::new(CoordinatorState {
             shards: registry,
-            reports: vec![pb::ShardReportSnapshot {
-                shard_id: "s1".into(),
-                cycle: 3,
-                received_at_unix_ns: 1,
-                summary: None,
-                shortfalls: vec![pb::Shortfall {
-                    deficit: Some(pb::Resources {
-                        resources: [("nvidia.com/gpu".to_owned(), "256".to_owned())].into(),
-                    }),
-                    priority: 100,
-                    age_cycles: 9,
-                    ..Default::default()
-                }],
-            }],
+            reports: vec![common::s1_report(vec![common::gpu_shortfall()])],
             domains: vec![pb::DomainAssignment {
                 topology_key: "rack".into(),
                 topology_value: "r1".into(),
@@ -217,7 +190,11 @@ fn assign_rack<'a>(value: &'a str, shard: &'a str) -> [&'a str; 8] {
     ]
 }
 
-async fn run_cli(argv: Vec<String>) -> (Result<(), CliError>, String, String) {
+async fn run_cli<I, T>(argv: I) -> (Result<(), CliError>, String, String)
+where
+    I: IntoIterator<Item = T>,
+    T: Into<std::ffi::OsString> + Clone,
+{
     let cli = Cli::try_parse_from(argv).unwrap();
     let (mut out, mut err) = (Vec::new(), Vec::new());
     let r = bigfleet::run(cli, &mut out, &mut err).await;
@@ -477,24 +454,19 @@ async fn snapshot_save_then_offline_restore() {
     );
 
     let data = dir.path().join("replica-0");
-    let (r, out, _) = run_cli(
-        [
-            "bigfleet",
-            "admin",
-            "snapshot",
-            "restore",
-            "--data-dir",
-            data.to_str().unwrap(),
-            "--node-id",
-            "coord-0",
-            "--raft-advertise",
-            "127.0.0.1:7791",
-            file.to_str().unwrap(),
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect(),
-    )
+    let (r, out, _) = run_cli([
+        "bigfleet",
+        "admin",
+        "snapshot",
+        "restore",
+        "--data-dir",
+        data.to_str().unwrap(),
+        "--node-id",
+        "coord-0",
+        "--raft-advertise",
+        "127.0.0.1:7791",
+        file.to_str().unwrap(),
+    ])
     .await;
     r.unwrap();
     assert!(
@@ -503,24 +475,19 @@ async fn snapshot_save_then_offline_restore() {
     );
     assert!(data.join(svc_coordinator::store::DB_FILE).exists());
 
-    let (r, _, _) = run_cli(
-        [
-            "bigfleet",
-            "admin",
-            "snapshot",
-            "restore",
-            "--data-dir",
-            "/nonexistent/x",
-            "--node-id",
-            "n",
-            "--raft-advertise",
-            "h:1",
-            "/no/such/file",
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect(),
-    )
+    let (r, _, _) = run_cli([
+        "bigfleet",
+        "admin",
+        "snapshot",
+        "restore",
+        "--data-dir",
+        "/nonexistent/x",
+        "--node-id",
+        "n",
+        "--raft-advertise",
+        "h:1",
+        "/no/such/file",
+    ])
     .await;
     assert!(r.unwrap_err().to_string().contains("/no/such/file"));
     f.shutdown().await;
@@ -535,13 +502,7 @@ async fn not_leader_is_retried_once_against_the_hint() {
     });
     let follower_server = follower.serve(None).await.unwrap();
     let via_follower = format!("http://{}", follower_server.tcp_addr().unwrap());
-    let (r, out, _) = run_cli(
-        ["bigfleet", "domains", "--coordinator", &via_follower]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
-    )
-    .await;
+    let (r, out, _) = run_cli(["bigfleet", "domains", "--coordinator", &via_follower]).await;
     r.unwrap();
     assert!(out.contains("rack  r1     s1"), "{out}");
     assert_eq!(f.coordinator.state().calls, vec!["ListDomainAssignments"]);
@@ -552,17 +513,12 @@ async fn not_leader_is_retried_once_against_the_hint() {
         ..Default::default()
     });
     let lost_server = lost.serve(None).await.unwrap();
-    let (r, _, _) = run_cli(
-        [
-            "bigfleet",
-            "domains",
-            "--coordinator",
-            &format!("http://{}", lost_server.tcp_addr().unwrap()),
-        ]
-        .iter()
-        .map(|s| (*s).to_owned())
-        .collect(),
-    )
+    let (r, _, _) = run_cli([
+        "bigfleet",
+        "domains",
+        "--coordinator",
+        &format!("http://{}", lost_server.tcp_addr().unwrap()),
+    ])
     .await;
     let e = r.unwrap_err();
     assert_eq!(e.code(), Some(Code::FailedPrecondition));
@@ -579,13 +535,7 @@ async fn not_leader_is_retried_once_against_the_hint() {
 #[tokio::test]
 async fn unreachable_servers_are_named() {
     let dead = format!("http://{}", dead_addr());
-    let (r, _, _) = run_cli(
-        ["bigfleet", "shards", "--coordinator", &dead]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
-    )
-    .await;
+    let (r, _, _) = run_cli(["bigfleet", "shards", "--coordinator", &dead]).await;
     let e = r.unwrap_err();
     assert_eq!(e.code(), Some(Code::Unavailable));
     assert!(
@@ -594,13 +544,7 @@ async fn unreachable_servers_are_named() {
         "{e}"
     );
 
-    let (r, _, _) = run_cli(
-        ["bigfleet", "needs", "--cluster", "c", "--inspect", &dead]
-            .iter()
-            .map(|s| (*s).to_owned())
-            .collect(),
-    )
-    .await;
+    let (r, _, _) = run_cli(["bigfleet", "needs", "--cluster", "c", "--inspect", &dead]).await;
     let e = r.unwrap_err();
     assert!(
         e.to_string()

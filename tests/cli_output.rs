@@ -19,9 +19,11 @@ use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::UnmetReason;
 use clap::Parser;
 use svc_inspect::doubles::{
-    CoordinatorDouble, CoordinatorState, ShardDouble, need, registry_entry,
+    CoordinatorDouble, CoordinatorState, gpu_transfer, need, records_shard, registry_entry,
 };
 use svc_inspect::view::ShardView;
+
+mod common;
 
 const FORMATS: &[(&str, &[&str])] = &[
     ("table", &[]),
@@ -56,6 +58,32 @@ fn golden(name: &str, actual: &str) {
     );
 }
 
+/// `bigfleet <args> --coordinator <coordinator> --timeout 5s`.
+fn argv_against(coordinator: &RunningServer, args: &[&str]) -> Vec<String> {
+    let mut argv: Vec<String> = vec!["bigfleet".into()];
+    argv.extend(args.iter().map(|a| (*a).to_owned()));
+    argv.extend([
+        "--coordinator".to_owned(),
+        format!("http://{}", coordinator.tcp_addr().unwrap()),
+        "--timeout".into(),
+        "5s".into(),
+    ]);
+    argv
+}
+
+/// (stdout, stderr) of a command that must succeed.
+async fn run_ok(argv: Vec<String>) -> (String, String) {
+    let cli = Cli::try_parse_from(&argv).unwrap();
+    let (mut out, mut err) = (Vec::new(), Vec::new());
+    bigfleet::run(cli, &mut out, &mut err)
+        .await
+        .unwrap_or_else(|e| panic!("{argv:?}: {e}"));
+    (
+        String::from_utf8(out).unwrap(),
+        String::from_utf8(err).unwrap(),
+    )
+}
+
 /// One shard double and a coordinator double with a shortfall report and two domains.
 struct Fleet {
     coordinator: CoordinatorDouble,
@@ -65,14 +93,10 @@ struct Fleet {
 
 impl Fleet {
     async fn start() -> Self {
-        let s1 = ShardDouble {
-            shard_id: "s1".into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 12,
-                computed_at_unix_nanos: 1_700_000_000_000_000_000,
-                total_needs: 0,
-            },
-            needs: vec![
+        let s1 = common::shard(
+            "s1",
+            12,
+            vec![
                 need(
                     "c-a",
                     100,
@@ -82,39 +106,25 @@ impl Fleet {
                 need("c-a", 5, 1_690_000_060_000_000_000, None),
                 need("c-b", 1, 1, Some(UnmetReason::NoMatchingSupply)),
             ],
-            ..Default::default()
-        };
+        );
         let shard = s1.serve(None).await.unwrap();
         let coordinator = CoordinatorDouble::new(CoordinatorState {
             shards: vec![registry_entry("s1", shard.tcp_addr().unwrap())],
-            reports: vec![pb::ShardReportSnapshot {
-                shard_id: "s1".into(),
-                cycle: 3,
-                received_at_unix_ns: 1,
-                summary: None,
-                shortfalls: vec![
-                    pb::Shortfall {
-                        deficit: Some(pb::Resources {
-                            resources: [("nvidia.com/gpu".to_owned(), "256".to_owned())].into(),
-                        }),
-                        priority: 100,
-                        age_cycles: 9,
-                        ..Default::default()
-                    },
-                    pb::Shortfall {
-                        deficit: Some(pb::Resources {
-                            resources: [
-                                ("cpu".to_owned(), "64".to_owned()),
-                                ("memory".to_owned(), "256Gi".to_owned()),
-                            ]
-                            .into(),
-                        }),
-                        priority: 7,
-                        age_cycles: 2,
-                        ..Default::default()
-                    },
-                ],
-            }],
+            reports: vec![common::s1_report(vec![
+                common::gpu_shortfall(),
+                pb::Shortfall {
+                    deficit: Some(pb::Resources {
+                        resources: [
+                            ("cpu".to_owned(), "64".to_owned()),
+                            ("memory".to_owned(), "256Gi".to_owned()),
+                        ]
+                        .into(),
+                    }),
+                    priority: 7,
+                    age_cycles: 2,
+                    ..Default::default()
+                },
+            ])],
             domains: vec![
                 domain("rack", "r1", "s1"),
                 domain("topology.kubernetes.io/zone", "eu-west-1a", "s1"),
@@ -131,24 +141,11 @@ impl Fleet {
     }
 
     fn argv(&self, args: &[&str]) -> Vec<String> {
-        let mut argv: Vec<String> = vec!["bigfleet".into()];
-        argv.extend(args.iter().map(|a| (*a).to_owned()));
-        argv.extend([
-            "--coordinator".to_owned(),
-            format!("http://{}", self.coordinator_server.tcp_addr().unwrap()),
-            "--timeout".into(),
-            "5s".into(),
-        ]);
-        argv
+        argv_against(&self.coordinator_server, args)
     }
 
     async fn run(&self, args: &[&str]) -> String {
-        let cli = Cli::try_parse_from(self.argv(args)).unwrap();
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        bigfleet::run(cli, &mut out, &mut err)
-            .await
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        String::from_utf8(out).unwrap()
+        run_ok(self.argv(args)).await.0
     }
 
     async fn shutdown(self) {
@@ -160,26 +157,9 @@ impl Fleet {
 /// One transfer in its adopt phase and one finished (s2 gives s1 two GPU machines), with
 /// s1 owning a zone and waiting to acknowledge the adopt.
 fn sample_transfers() -> mesh::ListTransfersResponse {
-    let t = |id: &str, phase: &str, pending: &str, moved: u32, reason: &str| mesh::TransferInfo {
-        transfer_id: id.into(),
-        kind: "idle".into(),
-        phase: phase.into(),
-        donor_shard_id: "s2".into(),
-        recipient_shard_id: "s1".into(),
-        instance_type: "gpu".into(),
-        count: 2,
-        priority: 100,
-        machine_ids: vec!["m-201".into(), "m-202".into()],
-        moved,
-        pending_instruction_id: pending.into(),
-        pending_shard_id: if pending.is_empty() { "" } else { "s1" }.into(),
-        started_at_unix_ns: 1_700_000_000_000_000_000,
-        updated_at_unix_ns: 1_700_000_030_000_000_000,
-        reason: reason.into(),
-    };
     mesh::ListTransfersResponse {
-        active: vec![t("t-2", "adopt", "9b24f1087cda4ea8", 0, "")],
-        recent: vec![t("t-1", "done", "", 2, "")],
+        active: vec![gpu_transfer("t-2", "adopt", "9b24f1087cda4ea8", 0)],
+        recent: vec![gpu_transfer("t-1", "done", "", 2)],
         shards: vec![
             mesh::ShardOwnership {
                 shard_id: "s1".into(),
@@ -379,6 +359,19 @@ impl Running {
         self.stop_tx.send(()).unwrap();
         self.task.await.unwrap().unwrap();
     }
+
+    /// Stops the watch, which must have printed exactly `printed` and `warning` only once
+    /// (a warning is repeated only when it changes).
+    async fn stop_having_printed(self, out: &Shared, printed: &str, err: &Shared, warning: &str) {
+        self.stop().await;
+        assert_eq!(out.text(), printed);
+        let err = err.text();
+        assert_eq!(
+            err.matches(warning).count(),
+            1,
+            "{warning:?} not once: {err}"
+        );
+    }
 }
 
 /// Starts `cli` (a `--watch`) in the background; its output and error streams stay
@@ -444,14 +437,9 @@ async fn watch_reprints_only_changes_and_stops_cleanly() {
     eventually("a warning", || err.text().contains("(still watching)")).await;
     f.coordinator.state().follower_of = None;
 
-    running.stop().await;
-    assert_eq!(out.text(), second);
-    assert_eq!(
-        err.text().matches("(still watching)").count(),
-        1,
-        "{}",
-        err.text()
-    );
+    running
+        .stop_having_printed(&out, &second, &err, "(still watching)")
+        .await;
     f.shutdown().await;
 }
 
@@ -620,23 +608,6 @@ fn machine(id: &str, state: pb::MachineState, cluster: &str, idle_since: i64) ->
     }
 }
 
-fn history_shard(
-    id: &str,
-    actions: Vec<mesh::ActionRecord>,
-    machines: Vec<mesh::MachineRow>,
-) -> ShardDouble {
-    ShardDouble {
-        shard_id: id.into(),
-        description: Some(mesh::ShardDescription {
-            shard_id: id.into(),
-            ..Default::default()
-        }),
-        actions,
-        machines,
-        ..Default::default()
-    }
-}
-
 /// s1 and s2 serve actions and machines, s3 is registered but down; `late` is served but
 /// registered only when a test says so.
 struct History {
@@ -717,7 +688,7 @@ impl History {
         let mut spec = machine("m-004", pb::MachineState::Speculative, "", 0);
         spec.machine.as_mut().unwrap().zone = String::new();
         let doubles = [
-            history_shard(
+            records_shard(
                 "s1",
                 vec![provision, reclaim],
                 vec![
@@ -726,7 +697,7 @@ impl History {
                     failed,
                 ],
             ),
-            history_shard(
+            records_shard(
                 "s2",
                 s2_actions,
                 vec![
@@ -747,7 +718,7 @@ impl History {
             "s3",
             bigfleet_testkit::reserve_tcp_port().unwrap().release(),
         ));
-        let late = history_shard(
+        let late = records_shard(
             "s4",
             vec![
                 // Finished with the newest already printed, after it, and before it.
@@ -809,14 +780,7 @@ impl History {
     }
 
     fn argv(&self, args: &[&str], via_inspect: bool) -> Vec<String> {
-        let mut argv: Vec<String> = vec!["bigfleet".into()];
-        argv.extend(args.iter().map(|a| (*a).to_owned()));
-        argv.extend([
-            "--coordinator".to_owned(),
-            format!("http://{}", self.coordinator_server.tcp_addr().unwrap()),
-            "--timeout".into(),
-            "5s".into(),
-        ]);
+        let mut argv = argv_against(&self.coordinator_server, args);
         if via_inspect {
             argv.extend([
                 "--inspect".to_owned(),
@@ -828,15 +792,7 @@ impl History {
 
     /// (stdout, stderr) of a successful command.
     async fn run(&self, args: &[&str], via_inspect: bool) -> (String, String) {
-        let cli = Cli::try_parse_from(self.argv(args, via_inspect)).unwrap();
-        let (mut out, mut err) = (Vec::new(), Vec::new());
-        bigfleet::run(cli, &mut out, &mut err)
-            .await
-            .unwrap_or_else(|e| panic!("{args:?}: {e}"));
-        (
-            String::from_utf8(out).unwrap(),
-            String::from_utf8(err).unwrap(),
-        )
+        run_ok(self.argv(args, via_inspect)).await
     }
 
     async fn shutdown(self) {
@@ -1012,14 +968,9 @@ async fn watching_actions_appends_only_new_ones() {
     let second = format!("{first}action/s4/1\naction/s4/2\n");
     eventually("the new actions", || out.text() == second).await;
     five_more_polls(&f.coordinator).await;
-    running.stop().await;
     // s4's action that finished before the newest printed one never shows.
-    assert_eq!(out.text(), second);
-    assert_eq!(
-        err.text().matches("shard s3 did not answer").count(),
-        1,
-        "a warning is repeated only when it changes: {}",
-        err.text()
-    );
+    running
+        .stop_having_printed(&out, &second, &err, "shard s3 did not answer")
+        .await;
     f.shutdown().await;
 }

@@ -341,6 +341,39 @@ fn one_name_means_one_thing_across_the_shard_pod() {
 
 /// Metric names in a PromQL expression: identifiers with a known prefix, a histogram's
 /// `_bucket`/`_sum`/`_count` series mapped to the family.
+/// One query of `whose` (an alert, a panel) must use a documented metric and only
+/// documented ones; the ones it uses join `used`.
+fn check_expr(
+    whose: &str,
+    expr: &str,
+    known: &BTreeMap<String, String>,
+    used: &mut BTreeSet<String>,
+    problems: &mut Vec<String>,
+) {
+    let (found, unknown) = metrics_in(expr, known);
+    if found.is_empty() {
+        problems.push(format!("{whose}: {expr:?} uses no documented metric"));
+    }
+    for u in unknown {
+        problems.push(format!("{whose}: {u} is not in docs/metrics.md"));
+    }
+    used.extend(found);
+}
+
+/// A problem (`<missing> <metric>`) for every metric of `wanted` that `used` lacks.
+fn require_used(
+    used: &BTreeSet<String>,
+    missing: &str,
+    wanted: &[&str],
+    problems: &mut Vec<String>,
+) {
+    for metric in wanted {
+        if !used.contains(*metric) {
+            problems.push(format!("{missing} {metric}"));
+        }
+    }
+}
+
 fn metrics_in(expr: &str, known: &BTreeMap<String, String>) -> (BTreeSet<String>, Vec<String>) {
     let mut found = BTreeSet::new();
     let mut unknown = Vec::new();
@@ -577,30 +610,24 @@ fn the_alert_rules_are_well_formed_and_use_documented_metrics() {
             problems.push(format!("{}: severity {s}", r.alert));
         }
         let expr = r.fields.get("expr").cloned().unwrap_or_default();
-        let (found, unknown) = metrics_in(&expr, &known);
-        if found.is_empty() {
-            problems.push(format!("{}: expr uses no BigFleet metric: {expr}", r.alert));
-        }
-        for u in unknown {
-            problems.push(format!("{}: {u} is not in docs/metrics.md", r.alert));
-        }
-        used.extend(found);
+        check_expr(&r.alert, &expr, &known, &mut used, &mut problems);
     }
     // The alerts issue 20 asks for, by the metric each one watches.
-    for metric in [
-        "bigfleet_shard_cycles_total",
-        "bigfleet_shard_reconcile_errors_total",
-        "bigfleet_shard_inventory_age_seconds",
-        "bigfleet_shard_shortfalls_aged",
-        "bigfleet_shard_rollup_quarantined",
-        "bigfleet_shard_reclaims_capped_total",
-        "bigfleet_coordinator_is_leader",
-        "bigfleet_shard_session_lifecycle_total",
-    ] {
-        if !used.contains(metric) {
-            problems.push(format!("no alert watches {metric}"));
-        }
-    }
+    require_used(
+        &used,
+        "no alert watches",
+        &[
+            "bigfleet_shard_cycles_total",
+            "bigfleet_shard_reconcile_errors_total",
+            "bigfleet_shard_inventory_age_seconds",
+            "bigfleet_shard_shortfalls_aged",
+            "bigfleet_shard_rollup_quarantined",
+            "bigfleet_shard_reclaims_capped_total",
+            "bigfleet_coordinator_is_leader",
+            "bigfleet_shard_session_lifecycle_total",
+        ],
+        &mut problems,
+    );
     // docs/metrics.md's alert table: the same alerts with the same `for`.
     let doc = read("docs/metrics.md");
     let documented: BTreeMap<String, String> = doc
@@ -756,16 +783,8 @@ fn the_dashboard_is_well_formed_and_uses_documented_metrics() {
             if t["refId"].as_str().is_none() {
                 problems.push(format!("panel {title:?}: target without refId"));
             }
-            let (found, unknown) = metrics_in(expr, &known);
-            if found.is_empty() {
-                problems.push(format!(
-                    "panel {title:?}: {expr:?} uses no documented metric"
-                ));
-            }
-            for u in unknown {
-                problems.push(format!("panel {title:?}: {u} is not in docs/metrics.md"));
-            }
-            used.extend(found);
+            let whose = format!("panel {title:?}");
+            check_expr(&whose, expr, &known, &mut used, &mut problems);
         }
     }
     for row in ["Fleet", "Shard", "Cluster", "Coordinator", "Process"] {
@@ -776,27 +795,28 @@ fn the_dashboard_is_well_formed_and_uses_documented_metrics() {
             problems.push(format!("no row titled …{row}… (rows: {rows:?})"));
         }
     }
-    for metric in [
-        "bigfleet_shard_cycle_duration_seconds",
-        "bigfleet_shard_actions_total",
-        "bigfleet_shard_shortfalls",
-        "bigfleet_shard_shortfalls_aged",
-        "bigfleet_shard_rollup_quarantined",
-        "bigfleet_shard_reclaims_capped_total",
-        "bigfleet_shard_active_sessions",
-        "bigfleet_shard_rollups_rejected_total",
-        "bigfleet_shard_rollups_unchanged_total",
-        "bigfleet_shard_demand_to_decision_seconds",
-        "bigfleet_shard_inventory_machines",
-        "bigfleet_coordinator_is_leader",
-        "bigfleet_coordinator_raft_term",
-        "process_cpu_seconds_total",
-        "process_resident_memory_bytes",
-    ] {
-        if !used.contains(metric) {
-            problems.push(format!("no panel shows {metric}"));
-        }
-    }
+    require_used(
+        &used,
+        "no panel shows",
+        &[
+            "bigfleet_shard_cycle_duration_seconds",
+            "bigfleet_shard_actions_total",
+            "bigfleet_shard_shortfalls",
+            "bigfleet_shard_shortfalls_aged",
+            "bigfleet_shard_rollup_quarantined",
+            "bigfleet_shard_reclaims_capped_total",
+            "bigfleet_shard_active_sessions",
+            "bigfleet_shard_rollups_rejected_total",
+            "bigfleet_shard_rollups_unchanged_total",
+            "bigfleet_shard_demand_to_decision_seconds",
+            "bigfleet_shard_inventory_machines",
+            "bigfleet_coordinator_is_leader",
+            "bigfleet_coordinator_raft_term",
+            "process_cpu_seconds_total",
+            "process_resident_memory_bytes",
+        ],
+        &mut problems,
+    );
     assert!(
         problems.is_empty(),
         "grafana-dashboard.json:\n  {}",

@@ -104,6 +104,25 @@ fn invalid(secret: &Value) -> Option<String> {
     None
 }
 
+/// [`admit`] for a write: the body must also be a valid Secret.
+fn admit_write<'a>(
+    api: &'a Shared,
+    headers: &HeaderMap,
+    method: &str,
+    path: String,
+    secret: &Value,
+) -> Result<parking_lot::MutexGuard<'a, Api>, Box<Response>> {
+    let api = admit(api, headers, method, path)?;
+    match invalid(secret) {
+        Some(why) => Err(Box::new(status(
+            StatusCode::UNPROCESSABLE_ENTITY,
+            "Invalid",
+            why,
+        ))),
+        None => Ok(api),
+    }
+}
+
 async fn get_secret(
     State(api): State<Shared>,
     Path((ns, name)): Path<(String, String)>,
@@ -126,13 +145,11 @@ async fn create_secret(
     axum::Json(mut secret): axum::Json<Value>,
 ) -> Response {
     let name = secret["metadata"]["name"].as_str().unwrap_or("").to_owned();
-    let mut api = match admit(&api, &headers, "POST", format!("{ns}/secrets/{name}")) {
+    let path = format!("{ns}/secrets/{name}");
+    let mut api = match admit_write(&api, &headers, "POST", path, &secret) {
         Ok(api) => api,
         Err(r) => return *r,
     };
-    if let Some(why) = invalid(&secret) {
-        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", why);
-    }
     let key = (ns, name.clone());
     if api.secrets.contains_key(&key) {
         return status(
@@ -151,13 +168,11 @@ async fn replace_secret(
     headers: HeaderMap,
     axum::Json(mut secret): axum::Json<Value>,
 ) -> Response {
-    let mut api = match admit(&api, &headers, "PUT", format!("{ns}/secrets/{name}")) {
+    let path = format!("{ns}/secrets/{name}");
+    let mut api = match admit_write(&api, &headers, "PUT", path, &secret) {
         Ok(api) => api,
         Err(r) => return *r,
     };
-    if let Some(why) = invalid(&secret) {
-        return status(StatusCode::UNPROCESSABLE_ENTITY, "Invalid", why);
-    }
     let key = (ns, name.clone());
     let Some(stored) = api.secrets.get(&key) else {
         return not_found(&name);
@@ -323,6 +338,14 @@ async fn install(server: &FakeApiServer, plan: &Plan, lifetimes: Lifetimes) -> I
         .unwrap()
 }
 
+/// Every role Secret of `report` had `action`.
+fn assert_every_secret(report: &InstallReport, action: SecretAction) {
+    assert!(
+        report.secrets.iter().all(|s| s.action == action),
+        "{report:?}"
+    );
+}
+
 fn actions(report: &InstallReport) -> Vec<(String, SecretAction)> {
     report
         .secrets
@@ -385,13 +408,7 @@ async fn creates_the_ca_once_and_every_role_secret_then_reuses_them() {
 
     let first = install(&server, &plan, lifetimes()).await;
     assert_eq!(first.ca.action, SecretAction::Created);
-    assert!(
-        first
-            .secrets
-            .iter()
-            .all(|s| s.action == SecretAction::Created),
-        "{first:?}"
-    );
+    assert_every_secret(&first, SecretAction::Created);
     let ca = assert_issued(&server, &plan);
     let ca_secret = server.secret("bf-ca").unwrap();
     assert_eq!(text(&ca_secret, "ca.crt"), ca.cert_pem());
@@ -410,13 +427,7 @@ async fn creates_the_ca_once_and_every_role_secret_then_reuses_them() {
     let second = install(&server, &plan, lifetimes()).await;
     assert_eq!(second.ca.action, SecretAction::Reused);
     assert_eq!(second.ca_not_after, first.ca_not_after);
-    assert!(
-        second
-            .secrets
-            .iter()
-            .all(|s| s.action == SecretAction::Unchanged),
-        "{second:?}"
-    );
+    assert_every_secret(&second, SecretAction::Unchanged);
     assert_eq!(server.writes(), vec![]);
     for (name, secret) in &before {
         assert_eq!(&server.secret(name).unwrap(), secret);
@@ -448,13 +459,7 @@ async fn creates_the_ca_once_and_every_role_secret_then_reuses_them() {
     };
     let fourth = install(&server, &plan, renew).await;
     assert_eq!(fourth.ca.action, SecretAction::Reused);
-    assert!(
-        fourth
-            .secrets
-            .iter()
-            .all(|s| s.action == SecretAction::Renewed),
-        "{fourth:?}"
-    );
+    assert_every_secret(&fourth, SecretAction::Renewed);
     assert!(
         fourth.secrets[0]
             .reason

@@ -412,6 +412,17 @@ enum Op {
     },
 }
 
+impl Op {
+    /// A report with nothing lost either way.
+    fn report(shard: usize) -> Self {
+        Op::Report {
+            shard,
+            lose_acks: false,
+            lose_reply: false,
+        }
+    }
+}
+
 fn op() -> impl Strategy<Value = Op> {
     let shard = 0..SHARDS;
     prop_oneof![
@@ -621,6 +632,14 @@ impl World {
         self.check_single_owner()
     }
 
+    /// Every shard reports (nothing lost), then the leader runs a rebalance round.
+    async fn report_all_and_rebalance(&mut self) -> Result<(), String> {
+        for i in 0..SHARDS {
+            self.apply(&Op::report(i)).await?;
+        }
+        self.apply(&Op::Rebalance).await
+    }
+
     /// Nothing lost any more: every shard cycles, carries out its actions and reports
     /// until no transfer is in flight and no ack is waiting.
     async fn quiesce(&mut self) -> Result<(), String> {
@@ -628,12 +647,7 @@ impl World {
             for i in 0..SHARDS {
                 self.apply(&Op::Cycle { shard: i }).await?;
                 self.apply(&Op::Execute { shard: i }).await?;
-                self.apply(&Op::Report {
-                    shard: i,
-                    lose_acks: false,
-                    lose_reply: false,
-                })
-                .await?;
+                self.apply(&Op::report(i)).await?;
             }
             let idle = self.coordinator.state.active_transfers().is_empty()
                 && self.shards.iter().all(|s| s.outbox.is_empty());
@@ -710,27 +724,7 @@ proptest! {
 fn a_shortfall_is_met_by_a_transfer_and_the_recipient_acts_on_it() {
     runtime().block_on(async {
         let mut w = World::new().await;
-        let ops = [
-            Op::Report {
-                shard: 0,
-                lose_acks: false,
-                lose_reply: false,
-            },
-            Op::Report {
-                shard: 1,
-                lose_acks: false,
-                lose_reply: false,
-            },
-            Op::Report {
-                shard: 2,
-                lose_acks: false,
-                lose_reply: false,
-            },
-            Op::Rebalance,
-        ];
-        for op in &ops {
-            w.apply(op).await.unwrap();
-        }
+        w.report_all_and_rebalance().await.unwrap();
         assert_eq!(
             w.coordinator.state.active_transfers().len(),
             1,
@@ -757,36 +751,11 @@ fn a_shortfall_is_met_by_a_transfer_and_the_recipient_acts_on_it() {
 fn a_donor_restarted_before_its_release_ack_releases_nothing_twice() {
     runtime().block_on(async {
         let mut w = World::new().await;
-        for op in [
-            Op::Report {
-                shard: 0,
-                lose_acks: false,
-                lose_reply: false,
-            },
-            Op::Report {
-                shard: 1,
-                lose_acks: false,
-                lose_reply: false,
-            },
-            Op::Report {
-                shard: 2,
-                lose_acks: false,
-                lose_reply: false,
-            },
-            Op::Rebalance,
-        ] {
-            w.apply(&op).await.unwrap();
-        }
+        w.report_all_and_rebalance().await.unwrap();
         let t = w.coordinator.state.active_transfers().remove(0);
         let donor = (0..SHARDS).find(|&i| shard_id(i) == t.donor).unwrap();
         // The donor applies the release (saved), then dies before its next report.
-        w.apply(&Op::Report {
-            shard: donor,
-            lose_acks: false,
-            lose_reply: false,
-        })
-        .await
-        .unwrap();
+        w.apply(&Op::report(donor)).await.unwrap();
         assert!(
             !w.shards[donor].outbox.is_empty(),
             "the release was acked locally"

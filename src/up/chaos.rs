@@ -365,7 +365,8 @@ impl Chaos {
         for k in &kills {
             *by_component.entry(k.component).or_default() += 1;
         }
-        let (needs, satisfied) = last.map_or((0, 0), |s| (s.needs, s.needs_satisfied));
+        let (needs, satisfied) =
+            last.map_or((0, 0), |s| (s.counts.needs, s.counts.needs_satisfied));
         let needs_met = NeedsMet {
             met: needs > 0 && satisfied == needs,
             needs,
@@ -472,6 +473,14 @@ mod tests {
             settle: Duration::from_secs(10),
             targets: Component::ALL.to_vec(),
         }
+    }
+
+    /// A last sample that saw `needs` demand rows, `satisfied` of them met.
+    fn snapshot_with_needs(needs: u64, satisfied: u64) -> Snapshot {
+        let mut snap = Snapshot::default();
+        snap.counts.needs = needs;
+        snap.counts.needs_satisfied = satisfied;
+        snap
     }
 
     fn children() -> Vec<String> {
@@ -620,11 +629,7 @@ mod tests {
         .unwrap();
         let t0 = Instant::now();
         let c = Chaos::new(plan(1), t0, None);
-        let snap = Snapshot {
-            needs: 3,
-            needs_satisfied: 3,
-            ..Snapshot::default()
-        };
+        let snap = snapshot_with_needs(3, 3);
         let r = c.report(Some(&snap), std::slice::from_ref(&log));
         assert!(r.invariants_held, "{r:?}");
         assert_eq!(r.epochs["shard-0"], 6);
@@ -639,11 +644,7 @@ mod tests {
         assert!(!r.invariants_held);
         // Needs not met.
         std::fs::write(&log, "").unwrap();
-        let unmet = Snapshot {
-            needs: 3,
-            needs_satisfied: 2,
-            ..Snapshot::default()
-        };
+        let unmet = snapshot_with_needs(3, 2);
         let r = c.report(Some(&unmet), std::slice::from_ref(&log));
         assert!(!r.needs_met_at_end.met && !r.invariants_held);
         // Nothing to audit proves nothing.
@@ -671,11 +672,7 @@ mod tests {
                 })
                 .collect()
         };
-        let snap = Snapshot {
-            needs: 1,
-            needs_satisfied: 1,
-            ..Snapshot::default()
-        };
+        let snap = snapshot_with_needs(1, 1);
         // Five drains right after the restart, plenty long after: no storm.
         std::fs::write(
             &log,

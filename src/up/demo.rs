@@ -77,8 +77,9 @@ pub fn demand_for(i: usize, shards: usize) -> Demand {
 
 /// The coordinator's rebalancer, tuned to act within a few report intervals (the shards
 /// report every 2 s under `up`): a round every 500 ms on shortfalls one cycle old and seen
-/// for a second, a 4 s settle and a 30 s cool-down.
-pub fn coordinator_flags() -> Vec<String> {
+/// for a second, reports up to a minute old, then `extra` (e.g. the settle and cool-down).
+/// The multi-shard tests start their meshes with it too.
+pub fn quick_rebalancer_flags(extra: &[&str]) -> Vec<String> {
     [
         "--rebalance-interval",
         "500ms",
@@ -86,15 +87,19 @@ pub fn coordinator_flags() -> Vec<String> {
         "1",
         "--rebalance-min-persist",
         "1s",
-        "--rebalance-settle",
-        "4s",
-        "--rebalance-cooldown",
-        "30s",
         "--rebalance-report-max-age",
         "1m",
     ]
-    .map(String::from)
-    .to_vec()
+    .iter()
+    .chain(extra)
+    .map(|s| (*s).to_owned())
+    .collect()
+}
+
+/// The demo's rebalancer: [`quick_rebalancer_flags`] with a 4 s settle and a 30 s
+/// cool-down.
+pub fn coordinator_flags() -> Vec<String> {
+    quick_rebalancer_flags(&["--rebalance-settle", "4s", "--rebalance-cooldown", "30s"])
 }
 
 /// Channels to every coordinator replica, the first one first.

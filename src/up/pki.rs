@@ -30,6 +30,19 @@ fn tls_err(e: impl std::fmt::Display) -> UpError {
     UpError::Tls(e.to_string())
 }
 
+/// The `--tls-cert C --tls-key K --tls-ca A` arguments that point a process at `files`
+/// (their revocation list, if any, is not passed).
+pub fn tls_flags(files: &TlsFiles) -> Vec<String> {
+    vec![
+        "--tls-cert".into(),
+        files.cert.display().to_string(),
+        "--tls-key".into(),
+        files.key.display().to_string(),
+        "--tls-ca".into(),
+        files.ca.display().to_string(),
+    ]
+}
+
 impl Pki {
     /// A new CA whose files go to `dir` (created; the CA key is never written).
     pub fn create(dir: &Path) -> Result<Self, UpError> {
@@ -65,15 +78,7 @@ impl Pki {
 
     /// `--tls-cert C --tls-key K --tls-ca A` for a service running as `role`.
     pub fn flags(&self, role: &str) -> Result<Vec<String>, UpError> {
-        let f = self.files(role)?;
-        Ok(vec![
-            "--tls-cert".into(),
-            f.cert.display().to_string(),
-            "--tls-key".into(),
-            f.key.display().to_string(),
-            "--tls-ca".into(),
-            f.ca.display().to_string(),
-        ])
+        Ok(tls_flags(&self.files(role)?))
     }
 
     /// A client configuration presenting `role` (operators, the progress view).

@@ -20,9 +20,9 @@ use serde::Serialize;
 
 use super::local::{Mesh, count_by_state};
 
-/// One look at the mesh.
+/// The figures a [`Snapshot`] reads and the end-of-run [`Summary`] reports.
 #[derive(Debug, Clone, Default, PartialEq, Serialize)]
-pub struct Snapshot {
+pub struct MeshCounts {
     /// Machines per state over every provider (`CONFIGURED`, `IDLE`, ...).
     pub machines_by_state: BTreeMap<String, u64>,
     /// Configured machines per cluster.
@@ -30,15 +30,22 @@ pub struct Snapshot {
     /// Demand rows held by the shards and how many the last cycle satisfied.
     pub needs: u64,
     pub needs_satisfied: u64,
-    /// Demand rows the shards' last cycles left unmet (`Describe`'s `unmet_needs`,
-    /// summed over shards).
-    pub shortfalls: u64,
     /// Actions the execute workers finished (any outcome).
     pub actions_executed: u64,
     /// Of those, successful.
     pub actions_succeeded: u64,
     /// Decision cycles run, summed over shards.
     pub cycles: u64,
+}
+
+/// One look at the mesh.
+#[derive(Debug, Clone, Default, PartialEq, Serialize)]
+pub struct Snapshot {
+    #[serde(flatten)]
+    pub counts: MeshCounts,
+    /// Demand rows the shards' last cycles left unmet (`Describe`'s `unmet_needs`,
+    /// summed over shards).
+    pub shortfalls: u64,
     /// Unmet demand rows per shard (`shard-<i>`), as [`Snapshot::shortfalls`] sums them.
     pub shortfalls_by_shard: BTreeMap<String, u64>,
     /// With several shards: the coordinator's transfers (ADR-0139).
@@ -71,14 +78,15 @@ impl TransferCounts {
 
 impl Snapshot {
     pub fn configured(&self) -> u64 {
-        self.machines_by_state
+        self.counts
+            .machines_by_state
             .get("CONFIGURED")
             .copied()
             .unwrap_or(0)
     }
 
     pub fn total_machines(&self) -> u64 {
-        self.machines_by_state.values().sum()
+        self.counts.machines_by_state.values().sum()
     }
 }
 
@@ -108,8 +116,8 @@ pub async fn sample(mesh: &Mesh) -> Snapshot {
         match mesh.metrics(&format!("shard-{i}-execute")).await {
             Ok(m) => {
                 let name = "bigfleet_shard_action_execute_outcomes_total";
-                snap.actions_executed += super::probe::sum(&m, name, &[]) as u64;
-                snap.actions_succeeded +=
+                snap.counts.actions_executed += super::probe::sum(&m, name, &[]) as u64;
+                snap.counts.actions_succeeded +=
                     super::probe::sum(&m, name, &[("outcome", "success")]) as u64;
             }
             Err(e) => snap.problems.push(format!("shard-{i}-execute: {e}")),
@@ -121,10 +129,11 @@ pub async fn sample(mesh: &Mesh) -> Snapshot {
             Err(e) => snap.problems.push(format!("coordinator transfers: {e}")),
         }
     }
-    snap.machines_by_state = count_by_state(&all);
+    snap.counts.machines_by_state = count_by_state(&all);
     for m in &all {
         if m.state == bigfleet_proto::v1alpha1::MachineState::Configured as i32 {
             *snap
+                .counts
                 .configured_by_cluster
                 .entry(m.cluster.clone())
                 .or_default() += 1;
@@ -139,12 +148,12 @@ impl Snapshot {
     fn add_description(&mut self, d: &meshpb::ShardDescription) {
         let count = |n: i32| u64::try_from(n).unwrap_or(0);
         let (needs, unmet) = (count(d.needs), count(d.unmet_needs));
-        self.needs += needs;
+        self.counts.needs += needs;
         if d.cycle > 0 {
-            self.needs_satisfied += needs.saturating_sub(unmet);
+            self.counts.needs_satisfied += needs.saturating_sub(unmet);
         }
         self.shortfalls += unmet;
-        self.cycles += u64::try_from(d.cycle).unwrap_or(0);
+        self.counts.cycles += u64::try_from(d.cycle).unwrap_or(0);
     }
 }
 
@@ -224,11 +233,14 @@ pub fn render(
     previous: Option<(&Snapshot, Duration)>,
     operators: (usize, usize),
 ) -> String {
-    let st = |k: &str| snap.machines_by_state.get(k).copied().unwrap_or(0);
+    let st = |k: &str| snap.counts.machines_by_state.get(k).copied().unwrap_or(0);
     let transitional = st("CREATING") + st("CONFIGURING") + st("DRAINING") + st("DELETING");
     let rate = match previous {
         Some((p, dt)) if !dt.is_zero() => {
-            snap.actions_executed.saturating_sub(p.actions_executed) as f64 / dt.as_secs_f64()
+            snap.counts
+                .actions_executed
+                .saturating_sub(p.counts.actions_executed) as f64
+                / dt.as_secs_f64()
         }
         _ => 0.0,
     };
@@ -241,11 +253,11 @@ pub fn render(
         st("SPECULATIVE"),
         transitional,
         st("FAILED"),
-        snap.needs_satisfied,
-        snap.needs,
+        snap.counts.needs_satisfied,
+        snap.counts.needs,
         snap.shortfalls,
         rate,
-        snap.actions_executed,
+        snap.counts.actions_executed,
         operators.0,
         operators.1,
     );
@@ -267,13 +279,8 @@ pub struct Summary {
     /// Machines Configured at the end.
     pub configured: u64,
     pub shortfalls: u64,
-    pub machines_by_state: BTreeMap<String, u64>,
-    pub configured_by_cluster: BTreeMap<String, u64>,
-    pub needs: u64,
-    pub needs_satisfied: u64,
-    pub actions_executed: u64,
-    pub actions_succeeded: u64,
-    pub cycles: u64,
+    #[serde(flatten)]
+    pub counts: MeshCounts,
     /// Children that crash-looped (up gave up on them) + operator errors (failed connects,
     /// lost sessions, rejected or unapplied roll-ups) + sources unreadable at the end.
     pub errors: u64,
@@ -307,14 +314,14 @@ mod tests {
     #[test]
     fn render_shows_rates_and_states() {
         let mut a = Snapshot::default();
-        a.machines_by_state.insert("CONFIGURED".into(), 3);
-        a.machines_by_state.insert("IDLE".into(), 2);
-        a.machines_by_state.insert("CONFIGURING".into(), 1);
-        a.actions_executed = 10;
-        a.needs = 4;
-        a.needs_satisfied = 3;
+        a.counts.machines_by_state.insert("CONFIGURED".into(), 3);
+        a.counts.machines_by_state.insert("IDLE".into(), 2);
+        a.counts.machines_by_state.insert("CONFIGURING".into(), 1);
+        a.counts.actions_executed = 10;
+        a.counts.needs = 4;
+        a.counts.needs_satisfied = 3;
         let mut b = a.clone();
-        b.actions_executed = 30;
+        b.counts.actions_executed = 30;
         let line = render(
             Duration::from_secs(7),
             &b,
@@ -343,6 +350,40 @@ mod tests {
     }
 
     #[test]
+    fn the_summary_line_keeps_its_counts_at_the_top_level() {
+        let mut counts = MeshCounts {
+            needs: 4,
+            needs_satisfied: 3,
+            cycles: 9,
+            ..MeshCounts::default()
+        };
+        counts.machines_by_state.insert("IDLE".into(), 2);
+        let summary = Summary {
+            configured: 0,
+            shortfalls: 1,
+            counts,
+            errors: 0,
+            crashed: Vec::new(),
+            restarts: 0,
+            elapsed_seconds: 1.0,
+            shards: 1,
+            clusters: 1,
+            operators: 1,
+            run_dir: "/tmp/up".into(),
+            chaos: None,
+            transfers: None,
+            cross_shard_drains: None,
+            shortfalls_by_shard: None,
+        };
+        let v = serde_json::to_value(&summary).unwrap();
+        assert!(v.get("counts").is_none(), "{v}");
+        assert_eq!(v["needs"], 4);
+        assert_eq!(v["needs_satisfied"], 3);
+        assert_eq!(v["cycles"], 9);
+        assert_eq!(v["machines_by_state"]["IDLE"], 2);
+    }
+
+    #[test]
     fn describe_feeds_needs_shortfalls_and_cycles() {
         let mut s = Snapshot::default();
         s.add_description(&meshpb::ShardDescription {
@@ -358,9 +399,9 @@ mod tests {
             unmet_needs: 0,
             ..Default::default()
         });
-        assert_eq!((s.needs, s.needs_satisfied), (9, 3));
+        assert_eq!((s.counts.needs, s.counts.needs_satisfied), (9, 3));
         assert_eq!(s.shortfalls, 2);
-        assert_eq!(s.cycles, 12);
+        assert_eq!(s.counts.cycles, 12);
     }
 
     #[test]

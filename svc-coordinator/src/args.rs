@@ -4,8 +4,7 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::PathBuf;
 use std::time::Duration;
 
-use bigfleet_identity::TlsFlags;
-use bigfleet_telemetry::LogArgs;
+use bigfleet_mesh::ServiceFlags;
 
 /// `bigfleet-coordinator`: one replica of the fleet coordinator. Every replica of a
 /// StatefulSet gets the same flags; the ordinal in `--id` decides who bootstraps.
@@ -57,10 +56,6 @@ pub struct Args {
     /// HTTP /metrics, /healthz, /readyz; `0` disables.
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8790")]
     pub metrics_addr: String,
-
-    /// Graceful-shutdown deadline after SIGTERM.
-    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s", value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
 
     /// How often the leader's rebalancer decides (docs/multi-shard.md); `0s` turns it off.
     #[arg(long, env = "BIGFLEET_REBALANCE_INTERVAL", default_value = "15s", value_parser = humantime::parse_duration)]
@@ -117,11 +112,9 @@ pub struct Args {
     #[arg(long, env = "BIGFLEET_REBALANCE_REPORT_MAX_AGE", default_value = "2m", value_parser = humantime::parse_duration)]
     pub rebalance_report_max_age: Duration,
 
+    /// `--drain-timeout`, TLS and log flags, alike in every service (ADR-0140).
     #[command(flatten)]
-    pub tls: TlsFlags,
-
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub service: ServiceFlags,
 }
 
 /// Default snapshot export period.
@@ -191,6 +184,8 @@ mod tests {
         assert_eq!(a.listen, ":7790");
         assert_eq!(a.raft_bind, ":7791");
         assert_eq!(a.metrics_addr, ":8790");
+        assert_eq!(a.service.drain_timeout, Duration::from_secs(10));
+        assert!(a.service.tls.resolve().unwrap().is_none());
         assert!(!a.bootstrap);
         assert_eq!(a.export_interval(), DEFAULT_EXPORT_INTERVAL);
         assert!(a.join_addrs().is_empty());

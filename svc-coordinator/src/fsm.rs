@@ -2,6 +2,7 @@
 //! them. Pure (no I/O, no clock): every replica applying the same commands in the same order
 //! ends with the same state, so timestamps travel inside the commands.
 
+use std::collections::btree_map::Entry;
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 
 use serde::{Deserialize, Serialize};
@@ -147,6 +148,32 @@ fn require(field: &str, value: &str) -> Result<(), FsmError> {
     }
 }
 
+/// Pins `key` to `shard`: a no-op when it is already there, `Err(owner)` when another shard
+/// holds it.
+fn pin<K: Ord>(map: &mut BTreeMap<K, String>, key: K, shard: &str) -> Result<(), String> {
+    match map.entry(key) {
+        Entry::Occupied(e) if e.get() == shard => Ok(()),
+        Entry::Occupied(e) => Err(e.get().clone()),
+        Entry::Vacant(e) => {
+            e.insert(shard.to_owned());
+            Ok(())
+        }
+    }
+}
+
+/// Unpins everything pinned to `shard` and returns those keys, sorted.
+fn unpin_all<K: Ord + Clone>(map: &mut BTreeMap<K, String>, shard: &str) -> Vec<K> {
+    let keys: Vec<K> = map
+        .iter()
+        .filter(|(_, s)| s.as_str() == shard)
+        .map(|(k, _)| k.clone())
+        .collect();
+    for k in &keys {
+        map.remove(k);
+    }
+    keys
+}
+
 impl State {
     pub fn new() -> Self {
         Self::default()
@@ -186,12 +213,14 @@ impl State {
                 at_unix_ns,
             } => Ok(self.ack_transfer(
                 transfer_id,
-                instruction_id,
-                *verdict,
-                machine_ids,
-                next_instruction_id,
-                reason,
-                *at_unix_ns,
+                &transfers::Ack {
+                    instruction_id,
+                    verdict: *verdict,
+                    machine_ids,
+                    next_instruction_id,
+                    reason,
+                    at_unix_ns: *at_unix_ns,
+                },
             )),
             Command::Legacy => Ok(Effect::None),
         }
@@ -202,11 +231,8 @@ impl State {
         require("instruction_id", &t.instruction_id)?;
         require("donor", &t.donor)?;
         require("recipient", &t.recipient)?;
-        for s in [&t.donor, &t.recipient] {
-            if !self.shards.contains_key(s) {
-                return Err(FsmError::ShardNotFound(s.clone()));
-            }
-        }
+        self.registered(&t.donor)?;
+        self.registered(&t.recipient)?;
         if t.donor == t.recipient {
             return Err(FsmError::Invalid("a transfer needs two shards".into()));
         }
@@ -233,17 +259,7 @@ impl State {
         Ok(Effect::Transfer(t.clone()))
     }
 
-    #[allow(clippy::too_many_arguments)]
-    fn ack_transfer(
-        &mut self,
-        id: &str,
-        instruction_id: &str,
-        verdict: AckVerdict,
-        machine_ids: &[String],
-        next_instruction_id: &str,
-        reason: &str,
-        now: i64,
-    ) -> Effect {
+    fn ack_transfer(&mut self, id: &str, ack: &transfers::Ack<'_>) -> Effect {
         // A machine already moving in another transfer is never named twice.
         let busy: BTreeSet<&String> = self
             .transfers
@@ -251,7 +267,8 @@ impl State {
             .filter(|o| o.id != id)
             .flat_map(|o| o.machine_ids.iter())
             .collect();
-        let ids: Vec<String> = machine_ids
+        let ids: Vec<String> = ack
+            .machine_ids
             .iter()
             .filter(|m| !busy.contains(m))
             .cloned()
@@ -259,15 +276,11 @@ impl State {
         let Some(t) = self.transfers.get_mut(id) else {
             return Effect::None;
         };
-        if !transfers::advance(
-            t,
-            instruction_id,
-            verdict,
-            &ids,
-            next_instruction_id,
-            reason,
-            now,
-        ) {
+        let ack = transfers::Ack {
+            machine_ids: &ids,
+            ..*ack
+        };
+        if !transfers::advance(t, &ack) {
             return Effect::None;
         }
         let t = t.clone();
@@ -306,24 +319,8 @@ impl State {
         if self.shards.remove(id).is_none() {
             return Err(FsmError::ShardNotFound(id.to_owned()));
         }
-        let clusters: Vec<String> = self
-            .cluster_to_shard
-            .iter()
-            .filter(|(_, s)| s.as_str() == id)
-            .map(|(c, _)| c.clone())
-            .collect();
-        for c in &clusters {
-            self.cluster_to_shard.remove(c);
-        }
-        let domains: Vec<DomainKey> = self
-            .domain_to_shard
-            .iter()
-            .filter(|(_, s)| s.as_str() == id)
-            .map(|(d, _)| d.clone())
-            .collect();
-        for d in &domains {
-            self.domain_to_shard.remove(d);
-        }
+        let clusters = unpin_all(&mut self.cluster_to_shard, id);
+        let domains = unpin_all(&mut self.domain_to_shard, id);
         // Transfers involving the shard end here; its machines are nobody's to move now.
         let ended: Vec<String> = self
             .transfers
@@ -344,41 +341,33 @@ impl State {
     fn bind_cluster(&mut self, cluster: &str, shard: &str) -> Result<(), FsmError> {
         require("cluster_id", cluster)?;
         require("shard_id", shard)?;
-        if !self.shards.contains_key(shard) {
-            return Err(FsmError::ShardNotFound(shard.to_owned()));
-        }
-        match self.cluster_to_shard.get(cluster) {
-            Some(bound) if bound == shard => Ok(()),
-            Some(bound) => Err(FsmError::ClusterAlreadyBound {
+        self.registered(shard)?;
+        pin(&mut self.cluster_to_shard, cluster.to_owned(), shard).map_err(|bound_to| {
+            FsmError::ClusterAlreadyBound {
                 cluster: cluster.to_owned(),
-                bound_to: bound.clone(),
-            }),
-            None => {
-                self.cluster_to_shard
-                    .insert(cluster.to_owned(), shard.to_owned());
-                Ok(())
+                bound_to,
             }
-        }
+        })
     }
 
     fn assign_domain(&mut self, domain: &DomainKey, shard: &str) -> Result<(), FsmError> {
         require("topology_key", &domain.key)?;
         require("topology_value", &domain.value)?;
         require("shard_id", shard)?;
-        if !self.shards.contains_key(shard) {
-            return Err(FsmError::ShardNotFound(shard.to_owned()));
-        }
-        match self.domain_to_shard.get(domain) {
-            Some(owner) if owner == shard => Ok(()),
-            Some(owner) => Err(FsmError::DomainAlreadyAssigned {
+        self.registered(shard)?;
+        pin(&mut self.domain_to_shard, domain.clone(), shard).map_err(|owner| {
+            FsmError::DomainAlreadyAssigned {
                 domain: domain.clone(),
-                owner: owner.clone(),
-            }),
-            None => {
-                self.domain_to_shard
-                    .insert(domain.clone(), shard.to_owned());
-                Ok(())
+                owner,
             }
+        })
+    }
+
+    fn registered(&self, shard: &str) -> Result<(), FsmError> {
+        if self.shards.contains_key(shard) {
+            Ok(())
+        } else {
+            Err(FsmError::ShardNotFound(shard.to_owned()))
         }
     }
 

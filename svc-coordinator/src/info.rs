@@ -75,8 +75,7 @@ impl CoordinatorInfo for CoordinatorInfoService {
         &self,
         request: Request<mpb::ListTransfersRequest>,
     ) -> Result<Response<mpb::ListTransfersResponse>, Status> {
-        let term = self.replica.leader_term()?;
-        require_reader(&request)?;
+        let term = self.replica.admit(require_reader(&request))?;
         let filter = request.into_inner().shard_id;
         let (active, recent, shards) = {
             let shared = self.replica.shared.read();

@@ -124,10 +124,7 @@ impl Running {
 
     /// Serves until SIGTERM/SIGINT, then shuts down.
     pub async fn run_until_signal(self) -> anyhow::Result<()> {
-        let sig = bigfleet_mesh::shutdown_signal().await;
-        if let Err(e) = sig {
-            tracing::error!(error = %e, "cannot listen for signals; stopping");
-        }
+        bigfleet_mesh::until_shutdown_signal().await;
         self.shutdown().await
     }
 }
@@ -176,10 +173,7 @@ pub async fn start_with_registry(
     args: Args,
     registry: MetricsRegistry,
 ) -> Result<Running, StartError> {
-    let tls = match args.tls.resolve()? {
-        Some(files) => Some(TlsContext::load(&files)?),
-        None => None,
-    };
+    let tls = args.service.tls_context()?;
     let store = Store::open(&args.data_dir)?;
     let has_state = store.has_state()?;
 
@@ -243,7 +237,7 @@ pub async fn start_with_registry(
     )
     .tcp_listener(raft_listener)
     .tls(tls.as_ref().map(TlsContext::server_config).transpose()?)
-    .insecure_plaintext(args.tls.insecure_plaintext)
+    .insecure_plaintext(args.service.tls.insecure_plaintext)
     .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
     .drain_deadline(Duration::from_secs(2))
     .add_service(RaftService::new(raft.clone()).into_server())
@@ -272,9 +266,9 @@ pub async fn start_with_registry(
     )
     .tcp_listener(api_listener)
     .tls(tls.as_ref().map(TlsContext::server_config).transpose()?)
-    .insecure_plaintext(args.tls.insecure_plaintext)
+    .insecure_plaintext(args.service.tls.insecure_plaintext)
     .descriptor_set(bigfleet_proto::FILE_DESCRIPTOR_SET)
-    .drain_deadline(args.drain_timeout)
+    .drain_deadline(args.service.drain_timeout)
     .add_service_with_status(
         CoordinatorService::new(Arc::clone(&replica)).into_server(),
         ServingStatus::NotServing,

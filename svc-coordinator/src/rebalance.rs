@@ -534,6 +534,16 @@ mod tests {
         d.transfer(id.into(), format!("{id}-i"), started)
     }
 
+    /// `d` carried out as transfer `id` from `started`, ended in `phase` having moved
+    /// `machines`.
+    fn ended(d: &Decision, id: &str, started: i64, phase: Phase, machines: &[&str]) -> Transfer {
+        Transfer {
+            phase,
+            machine_ids: machines.iter().map(|m| (*m).to_owned()).collect(),
+            ..in_flight(d, id, started)
+        }
+    }
+
     fn run(
         p: &Policy,
         shards: &[ShardView],
@@ -613,9 +623,7 @@ mod tests {
         ];
         let p = Policy::default();
         let d = run(&p, &shards, &[], &[], 10 * MIN).decisions[0].clone();
-        let mut done = in_flight(&d, "t1", 10 * MIN);
-        done.phase = Phase::Done;
-        done.machine_ids = vec!["m1".into()];
+        let done = ended(&d, "t1", 10 * MIN, Phase::Done, &["m1"]);
         let r = run(&p, &shards, &[], std::slice::from_ref(&done), 11 * MIN);
         assert!(r.decisions.is_empty());
         assert_eq!(r.skips[0].reason, SkipReason::InFlight);
@@ -640,8 +648,7 @@ mod tests {
         assert_eq!(r.decisions[0].instance_type, "gpu");
         assert_eq!(r.skips[0].reason, SkipReason::RateLimited);
         // A finished transfer inside the window still counts; outside it does not.
-        let mut done = in_flight(&r.decisions[0], "t1", 10 * MIN);
-        done.phase = Phase::Done;
+        let done = ended(&r.decisions[0], "t1", 10 * MIN, Phase::Done, &[]);
         let later = run(&p, &shards, &[], std::slice::from_ref(&done), 12 * MIN);
         assert!(later.decisions.is_empty());
         let much_later = run(&p, &shards, &[], &[done], 20 * MIN);
@@ -651,23 +658,16 @@ mod tests {
     #[test]
     fn no_flapping_within_the_cooldown() {
         // gpu moved s1 -> s0 a minute ago; now s1 is short and s0 has gpus free.
-        let moved = Transfer {
-            phase: Phase::Done,
-            machine_ids: vec!["m1".into()],
-            ..in_flight(
-                &Decision {
-                    kind: TransferKind::Idle,
-                    donor: "s1".into(),
-                    recipient: "s0".into(),
-                    instance_type: "gpu".into(),
-                    count: 1,
-                    priority: 1,
-                    why: String::new(),
-                },
-                "t1",
-                9 * MIN,
-            )
+        let back = Decision {
+            kind: TransferKind::Idle,
+            donor: "s1".into(),
+            recipient: "s0".into(),
+            instance_type: "gpu".into(),
+            count: 1,
+            priority: 1,
+            why: String::new(),
         };
+        let moved = ended(&back, "t1", 9 * MIN, Phase::Done, &["m1"]);
         let shards = [
             shard("s0", &[("gpu", 3)], vec![]),
             shard("s1", &[], vec![need("gpu", 100)]),
@@ -691,8 +691,7 @@ mod tests {
         let p = Policy::default();
         let d = run(&p, &shards, &[], &[], 10 * MIN).decisions[0].clone();
         assert_eq!(d.donor, "s1");
-        let mut failed = in_flight(&d, "t1", 10 * MIN);
-        failed.phase = Phase::Failed;
+        let failed = ended(&d, "t1", 10 * MIN, Phase::Failed, &[]);
         // The next donor is tried instead; after the cool-down s1 again.
         let r = run(&p, &shards, &[], std::slice::from_ref(&failed), 11 * MIN);
         assert_eq!(r.decisions[0].donor, "s2");
@@ -707,8 +706,7 @@ mod tests {
             shard("s1", &[("gpu", 5)], vec![]),
         ];
         let d = run(&Policy::default(), &shards, &[], &[], 10 * MIN).decisions[0].clone();
-        let mut empty = in_flight(&d, "t1", 10 * MIN);
-        empty.phase = Phase::Done;
+        let empty = ended(&d, "t1", 10 * MIN, Phase::Done, &[]);
         let r = run(&Policy::default(), &shards, &[], &[empty], 60 * MIN);
         assert_eq!(r.decisions[0].kind, TransferKind::Speculative);
     }

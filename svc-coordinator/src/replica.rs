@@ -111,6 +111,15 @@ impl Replica {
         })
     }
 
+    /// Admits a call that `may_call` (the caller's role check) rules on: leadership comes
+    /// first, so a follower answers every caller, whatever its role, with the leader hint
+    /// (the original's order). Returns the term this replica leads in.
+    pub fn admit(&self, may_call: Result<(), CoordError>) -> Result<u64, CoordError> {
+        let term = self.leader_term()?;
+        may_call?;
+        Ok(term)
+    }
+
     /// Proposes a command and waits (up to [`APPLY_TIMEOUT`]) for it to commit and apply.
     pub async fn apply(&self, cmd: Command) -> Result<Effect, CoordError> {
         let res = tokio::time::timeout(APPLY_TIMEOUT, self.raft.client_write(cmd)).await;

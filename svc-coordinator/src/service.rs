@@ -269,8 +269,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::AssignDomainRequest>,
     ) -> Result<Response<pb::AssignDomainResponse>, Status> {
-        self.replica.leader_term()?;
-        require_admin(&request)?;
+        self.replica.admit(require_admin(&request))?;
         let r = request.into_inner();
         required("topology_key", &r.topology_key)?;
         required("topology_value", &r.topology_value)?;
@@ -292,8 +291,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::UnassignDomainRequest>,
     ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
-        self.replica.leader_term()?;
-        require_admin(&request)?;
+        self.replica.admit(require_admin(&request))?;
         let r = request.into_inner();
         required("topology_key", &r.topology_key)?;
         required("topology_value", &r.topology_value)?;
@@ -318,8 +316,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::RemoveShardRequest>,
     ) -> Result<Response<pb::RemoveShardResponse>, Status> {
-        self.replica.leader_term()?;
-        require_admin(&request)?;
+        self.replica.admit(require_admin(&request))?;
         let id = request.into_inner().shard_id;
         required("shard_id", &id)?;
         self.replica
@@ -341,8 +338,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListShardsRequest>,
     ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        self.replica.leader_term()?;
-        require_reader(&request)?;
+        self.replica.admit(require_reader(&request))?;
         let shards = self
             .replica
             .shared
@@ -364,8 +360,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListDomainAssignmentsRequest>,
     ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
-        self.replica.leader_term()?;
-        require_reader(&request)?;
+        self.replica.admit(require_reader(&request))?;
         let assignments = self
             .replica
             .shared
@@ -388,8 +383,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListShardReportsRequest>,
     ) -> Result<Response<pb::ListShardReportsResponse>, Status> {
-        let term = self.replica.leader_term()?;
-        require_reader(&request)?;
+        let term = self.replica.admit(require_reader(&request))?;
         let filter = request.get_ref().shard_id.clone();
         let reports = {
             let mut soft = self.replica.soft.lock();
@@ -413,8 +407,10 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::JoinRaftClusterRequest>,
     ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
-        self.replica.leader_term()?;
-        require_admin_or_replica(&request, &request.get_ref().node_id)?;
+        self.replica.admit(require_admin_or_replica(
+            &request,
+            &request.get_ref().node_id,
+        ))?;
         let api_addr = request
             .metadata()
             .get(JOIN_API_ADDR_KEY)
@@ -444,8 +440,7 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::SnapshotSaveRequest>,
     ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
-        self.replica.leader_term()?;
-        require_admin(&request)?;
+        self.replica.admit(require_admin(&request))?;
         let (meta, data) = self.replica.fresh_snapshot().await?;
         let meta_json = snapshot_meta_json(&meta, data.len())?;
         tracing::info!(snapshot = %meta.snapshot_id, bytes = data.len(), "streaming snapshot");

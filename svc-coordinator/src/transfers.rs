@@ -205,18 +205,31 @@ pub fn released_ids(reason: &str) -> Vec<String> {
     out
 }
 
-/// Advances `t` by an acknowledgement of its current instruction. `next_instruction_id`
-/// names the next phase's instruction (chosen by the leader so replicas agree). Returns
-/// false (and leaves `t` alone) when the ack does not answer the current phase.
-pub fn advance(
-    t: &mut Transfer,
-    instruction_id: &str,
-    verdict: AckVerdict,
-    machine_ids: &[String],
-    next_instruction_id: &str,
-    reason: &str,
-    now: i64,
-) -> bool {
+/// A shard's acknowledgement of a transfer's current instruction, as [`advance`] applies it
+/// (the fields of `Command::AckTransfer` but the transfer id).
+#[derive(Debug, Clone, Copy)]
+pub struct Ack<'a> {
+    pub instruction_id: &'a str,
+    pub verdict: AckVerdict,
+    /// The machines the donor says it released.
+    pub machine_ids: &'a [String],
+    /// The next phase's instruction, chosen by the leader so replicas agree.
+    pub next_instruction_id: &'a str,
+    pub reason: &'a str,
+    pub at_unix_ns: i64,
+}
+
+/// Advances `t` by an acknowledgement of its current instruction. Returns false (and
+/// leaves `t` alone) when the ack does not answer the current phase.
+pub fn advance(t: &mut Transfer, ack: &Ack<'_>) -> bool {
+    let Ack {
+        instruction_id,
+        verdict,
+        machine_ids,
+        next_instruction_id,
+        reason,
+        at_unix_ns: now,
+    } = *ack;
     if !t.phase.is_active() || t.instruction_id != instruction_id {
         return false;
     }
@@ -288,12 +301,32 @@ mod tests {
     /// Acknowledges instruction `id` as accepted with the `machines` it names;
     /// `next` is the next phase's instruction.
     fn accept(t: &mut Transfer, id: &str, machines: &[&str], next: &str, now: i64) -> bool {
-        advance(t, id, AckVerdict::Accepted, &ids(machines), next, "", now)
+        advance(
+            t,
+            &Ack {
+                instruction_id: id,
+                verdict: AckVerdict::Accepted,
+                machine_ids: &ids(machines),
+                next_instruction_id: next,
+                reason: "",
+                at_unix_ns: now,
+            },
+        )
     }
 
     /// Acknowledges instruction `id` as refused for `reason`.
     fn refuse(t: &mut Transfer, id: &str, next: &str, reason: &str, now: i64) -> bool {
-        advance(t, id, AckVerdict::Refused, &[], next, reason, now)
+        advance(
+            t,
+            &Ack {
+                instruction_id: id,
+                verdict: AckVerdict::Refused,
+                machine_ids: &[],
+                next_instruction_id: next,
+                reason,
+                at_unix_ns: now,
+            },
+        )
     }
 
     /// The instruction moving `machines` from shard `from` to shard `to`.

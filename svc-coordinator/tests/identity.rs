@@ -8,7 +8,7 @@ use std::path::Path;
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};
 use bigfleet_testkit::{LeafSpec, TestCa, TlsPaths};
-use common::{mtls_channel, solo_over_mtls};
+use common::{assign, code, mtls_channel, report, solo_over_mtls};
 use tonic::Code;
 use tonic::transport::Channel;
 
@@ -16,26 +16,28 @@ async fn connect(addr: std::net::SocketAddr, paths: &TlsPaths) -> CoordinatorCli
     CoordinatorClient::new(mtls_channel(addr, paths).await)
 }
 
-fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> Code {
-    match r {
-        Ok(_) => Code::Ok,
-        Err(s) => s.code(),
-    }
-}
+/// The rpcs [`matrix`] calls, in its order.
+const RPCS: [&str; 9] = [
+    "ReportShard",
+    "ListShards",
+    "ListDomainAssignments",
+    "ListShardReports",
+    "AssignDomain",
+    "UnassignDomain",
+    "RemoveShard",
+    "JoinRaftCluster",
+    "SnapshotSave",
+];
 
-fn report(shard: &str) -> pb::ShardReport {
-    pb::ShardReport {
-        shard_id: shard.into(),
-        cycle: 1,
-        shard_address: format!("{shard}:7780"),
-        ..Default::default()
-    }
+/// `codes` named by [`RPCS`], to compare with a [`matrix`].
+fn expect(codes: [Code; 9]) -> Vec<(&'static str, Code)> {
+    RPCS.into_iter().zip(codes).collect()
 }
 
 /// Every call of the surface by one caller, as (rpc, code).
 async fn matrix(c: &mut CoordinatorClient<Channel>, shard: &str) -> Vec<(&'static str, Code)> {
     vec![
-        ("ReportShard", code(c.report_shard(report(shard)).await)),
+        ("ReportShard", code(c.report_shard(report(shard, 1)).await)),
         (
             "ListShards",
             code(c.list_shards(pb::ListShardsRequest {}).await),
@@ -56,14 +58,7 @@ async fn matrix(c: &mut CoordinatorClient<Channel>, shard: &str) -> Vec<(&'stati
         ),
         (
             "AssignDomain",
-            code(
-                c.assign_domain(pb::AssignDomainRequest {
-                    topology_key: "rack".into(),
-                    topology_value: "r1".into(),
-                    shard_id: "s1".into(),
-                })
-                .await,
-            ),
+            code(c.assign_domain(assign("rack", "r1", "s1")).await),
         ),
         (
             "UnassignDomain",
@@ -131,76 +126,34 @@ async fn identity_matrix_under_mtls() {
     let mut s1 = connect(addr, &shard1).await;
     assert_eq!(
         matrix(&mut s1, "s1").await,
-        vec![
-            ("ReportShard", OK),
-            ("ListShards", PD),
-            ("ListDomainAssignments", PD),
-            ("ListShardReports", PD),
-            ("AssignDomain", PD),
-            ("UnassignDomain", PD),
-            ("RemoveShard", PD),
-            ("JoinRaftCluster", PD),
-            ("SnapshotSave", PD),
-        ]
+        expect([OK, PD, PD, PD, PD, PD, PD, PD, PD])
     );
     // Same certificate claiming another shard.
-    assert_eq!(code(s1.report_shard(report("s2")).await), PD);
+    assert_eq!(code(s1.report_shard(report("s2", 1)).await), PD);
     // Empty shard id is refused before the identity binding.
-    assert_eq!(code(s1.report_shard(report("")).await), InvalidArgument);
+    assert_eq!(code(s1.report_shard(report("", 1)).await), InvalidArgument);
 
     // Admin: everything but ReportShard (strict binding); argument errors come after the
     // identity check.
     let mut a = connect(addr, &admin).await;
     assert_eq!(
         matrix(&mut a, "s1").await,
-        vec![
-            ("ReportShard", PD),
-            ("ListShards", OK),
-            ("ListDomainAssignments", OK),
-            ("ListShardReports", OK),
-            ("AssignDomain", OK),
-            ("UnassignDomain", OK),
-            ("RemoveShard", NotFound),
-            ("JoinRaftCluster", InvalidArgument),
-            ("SnapshotSave", OK),
-        ]
+        expect([PD, OK, OK, OK, OK, OK, NotFound, InvalidArgument, OK])
     );
-    let conflict = a
-        .assign_domain(pb::AssignDomainRequest {
-            topology_key: "rack".into(),
-            topology_value: "r1".into(),
-            shard_id: "s2".into(),
-        })
-        .await;
+    let conflict = a.assign_domain(assign("rack", "r1", "s2")).await;
     // s2 never registered: NOT_FOUND; the conflict path is exercised next.
     assert_eq!(code(conflict), NotFound);
-    s1.report_shard(report("s1")).await.unwrap();
+    s1.report_shard(report("s1", 1)).await.unwrap();
     let mut s2 = connect(addr, &ca.write_role_bundle(dir.path(), "shard/s2").unwrap()).await;
-    s2.report_shard(report("s2")).await.unwrap();
-    let conflict = a
-        .assign_domain(pb::AssignDomainRequest {
-            topology_key: "rack".into(),
-            topology_value: "r1".into(),
-            shard_id: "s2".into(),
-        })
-        .await;
+    s2.report_shard(report("s2", 1)).await.unwrap();
+    let conflict = a.assign_domain(assign("rack", "r1", "s2")).await;
     assert_eq!(code(conflict), AlreadyExists);
 
     // Readonly: every read, no mutation.
     let mut ro = connect(addr, &readonly).await;
     assert_eq!(
         matrix(&mut ro, "s1").await,
-        vec![
-            ("ReportShard", PD),
-            ("ListShards", OK),
-            ("ListDomainAssignments", OK),
-            ("ListShardReports", OK),
-            ("AssignDomain", PD),
-            ("UnassignDomain", PD),
-            ("RemoveShard", PD),
-            ("JoinRaftCluster", PD),
-            ("SnapshotSave", PD),
-        ]
+        expect([PD, OK, OK, OK, PD, PD, PD, PD, PD])
     );
 
     // A cluster identity, a certificate without identity and one with two: nothing.

@@ -5,10 +5,11 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};
+use bigfleet_testkit::wait_until;
 use common::*;
 use tonic::transport::Channel;
 
@@ -22,6 +23,25 @@ fn replica(root: &std::path::Path) -> Replica {
     r
 }
 
+/// A `wait_until` verdict whose "not yet" carries the replica's log, so a timeout shows it.
+fn progress(r: &Replica, done: bool) -> Result<(), String> {
+    if done {
+        Ok(())
+    } else {
+        Err(format!("not yet; replica log:\n{}", r.log_tail()))
+    }
+}
+
+/// A leading replica that rebalances eagerly (its data in the returned directory), and a
+/// client of it.
+async fn eager_leader() -> (tempfile::TempDir, Replica, CoordinatorClient<Channel>) {
+    let dir = tempfile::tempdir().unwrap();
+    let mut r = replica(dir.path());
+    r.spawn("");
+    let c = connect(&mut r).await;
+    (dir, r, c)
+}
+
 async fn connect(r: &mut Replica) -> CoordinatorClient<Channel> {
     wait_leader(std::slice::from_mut(r), WITHIN).await;
     client(&r.api_addr()).await.expect("connect")
@@ -29,10 +49,7 @@ async fn connect(r: &mut Replica) -> CoordinatorClient<Channel> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn idle_supply_moves_in_two_phases_across_a_leader_restart() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut r = replica(dir.path());
-    r.spawn("");
-    let mut c = connect(&mut r).await;
+    let (_dir, mut r, mut c) = eager_leader().await;
 
     let mut recipient = FakeShard::new("s0");
     recipient.summary = pb::ShardSummary {
@@ -46,20 +63,12 @@ async fn idle_supply_moves_in_two_phases_across_a_leader_restart() {
     // Phase one arrives; the donor holds its ack so the leader can die mid-transfer.
     donor.answering = false;
 
-    let start = Instant::now();
-    loop {
+    wait_until(WITHIN, "the donor to be told to release", async || {
         recipient.report(&mut c).await.unwrap();
         donor.report(&mut c).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if !donor.transfers().is_empty() {
-            break;
-        }
-        assert!(
-            start.elapsed() < WITHIN,
-            "timed out waiting: the donor is told to release\n{}",
-            r.log_tail()
-        );
-    }
+        progress(&r, !donor.transfers().is_empty())
+    })
+    .await;
     let (release_id, release, term1) = donor.transfers()[0].clone();
     assert_eq!(release.from_shard_id, "s1");
     assert_eq!(release.to_shard_id, "s0");
@@ -78,20 +87,16 @@ async fn idle_supply_moves_in_two_phases_across_a_leader_restart() {
     let mut c = connect(&mut r).await;
     donor.answering = true;
     let delivered = donor.seen.len();
-    let start = Instant::now();
-    loop {
-        let _ = recipient.report(&mut c).await;
-        let _ = donor.report(&mut c).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        if donor.seen.len() > delivered {
-            break;
-        }
-        assert!(
-            start.elapsed() < WITHIN,
-            "timed out waiting: the release is redelivered by the restarted leader\n{}",
-            r.log_tail()
-        );
-    }
+    wait_until(
+        WITHIN,
+        "the release to be redelivered by the restarted leader",
+        async || {
+            let _ = recipient.report(&mut c).await;
+            let _ = donor.report(&mut c).await;
+            progress(&r, donor.seen.len() > delivered)
+        },
+    )
+    .await;
     assert!(donor.transfers().iter().all(|(_, _, term)| *term >= term1));
     // Same instruction id: the transfer resumed from the replicated state, not re-decided.
     assert!(
@@ -109,19 +114,16 @@ async fn idle_supply_moves_in_two_phases_across_a_leader_restart() {
     );
 
     // The donor's ack (sent with its next report) unlocks the adopt phase.
-    let start = Instant::now();
-    loop {
-        donor.report(&mut c).await.unwrap();
-        recipient.report(&mut c).await.unwrap();
-        if !recipient.transfers().is_empty() {
-            break;
-        }
-        assert!(
-            start.elapsed() < WITHIN,
-            "timed out waiting: the recipient adopts the released machines\n{}",
-            r.log_tail()
-        );
-    }
+    wait_until(
+        WITHIN,
+        "the recipient to adopt the released machines",
+        async || {
+            donor.report(&mut c).await.unwrap();
+            recipient.report(&mut c).await.unwrap();
+            progress(&r, !recipient.transfers().is_empty())
+        },
+    )
+    .await;
     let (_, adopt, _) = recipient.transfers()[0].clone();
     assert_eq!(adopt.machine_ids, ["m1", "m2"]);
     assert_eq!(
@@ -132,22 +134,15 @@ async fn idle_supply_moves_in_two_phases_across_a_leader_restart() {
 
     // The recipient's ack finishes it; its shortfall is met and nothing more is decided.
     recipient.shortfalls.clear();
-    let start = Instant::now();
-    loop {
+    wait_until(WITHIN, "the transfer to finish", async || {
         recipient.report(&mut c).await.unwrap();
         donor.report(&mut c).await.unwrap();
         let moved = r
             .metric("bigfleet_coordinator_rebalance_machines_moved_total")
             .await;
-        if moved == Some(2.0) {
-            break;
-        }
-        assert!(
-            start.elapsed() < WITHIN,
-            "timed out waiting: the transfer finishes\n{}",
-            r.log_tail()
-        );
-    }
+        progress(&r, moved == Some(2.0))
+    })
+    .await;
     assert_eq!(recipient.idle, ["m1", "m2"]);
     assert_eq!(
         r.metric(
@@ -175,15 +170,11 @@ async fn idle_supply_moves_in_two_phases_across_a_leader_restart() {
 /// ADR-0032) gets nothing, and the donor is told to take its machines back.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_refused_adopt_returns_the_machines_to_the_donor() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut r = replica(dir.path());
-    r.spawn("");
-    let mut c = connect(&mut r).await;
+    let (_dir, r, mut c) = eager_leader().await;
     let mut recipient = FakeShard::short_of_gpus("s0", 1);
     recipient.refuse_adopt = true;
     let mut donor = FakeShard::with_idle_gpus("s1", &["m1"]);
-    let start = Instant::now();
-    loop {
+    wait_until(WITHIN, "the failed transfer", async || {
         recipient.report(&mut c).await.unwrap();
         donor.report(&mut c).await.unwrap();
         let failed = r
@@ -191,16 +182,9 @@ async fn a_refused_adopt_returns_the_machines_to_the_donor() {
                 "bigfleet_coordinator_rebalance_transfers_finished_total{kind=\"transfer_ownership\",outcome=\"failed\"}",
             )
             .await;
-        if failed == Some(1.0) {
-            break;
-        }
-        assert!(
-            start.elapsed() < WITHIN,
-            "timed out waiting for the failed transfer\n{}",
-            r.log_tail()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        progress(&r, failed == Some(1.0))
+    })
+    .await;
     let donor_side: Vec<_> = donor
         .transfers()
         .into_iter()
@@ -224,22 +208,18 @@ async fn a_refused_adopt_returns_the_machines_to_the_donor() {
 /// nothing, and the donor keeps being asked.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_ack_from_another_shard_moves_nothing() {
-    let dir = tempfile::tempdir().unwrap();
-    let mut r = replica(dir.path());
-    r.spawn("");
-    let mut c = connect(&mut r).await;
+    let (_dir, r, mut c) = eager_leader().await;
     let mut recipient = FakeShard::short_of_gpus("s0", 1);
     let mut donor = FakeShard::with_idle_gpus("s1", &["m1"]);
     donor.answering = false;
     let mut other = FakeShard::new("s2");
-    let start = Instant::now();
-    while donor.transfers().is_empty() {
+    wait_until(WITHIN, "a release", async || {
         recipient.report(&mut c).await.unwrap();
         donor.report(&mut c).await.unwrap();
         other.report(&mut c).await.unwrap();
-        assert!(start.elapsed() < WITHIN, "no release\n{}", r.log_tail());
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+        progress(&r, !donor.transfers().is_empty())
+    })
+    .await;
     let (release_id, _, _) = donor.transfers()[0].clone();
     other.acks.push(pb::InstructAck {
         instruction_id: release_id.clone(),

@@ -180,11 +180,10 @@ async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
     ] {
         let paths = ca.write_role_bundle(dir.path(), role).unwrap();
         let mut c = connect_tls(addr, &paths).await;
-        let code = match c.list_transfers(mpb::ListTransfersRequest::default()).await {
-            Ok(_) => Code::Ok,
-            Err(s) => s.code(),
-        };
-        got.push((role, code));
+        got.push((
+            role,
+            code(c.list_transfers(mpb::ListTransfersRequest::default()).await),
+        ));
     }
     use Code::{Ok as OK, PermissionDenied as PD};
     assert_eq!(

@@ -23,13 +23,14 @@ use tonic::{Request, Response, Status};
 
 use bigfleet_mesh::LEADER_HINT_METADATA;
 
+use crate::grpc::{NeedsStream, READERS, needs_stream};
+
 /// Snapshot data frames of the double are this small so reassembly is exercised.
 pub const SNAPSHOT_CHUNK: usize = 4;
 
 /// The coordinator's identity matrix (the roles table of docs/security.md).
 pub fn coordinator_policy() -> AuthzPolicy {
     let m = |rpc: &str| format!("/{}/{rpc}", service_names::COORDINATOR);
-    let read = [Role::Readonly, Role::Admin];
     let mut p = AuthzPolicy::deny_by_default().allow_method(&m("ReportShard"), &[Role::Shard]);
     for rpc in [
         "AssignDomain",
@@ -47,16 +48,16 @@ pub fn coordinator_policy() -> AuthzPolicy {
         "ListQuotas",
         "ListProviders",
     ] {
-        p = p.allow_method(&m(rpc), &read);
+        p = p.allow_method(&m(rpc), READERS);
     }
-    p.allow_service(service_names::COORDINATOR_INFO, &read)
+    p.allow_service(service_names::COORDINATOR_INFO, READERS)
 }
 
 /// A shard's read services: readonly or admin.
 pub fn shard_read_policy() -> AuthzPolicy {
     AuthzPolicy::deny_by_default()
-        .allow_service(service_names::SHARD_READ, &[Role::Readonly, Role::Admin])
-        .allow_service(service_names::SHARD_INFO, &[Role::Readonly, Role::Admin])
+        .allow_service(service_names::SHARD_READ, READERS)
+        .allow_service(service_names::SHARD_INFO, READERS)
 }
 
 /// What the coordinator double holds and answers.
@@ -107,6 +108,13 @@ impl CoordinatorDouble {
         }
         st.calls.push(rpc.to_owned());
         Ok(st)
+    }
+
+    /// An RPC the double does not serve: recorded like any other (and still leader-only),
+    /// then UNIMPLEMENTED with `why`.
+    fn unimplemented<T>(&self, rpc: &str, why: &str) -> Result<T, Status> {
+        drop(self.enter(rpc)?);
+        Err(Status::unimplemented(why.to_owned()))
     }
 
     /// Serves on 127.0.0.1 (free port), mTLS when `tls` is given, with the matrix enforced.
@@ -161,8 +169,7 @@ impl Coordinator for CoordinatorDouble {
         &self,
         _: Request<pb::ShardReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        drop(self.enter("ReportShard")?);
-        Err(Status::unimplemented("the double takes no reports"))
+        self.unimplemented("ReportShard", "the double takes no reports")
     }
 
     async fn assign_domain(
@@ -276,8 +283,7 @@ impl Coordinator for CoordinatorDouble {
         &self,
         _: Request<pb::JoinRaftClusterRequest>,
     ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
-        drop(self.enter("JoinRaftCluster")?);
-        Err(Status::unimplemented("the double has no raft group"))
+        self.unimplemented("JoinRaftCluster", "the double has no raft group")
     }
 
     type SnapshotSaveStream = SnapshotStream;
@@ -305,16 +311,14 @@ impl Coordinator for CoordinatorDouble {
         &self,
         _: Request<pb::ListQuotasRequest>,
     ) -> Result<Response<pb::ListQuotasResponse>, Status> {
-        drop(self.enter("ListQuotas")?);
-        Err(Status::unimplemented("removed in the current revision"))
+        self.unimplemented("ListQuotas", "removed in the current revision")
     }
 
     async fn list_providers(
         &self,
         _: Request<pb::ListProvidersRequest>,
     ) -> Result<Response<pb::ListProvidersResponse>, Status> {
-        drop(self.enter("ListProviders")?);
-        Err(Status::unimplemented("removed in the current revision"))
+        self.unimplemented("ListProviders", "removed in the current revision")
     }
 }
 
@@ -338,6 +342,26 @@ pub struct ShardDouble {
 }
 
 impl ShardDouble {
+    /// A shard without ShardInfo whose cycle `cycle`, computed at `computed_at_unix_nanos`,
+    /// judged `needs`.
+    pub fn with_verdicts(
+        shard_id: &str,
+        cycle: i64,
+        computed_at_unix_nanos: i64,
+        needs: Vec<pb::NeedView>,
+    ) -> Self {
+        Self {
+            shard_id: shard_id.into(),
+            header: pb::InspectNeedsHeader {
+                cycle,
+                computed_at_unix_nanos,
+                total_needs: 0,
+            },
+            needs,
+            ..Default::default()
+        }
+    }
+
     /// Serves ShardRead and ShardInfo on 127.0.0.1 (free port), mTLS when `tls` is given.
     pub async fn serve(
         self,
@@ -360,8 +384,6 @@ impl ShardDouble {
         }
     }
 }
-
-type NeedsStream = Pin<Box<dyn Stream<Item = Result<pb::InspectNeedsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
 impl ShardRead for ShardDouble {
@@ -393,14 +415,7 @@ impl ShardRead for ShardDouble {
         if r.limit > 0 {
             rows.truncate(usize::try_from(r.limit).unwrap_or(usize::MAX));
         }
-        let frames = std::iter::once(pb::inspect_needs_response::Frame::Header(header))
-            .chain(
-                rows.into_iter()
-                    .map(pb::inspect_needs_response::Frame::Need),
-            )
-            .map(|f| Ok(pb::InspectNeedsResponse { frame: Some(f) }))
-            .collect::<Vec<_>>();
-        Ok(Response::new(Box::pin(tokio_stream::iter(frames))))
+        Ok(Response::new(needs_stream(header, rows)))
     }
 }
 
@@ -523,6 +538,46 @@ pub fn need(
             capped: false,
         }),
         ..Default::default()
+    }
+}
+
+/// A shard whose ShardInfo serves `actions` and `machines` and that holds no verdicts.
+pub fn records_shard(
+    shard_id: &str,
+    actions: Vec<mesh::ActionRecord>,
+    machines: Vec<mesh::MachineRow>,
+) -> ShardDouble {
+    ShardDouble {
+        shard_id: shard_id.into(),
+        description: Some(mesh::ShardDescription {
+            shard_id: shard_id.into(),
+            ..Default::default()
+        }),
+        actions,
+        machines,
+        ..Default::default()
+    }
+}
+
+/// An idle-capacity transfer of two GPU machines (`m-201`, `m-202`) from s2 to s1, in
+/// `phase`; a non-empty `pending` instruction is s1's to acknowledge.
+pub fn gpu_transfer(id: &str, phase: &str, pending: &str, moved: u32) -> mesh::TransferInfo {
+    mesh::TransferInfo {
+        transfer_id: id.into(),
+        kind: "idle".into(),
+        phase: phase.into(),
+        donor_shard_id: "s2".into(),
+        recipient_shard_id: "s1".into(),
+        instance_type: "gpu".into(),
+        count: 2,
+        priority: 100,
+        machine_ids: vec!["m-201".into(), "m-202".into()],
+        moved,
+        pending_instruction_id: pending.into(),
+        pending_shard_id: if pending.is_empty() { "" } else { "s1" }.into(),
+        started_at_unix_ns: 1_700_000_000_000_000_000,
+        updated_at_unix_ns: 1_700_000_030_000_000_000,
+        reason: String::new(),
     }
 }
 

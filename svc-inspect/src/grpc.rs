@@ -27,11 +27,14 @@ pub const COORDINATOR_ERROR_METADATA_KEY: &str = "x-bigfleet-coordinator-error";
 /// Shortfalls in a FleetSummary when the request says 0.
 const DEFAULT_MAX_SHORTFALLS: usize = 100;
 
+/// The roles that may read fleet state (ADR-0060).
+pub(crate) const READERS: &[Role] = &[Role::Readonly, Role::Admin];
+
 /// Who may call svc-inspect under mTLS: readonly and admin, on both services (ADR-0060).
 pub fn authz_policy() -> AuthzPolicy {
     AuthzPolicy::deny_by_default()
-        .allow_service(service_names::SHARD_READ, &[Role::Readonly, Role::Admin])
-        .allow_service(service_names::INSPECT, &[Role::Readonly, Role::Admin])
+        .allow_service(service_names::SHARD_READ, READERS)
+        .allow_service(service_names::INSPECT, READERS)
 }
 
 /// Both gRPC services over one [`Fleet`].
@@ -46,7 +49,25 @@ impl InspectGrpc {
     }
 }
 
-type NeedsStream = Pin<Box<dyn Stream<Item = Result<pb::InspectNeedsResponse, Status>> + Send>>;
+/// What `ShardRead.InspectNeeds` streams back.
+pub(crate) type NeedsStream =
+    Pin<Box<dyn Stream<Item = Result<pb::InspectNeedsResponse, Status>> + Send>>;
+
+/// An InspectNeeds answer as a shard sends it: the header frame, then one frame per row in
+/// the order given.
+pub(crate) fn needs_stream(
+    header: pb::InspectNeedsHeader,
+    rows: impl IntoIterator<Item = pb::NeedView>,
+) -> NeedsStream {
+    let frames: Vec<_> = std::iter::once(pb::inspect_needs_response::Frame::Header(header))
+        .chain(
+            rows.into_iter()
+                .map(pb::inspect_needs_response::Frame::Need),
+        )
+        .map(|f| Ok(pb::InspectNeedsResponse { frame: Some(f) }))
+        .collect();
+    Box::pin(tokio_stream::iter(frames))
+}
 
 #[tonic::async_trait]
 impl ShardRead for InspectGrpc {
@@ -71,16 +92,10 @@ impl ShardRead for InspectGrpc {
         if !needs.shards.is_empty() && unreachable.len() == needs.shards.len() {
             return Err(InspectError::AllShardsUnreachable(unreachable.join("; ")).into());
         }
-        let mut frames = Vec::with_capacity(needs.rows.len() + 1);
-        frames.push(Ok(pb::InspectNeedsResponse {
-            frame: Some(pb::inspect_needs_response::Frame::Header(needs.header())),
-        }));
-        frames.extend(needs.rows.iter().map(|r| {
-            Ok(pb::InspectNeedsResponse {
-                frame: Some(pb::inspect_needs_response::Frame::Need(r.view.clone())),
-            })
-        }));
-        let mut response = Response::new(Box::pin(tokio_stream::iter(frames)) as NeedsStream);
+        let mut response = Response::new(needs_stream(
+            needs.header(),
+            needs.rows.iter().map(|r| r.view.clone()),
+        ));
         if !unreachable.is_empty() {
             insert_metadata(
                 &mut response,

@@ -495,38 +495,14 @@ pub fn spawn_sampler(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::fixtures::overview;
     use crate::view::{ClusterView, ShardView};
 
+    /// A shard whose machines are all `idle`.
     fn shard(id: &str, reachable: bool, idle: i32) -> ShardView {
         ShardView {
-            shard_id: id.into(),
-            address: String::new(),
-            reachable,
-            error: String::new(),
-            registered_at_unix_ns: 0,
-            last_report_age_ms: 0,
-            cycle: 7,
             machines_by_state: [("MACHINE_STATE_IDLE".to_owned(), idle)].into(),
-            sessions: 1,
-            needs: 2,
-            unmet_needs: 1,
-            shard_epoch: 1,
-            actions_in_flight: 0,
-            reported_total_machines: None,
-            reported_free_machines: None,
-            source: "shard-info".into(),
-        }
-    }
-
-    fn overview(shards: Vec<ShardView>) -> FleetOverview {
-        FleetOverview {
-            computed_at_unix_nanos: 1,
-            coordinator_reachable: true,
-            coordinator_error: String::new(),
-            coordinator_failure: None,
-            shards,
-            shortfalls: vec![],
-            domains: vec![],
+            ..crate::fixtures::shard(id, reachable)
         }
     }
 

@@ -171,6 +171,16 @@ struct Paging {
 }
 
 impl ListQuery {
+    /// [`paging`](Self::paging) for a dashboard page: a bad value is an HTML error page.
+    fn page_paging(&self) -> Result<Paging, BadQuery> {
+        self.paging().map_err(BadQuery::Page)
+    }
+
+    /// [`paging`](Self::paging) for the JSON API: a bad value is an [`ErrorResponse`].
+    fn api_paging(&self) -> Result<Paging, BadQuery> {
+        self.paging().map_err(BadQuery::Json)
+    }
+
     fn paging(&self) -> Result<Paging, String> {
         let num = |name: &str, v: &Option<String>, default: usize| -> Result<usize, String> {
             match v.as_deref().map(str::trim) {
@@ -210,6 +220,25 @@ impl AppState {
 }
 
 type Shared = AppState;
+
+/// A handler's answer; `?` on a bad query parameter answers 400 early.
+type Reply = Result<Response, BadQuery>;
+
+/// A query parameter that does not parse, answered in the route's own format.
+#[derive(Debug)]
+enum BadQuery {
+    Page(String),
+    Json(String),
+}
+
+impl IntoResponse for BadQuery {
+    fn into_response(self) -> Response {
+        match self {
+            Self::Page(message) => page_error(StatusCode::BAD_REQUEST, "Bad request", &message),
+            Self::Json(message) => json_error(StatusCode::BAD_REQUEST, &message),
+        }
+    }
+}
 
 /// The dashboard and the JSON API; pages refresh in place every `refresh` (zero: never).
 pub fn router(fleet: Arc<Fleet>, history: Arc<History>, refresh: Duration) -> Router {
@@ -305,6 +334,14 @@ fn json_error(status: StatusCode, message: &str) -> Response {
     (status, [(header::CONTENT_TYPE, "application/json")], body).into_response()
 }
 
+/// A loaded value as JSON, or its failure as an [`ErrorResponse`].
+fn json_answer<T: Serialize>(loaded: Result<T, (StatusCode, String)>) -> Response {
+    match loaded {
+        Ok(value) => json(&value),
+        Err((status, message)) => json_error(status, &message),
+    }
+}
+
 fn page_error(status: StatusCode, title: &str, message: &str) -> Response {
     (status, Html(pages::error(title, message))).into_response()
 }
@@ -314,6 +351,11 @@ fn page_error(status: StatusCode, title: &str, message: &str) -> Response {
 fn failure(e: &InspectError) -> (StatusCode, String) {
     let answer = bigfleet_mesh::http_error(e);
     (answer.status, answer.message)
+}
+
+/// A query parameter that does not parse, for the `load_*` functions both formats share.
+fn bad_request(message: String) -> (StatusCode, String) {
+    (StatusCode::BAD_REQUEST, message)
 }
 
 fn html(body: String) -> Response {
@@ -363,7 +405,7 @@ async fn load_cluster(
     id: &str,
     q: &ListQuery,
 ) -> Result<ClusterNeedsView, (StatusCode, String)> {
-    let p = q.paging().map_err(|e| (StatusCode::BAD_REQUEST, e))?;
+    let p = q.paging().map_err(bad_request)?;
     if id.trim().is_empty() {
         return Err((
             StatusCode::BAD_REQUEST,
@@ -376,27 +418,25 @@ async fn load_cluster(
 
 // --- pages ---
 
-async fn overview_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
-    };
+async fn overview_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.page_paging()?;
     let o = st.fleet.overview().await;
-    html(pages::overview(
+    Ok(html(pages::overview(
         st.shell,
         &o,
         &Page::of(&o.shards, p.page, p.page_size),
         &st.history.fleet(),
-    ))
+    )))
 }
 
-async fn shortfalls_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
-    };
+async fn shortfalls_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.page_paging()?;
     let o = st.fleet.overview().await;
-    html(pages::shortfalls(st.shell, &o, &shortfall_page(&o, &p)))
+    Ok(html(pages::shortfalls(
+        st.shell,
+        &o,
+        &shortfall_page(&o, &p),
+    )))
 }
 
 fn shortfall_page(o: &crate::fleet::FleetOverview, p: &Paging) -> Page<ShortfallView> {
@@ -410,25 +450,19 @@ fn shortfall_page(o: &crate::fleet::FleetOverview, p: &Paging) -> Page<Shortfall
     }
 }
 
-async fn domains_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
-    };
+async fn domains_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.page_paging()?;
     let o = st.fleet.overview().await;
-    html(pages::domains(
+    Ok(html(pages::domains(
         st.shell,
         &o,
         &Page::of(&o.domains, p.page, p.page_size),
-    ))
+    )))
 }
 
-async fn clusters_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return page_error(StatusCode::BAD_REQUEST, "Bad request", &e),
-    };
-    match st.fleet.clusters().await {
+async fn clusters_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.page_paging()?;
+    Ok(match st.fleet.clusters().await {
         Ok(index) => html(pages::clusters(
             st.shell,
             &index,
@@ -438,7 +472,7 @@ async fn clusters_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> 
             let (status, message) = failure(&e);
             page_error(status, "Clusters unavailable", &message)
         }
-    }
+    })
 }
 
 async fn cluster_page(
@@ -536,14 +570,21 @@ async fn cluster_lookup(Query(q): Query<ListQuery>) -> Response {
 
 // --- JSON API ---
 
+fn unreachable_views(
+    errors: &[bigfleet_proto::mesh::v1::ShardError],
+) -> Vec<crate::view::ShardErrorView> {
+    errors
+        .iter()
+        .map(crate::view::ShardErrorView::from_proto)
+        .collect()
+}
+
 async fn load_actions(
     fleet: &Fleet,
     q: &FanoutQuery,
 ) -> Result<ActionsResponse, (StatusCode, String)> {
-    let (limit, since) = match (q.limit(), q.since_unix_nanos()) {
-        (Ok(l), Ok(s)) => (l, s),
-        (Err(e), _) | (_, Err(e)) => return Err((StatusCode::BAD_REQUEST, e)),
-    };
+    let limit = q.limit().map_err(bad_request)?;
+    let since = q.since_unix_nanos().map_err(bad_request)?;
     let req = bigfleet_proto::mesh::v1::RecentActionsRequest {
         cluster_id: q.cluster.clone().unwrap_or_default(),
         since_unix_nanos: since,
@@ -558,11 +599,7 @@ async fn load_actions(
             .iter()
             .map(crate::view::ActionView::from_proto)
             .collect(),
-        unreachable: r
-            .unreachable
-            .iter()
-            .map(crate::view::ShardErrorView::from_proto)
-            .collect(),
+        unreachable: unreachable_views(&r.unreachable),
     })
 }
 
@@ -570,10 +607,8 @@ async fn load_machines(
     fleet: &Fleet,
     q: &FanoutQuery,
 ) -> Result<MachinesResponse, (StatusCode, String)> {
-    let (limit, states) = match (q.limit(), q.states()) {
-        (Ok(l), Ok(s)) => (l, s),
-        (Err(e), _) | (_, Err(e)) => return Err((StatusCode::BAD_REQUEST, e)),
-    };
+    let limit = q.limit().map_err(bad_request)?;
+    let states = q.states().map_err(bad_request)?;
     let req = bigfleet_proto::mesh::v1::ListMachinesRequest {
         cluster_id: q.cluster.clone().unwrap_or_default(),
         states,
@@ -590,26 +625,16 @@ async fn load_machines(
             .collect(),
         total_matching: r.total_matching,
         next_after: r.next_after_machine_id,
-        unreachable: r
-            .unreachable
-            .iter()
-            .map(crate::view::ShardErrorView::from_proto)
-            .collect(),
+        unreachable: unreachable_views(&r.unreachable),
     })
 }
 
 async fn api_actions(State(st): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
-    match load_actions(&st.fleet, &q).await {
-        Ok(v) => json(&v),
-        Err((status, message)) => json_error(status, &message),
-    }
+    json_answer(load_actions(&st.fleet, &q).await)
 }
 
 async fn api_machines(State(st): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
-    match load_machines(&st.fleet, &q).await {
-        Ok(v) => json(&v),
-        Err((status, message)) => json_error(status, &message),
-    }
+    json_answer(load_machines(&st.fleet, &q).await)
 }
 
 async fn actions_page(State(st): State<Shared>, Query(q): Query<FanoutQuery>) -> Response {
@@ -660,26 +685,20 @@ async fn api_summary(State(st): State<Shared>) -> Response {
     json(&summary)
 }
 
-async fn api_shards(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
-    };
+async fn api_shards(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.api_paging()?;
     let o = st.fleet.overview().await;
-    json(&ShardsResponse {
+    Ok(json(&ShardsResponse {
         computed_at_unix_nanos: o.computed_at_unix_nanos,
         coordinator_reachable: o.coordinator_reachable,
         coordinator_error: o.coordinator_error.clone(),
         shards: Page::of(&o.shards, p.page, p.page_size),
-    })
+    }))
 }
 
-async fn api_clusters(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
-    };
-    match st.fleet.clusters().await {
+async fn api_clusters(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.api_paging()?;
+    Ok(match st.fleet.clusters().await {
         Ok(index) => json(&ClustersResponse {
             computed_at_unix_nanos: index.computed_at_unix_nanos,
             coordinator_error: index.coordinator_error.clone(),
@@ -690,7 +709,7 @@ async fn api_clusters(State(st): State<Shared>, Query(q): Query<ListQuery>) -> R
             let (status, message) = failure(&e);
             json_error(status, &message)
         }
-    }
+    })
 }
 
 async fn api_cluster_needs(
@@ -698,37 +717,28 @@ async fn api_cluster_needs(
     Path(id): Path<String>,
     Query(q): Query<ListQuery>,
 ) -> Response {
-    match load_cluster(&st.fleet, &id, &q).await {
-        Ok(v) => json(&v),
-        Err((status, e)) => json_error(status, &e),
-    }
+    json_answer(load_cluster(&st.fleet, &id, &q).await)
 }
 
-async fn api_shortfalls(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
-    };
+async fn api_shortfalls(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.api_paging()?;
     let o = st.fleet.overview().await;
-    json(&ShortfallsResponse {
+    Ok(json(&ShortfallsResponse {
         computed_at_unix_nanos: o.computed_at_unix_nanos,
         coordinator_reachable: o.coordinator_reachable,
         coordinator_error: o.coordinator_error.clone(),
         shortfalls: shortfall_page(&o, &p),
-    })
+    }))
 }
 
-async fn api_domains(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Response {
-    let p = match q.paging() {
-        Ok(p) => p,
-        Err(e) => return json_error(StatusCode::BAD_REQUEST, &e),
-    };
+async fn api_domains(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {
+    let p = q.api_paging()?;
     let o = st.fleet.overview().await;
-    json(&DomainsResponse {
+    Ok(json(&DomainsResponse {
         coordinator_reachable: o.coordinator_reachable,
         coordinator_error: o.coordinator_error.clone(),
         domains: Page::of(&o.domains, p.page, p.page_size),
-    })
+    }))
 }
 
 #[cfg(test)]

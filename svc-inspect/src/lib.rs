@@ -29,6 +29,8 @@ pub mod coordinator;
 #[cfg(feature = "doubles")]
 pub mod doubles;
 mod error;
+#[cfg(test)]
+mod fixtures;
 pub mod fleet;
 pub mod grpc;
 pub mod history;

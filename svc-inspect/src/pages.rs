@@ -175,6 +175,8 @@ fn cluster_link(id: &str) -> Markup {
     html! { a href=(format!("/clusters/{}", pct(id))) { (id) } }
 }
 
+const SAMPLING_OFF: &str = "Sampling is off (--sample-interval 0).";
+
 /// A "History" section: a heading that says how far back it reaches, then the charts.
 fn history_section(
     interval_ms: u64,
@@ -187,7 +189,7 @@ fn history_section(
         section.history data-samples=(samples) {
             h2 { "History" }
             @if interval_ms == 0 {
-                p.muted { "Sampling is off (--sample-interval 0)." }
+                p.muted { (SAMPLING_OFF) }
             } @else {
                 p.muted {
                     (what) ", one sample every " (humantime::format_duration(std::time::Duration::from_millis(interval_ms)))
@@ -205,6 +207,36 @@ fn history_section(
             }
         }
     }
+}
+
+/// One chart of a per-shard or per-cluster history: series name, label, and the sample's
+/// value (`None` draws a gap).
+type KeyChart<T> = (&'static str, &'static str, fn(&T) -> Option<i64>);
+
+/// The "History" section of a shard or cluster page. `history` is `None` when the key has
+/// no samples: sampling is off, nothing was sampled yet, or the key is past the bound that
+/// `bound_flag` sets.
+fn key_history_section<T>(
+    history: Option<&KeyHistory<T>>,
+    interval_ms: u64,
+    what: &str,
+    bound_flag: &str,
+    charts: &[KeyChart<T>],
+) -> Markup {
+    let Some(h) = history else {
+        return html! {
+            h2 { "History" }
+            p.muted {
+                @if interval_ms == 0 { (SAMPLING_OFF) }
+                @else { "Not sampled yet (or beyond " (bound_flag) ")." }
+            }
+        };
+    };
+    let charts = charts
+        .iter()
+        .map(|(series, label, value)| (*series, *label, h.samples.iter().map(value).collect()))
+        .collect();
+    history_section(interval_ms, h.samples.len(), what, charts)
 }
 
 fn fleet_charts(h: &FleetHistory) -> Markup {
@@ -414,27 +446,13 @@ pub fn shard(
             a href=(format!("/actions?shard={id}")) { "Recent actions" }
             a.muted href=(format!("/api/v1/shards/{id}/history")) { "History JSON" }
         }
-        @match history {
-            Some(h) => {
-                @let col = |f: &dyn Fn(&ShardSample) -> i64| -> Vec<Option<i64>> {
-                    h.samples.iter().map(|s| s.reachable.then(|| f(s))).collect()
-                };
-                (history_section(interval_ms, h.samples.len(), "This shard's figures (gaps: unreachable)", vec![
-                    ("machines", "machines", col(&|s| s.machines)),
-                    ("sessions", "sessions", col(&|s| s.sessions)),
-                    ("needs", "needs", col(&|s| s.needs)),
-                    ("unmet_needs", "unmet needs", col(&|s| s.unmet_needs)),
-                    ("cycle", "cycle", col(&|s| s.cycle)),
-                ]))
-            }
-            None => {
-                h2 { "History" }
-                p.muted {
-                    @if interval_ms == 0 { "Sampling is off (--sample-interval 0)." }
-                    @else { "Not sampled yet (or beyond --history-max-shards)." }
-                }
-            }
-        }
+        (key_history_section(history, interval_ms, "This shard's figures (gaps: unreachable)", "--history-max-shards", &[
+            ("machines", "machines", |s| s.reachable.then_some(s.machines)),
+            ("sessions", "sessions", |s| s.reachable.then_some(s.sessions)),
+            ("needs", "needs", |s| s.reachable.then_some(s.needs)),
+            ("unmet_needs", "unmet needs", |s| s.reachable.then_some(s.unmet_needs)),
+            ("cycle", "cycle", |s| s.reachable.then_some(s.cycle)),
+        ]))
         h2 { "Shortfalls" }
         @if shortfalls.is_empty() {
             p.muted { "This shard reports no unmet demand." }
@@ -764,25 +782,11 @@ pub fn cluster(
             a.muted href=(format!("/api/v1/clusters/{id}/needs{}", if v.unmet_only { "?unmet=true" } else { "" })) { "JSON" }
             a.muted href=(format!("/api/v1/clusters/{id}/history")) { "History JSON" }
         }
-        @match history {
-            Some(h) => {
-                @let col = |f: &dyn Fn(&ClusterSample) -> i64| -> Vec<Option<i64>> {
-                    h.samples.iter().map(|s| Some(f(s))).collect()
-                };
-                (history_section(interval_ms, h.samples.len(), "This cluster's demand", vec![
-                    ("needs", "needs", col(&|s| s.needs)),
-                    ("unmet_needs", "unmet needs", col(&|s| s.unmet_needs)),
-                    ("max_age_cycles_unmet", "longest unmet (cycles)", col(&|s| s.max_age_cycles_unmet)),
-                ]))
-            }
-            None => {
-                h2 { "History" }
-                p.muted {
-                    @if interval_ms == 0 { "Sampling is off (--sample-interval 0)." }
-                    @else { "Not sampled yet (or beyond --history-max-clusters)." }
-                }
-            }
-        }
+        (key_history_section(history, interval_ms, "This cluster's demand", "--history-max-clusters", &[
+            ("needs", "needs", |s| Some(s.needs)),
+            ("unmet_needs", "unmet needs", |s| Some(s.unmet_needs)),
+            ("max_age_cycles_unmet", "longest unmet (cycles)", |s| Some(s.max_age_cycles_unmet)),
+        ]))
         h2 { "Needs" }
         @if v.needs.total == 0 {
             @if !reachable.is_empty() && reachable.iter().all(|s| s.cycle == 0) {
@@ -959,49 +963,32 @@ pub fn error(title: &str, message: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::view::{ShardView, SupplyView};
+    use crate::fixtures::{overview as fleet, shard};
+    use crate::view::SupplyView;
     use std::collections::BTreeMap;
 
     fn empty_history() -> FleetHistory {
         crate::history::History::new(Default::default(), std::time::Duration::from_secs(5)).fleet()
     }
 
-    fn shard(id: &str, reachable: bool) -> ShardView {
-        ShardView {
-            shard_id: id.into(),
-            address: "127.0.0.1:1".into(),
-            reachable,
-            error: if reachable {
-                String::new()
-            } else {
-                "unavailable: <refused>".into()
-            },
-            registered_at_unix_ns: 0,
-            last_report_age_ms: 1500,
-            cycle: 42,
-            machines_by_state: [("MACHINE_STATE_CONFIGURED".to_owned(), 7)].into(),
-            sessions: 3,
-            needs: 5,
-            unmet_needs: 1,
-            shard_epoch: 1,
-            actions_in_flight: 0,
-            reported_total_machines: None,
-            reported_free_machines: None,
-            source: "shard-info".into(),
+    /// Cluster `c` with `rows` on one page and no shard answers recorded.
+    fn needs_of_c(rows: &[NeedRow]) -> ClusterNeedsView {
+        let unmet = rows.iter().filter(|r| !r.satisfied).count();
+        ClusterNeedsView {
+            cluster_id: "c".into(),
+            unmet_only: false,
+            computed_at_unix_nanos: 1,
+            coordinator_error: String::new(),
+            shards: vec![],
+            satisfied: rows.len() - unmet,
+            unmet,
+            needs: Page::of(rows, 1, 50),
         }
     }
 
     #[test]
     fn the_overview_names_down_shards_and_escapes_their_errors() {
-        let o = FleetOverview {
-            computed_at_unix_nanos: 1,
-            coordinator_reachable: true,
-            coordinator_error: String::new(),
-            coordinator_failure: None,
-            shards: vec![shard("s1", true), shard("s<2>", false)],
-            shortfalls: vec![],
-            domains: vec![],
-        };
+        let o = fleet(vec![shard("s1", true), shard("s<2>", false)]);
         let page = Page::of(&o.shards, 1, 50);
         let html = overview(Shell::default(), &o, &page, &empty_history());
         assert!(html.contains("s&lt;2&gt;"));
@@ -1020,13 +1007,9 @@ mod tests {
     #[test]
     fn a_down_coordinator_shows_a_banner() {
         let o = FleetOverview {
-            computed_at_unix_nanos: 1,
             coordinator_reachable: false,
             coordinator_error: "coordinator http://x:1: ListShards failed".into(),
-            coordinator_failure: None,
-            shards: vec![],
-            shortfalls: vec![],
-            domains: vec![],
+            ..fleet(vec![])
         };
         let html = overview(
             Shell::default(),
@@ -1073,21 +1056,47 @@ mod tests {
             preemption: None,
             same_candidates: vec![],
         };
-        let v = ClusterNeedsView {
-            cluster_id: "c".into(),
-            unmet_only: false,
-            computed_at_unix_nanos: 1,
-            coordinator_error: String::new(),
-            shards: vec![],
-            satisfied: 0,
-            unmet: 1,
-            needs: Page::of(&[row], 1, 50),
-        };
+        let v = needs_of_c(&[row]);
         let html = cluster(Shell::default(), &v, None, 5000);
         assert!(html.contains("priority-starved"));
         assert!(html.contains("idle 0 · configured 9 · speculative 0 (capped)"));
         assert!(html.contains("cpu=4"));
         assert!(html.contains("chosen rack-&lt;1&gt;"));
+    }
+
+    #[test]
+    fn an_unsampled_shard_or_cluster_says_why_it_has_no_history() {
+        let o = fleet(vec![shard("s1", true)]);
+        let transfers = Err("coordinator down".to_owned());
+        let v = needs_of_c(&[]);
+        for interval_ms in [0, 5000] {
+            let shard_page = super::shard(
+                Shell::default(),
+                &o,
+                &o.shards[0],
+                None,
+                interval_ms,
+                &transfers,
+            );
+            let cluster_page = super::cluster(Shell::default(), &v, None, interval_ms);
+            for (page, flag) in [
+                (&shard_page, "--history-max-shards"),
+                (&cluster_page, "--history-max-clusters"),
+            ] {
+                assert!(page.contains("<h2>History</h2>"), "{page}");
+                assert!(!page.contains("<figure class=\"spark\""), "{page}");
+                let why = format!("Not sampled yet (or beyond {flag}).");
+                if interval_ms == 0 {
+                    assert!(
+                        page.contains("Sampling is off (--sample-interval 0)."),
+                        "{page}"
+                    );
+                    assert!(!page.contains(&why), "{page}");
+                } else {
+                    assert!(page.contains(&why), "{page}");
+                }
+            }
+        }
     }
 
     #[test]
@@ -1128,15 +1137,7 @@ mod tests {
         let e = error("Not found", "<nope>");
         assert!(!e.contains("live.js") && !e.contains("data-refresh"));
         assert!(e.contains("&lt;nope&gt;"));
-        let o = FleetOverview {
-            computed_at_unix_nanos: 1,
-            coordinator_reachable: true,
-            coordinator_error: String::new(),
-            coordinator_failure: None,
-            shards: vec![],
-            shortfalls: vec![],
-            domains: vec![],
-        };
+        let o = fleet(vec![]);
         let off = overview(
             Shell { refresh_secs: 0 },
             &o,
@@ -1149,15 +1150,7 @@ mod tests {
     #[test]
     fn the_overview_draws_the_fleet_history() {
         let h = crate::history::History::new(Default::default(), std::time::Duration::from_secs(5));
-        let o = FleetOverview {
-            computed_at_unix_nanos: 1,
-            coordinator_reachable: true,
-            coordinator_error: String::new(),
-            coordinator_failure: None,
-            shards: vec![shard("s1", true)],
-            shortfalls: vec![],
-            domains: vec![],
-        };
+        let o = fleet(vec![shard("s1", true)]);
         for at in [1_000, 6_000] {
             h.record(&crate::history::Round {
                 at_unix_ms: at,

@@ -8,10 +8,11 @@ use std::time::Duration;
 
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_testkit::tools::{dump_and_shoot, tool};
+use bigfleet_testkit::tools::tool;
+use bigfleet_testkit::wait_until;
 use common::cdp::Browser;
-use common::{Harness, Options, http_get, shortfall, target_dir};
-use svc_inspect::doubles::{ShardDouble, need};
+use common::{Harness, Options, get_json, http_get, shoot_and_expect, shortfall};
+use svc_inspect::doubles::{ShardDouble, gpu_transfer, need};
 use svc_inspect::history::{ClusterSample, FleetHistory, KeyHistory, ShardSample};
 use svc_inspect::http::{CONTENT_SECURITY_POLICY, ErrorResponse};
 
@@ -19,26 +20,22 @@ use svc_inspect::http::{CONTENT_SECURITY_POLICY, ErrorResponse};
 const PATIENCE: Duration = Duration::from_secs(30);
 
 async fn history(h: &Harness) -> FleetHistory {
-    let (status, _, body) = http_get(h.inspect().http_addr(), "/api/v1/history").await;
-    assert_eq!(status, 200, "{body}");
-    serde_json::from_str(&body).unwrap()
+    let (status, v) = get_json(h, "/api/v1/history").await;
+    assert_eq!(status, 200);
+    v
 }
 
 /// Waits until the sampler has recorded more than `n` samples.
 async fn samples_beyond(h: &Harness, n: usize) -> FleetHistory {
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    loop {
+    wait_until(PATIENCE, &format!("more than {n} samples"), async || {
         let v = history(h).await;
         if v.samples.len() > n {
-            return v;
+            Ok(v)
+        } else {
+            Err(format!("the sampler stayed at {} samples", v.samples.len()))
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the sampler stayed at {} samples",
-            v.samples.len()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 fn sampled(opts: Options) -> Options {
@@ -65,15 +62,15 @@ async fn history_is_sampled_and_served_per_fleet_shard_and_cluster() {
     h.coordinator.state().reports[0]
         .shortfalls
         .extend([shortfall(2, 10, 1), shortfall(3, 10, 1)]);
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let later = loop {
+    let later = wait_until(PATIENCE, "a sample with 5 shortfalls", async || {
         let v = history(&h).await;
         if v.samples.last().unwrap().shortfalls == 5 {
-            break v;
+            Ok(v)
+        } else {
+            Err(format!("{v:?}"))
         }
-        assert!(tokio::time::Instant::now() < deadline, "{v:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    };
+    })
+    .await;
     assert_eq!(later.samples[0].shortfalls, 3, "the past is kept");
     assert!(
         later
@@ -82,23 +79,22 @@ async fn history_is_sampled_and_served_per_fleet_shard_and_cluster() {
             .all(|w| w[0].at_unix_ms <= w[1].at_unix_ms)
     );
 
-    let addr = h.inspect().http_addr();
-    let (status, _, body) = http_get(addr, "/api/v1/clusters/c-a/history").await;
-    assert_eq!(status, 200, "{body}");
-    let c: KeyHistory<ClusterSample> = serde_json::from_str(&body).unwrap();
+    let (status, c): (_, KeyHistory<ClusterSample>) =
+        get_json(&h, "/api/v1/clusters/c-a/history").await;
+    assert_eq!(status, 200);
     // c-a: three needs over s1 and s2, two unmet.
     let last = c.samples.last().unwrap();
     assert_eq!((c.id.as_str(), last.needs, last.unmet_needs), ("c-a", 3, 2));
-    let (status, _, body) = http_get(addr, "/api/v1/shards/s3/history").await;
-    assert_eq!(status, 200, "{body}");
-    let s3: KeyHistory<ShardSample> = serde_json::from_str(&body).unwrap();
+    let (status, s3): (_, KeyHistory<ShardSample>) =
+        get_json(&h, "/api/v1/shards/s3/history").await;
+    assert_eq!(status, 200);
     assert!(s3.samples.iter().all(|s| !s.reachable));
-    let (status, _, body) = http_get(addr, "/api/v1/clusters/nope/history").await;
+    let (status, e): (_, ErrorResponse) = get_json(&h, "/api/v1/clusters/nope/history").await;
     assert_eq!(status, 404);
-    let e: ErrorResponse = serde_json::from_str(&body).unwrap();
     assert!(e.error.contains("not tracked"), "{}", e.error);
 
     // The pages draw it.
+    let addr = h.inspect().http_addr();
     let (_, _, page) = http_get(addr, "/").await;
     assert_eq!(page.matches("<figure class=\"spark\"").count(), 9, "{page}");
     assert!(page.contains("data-series=\"shortfalls\""));
@@ -182,22 +178,27 @@ async fn pages_ship_a_strict_csp_and_their_own_assets() {
         "no full-page reload"
     );
 
-    let (status, headers, js) = http_get(addr, "/static/live.js").await;
-    assert_eq!(status, 200);
-    assert!(
-        headers
-            .iter()
-            .any(|(k, v)| k == "content-type" && v.starts_with("text/javascript"))
-    );
-    assert!(js.contains("getElementById(\"live\")") && js.contains("replaceChildren"));
-    let (status, headers, css) = http_get(addr, "/static/dashboard.css").await;
-    assert_eq!(status, 200);
-    assert!(
-        headers
-            .iter()
-            .any(|(k, v)| k == "content-type" && v.starts_with("text/css"))
-    );
-    assert!(css.contains("figure.spark"));
+    let assets: [(&str, &str, &[&str]); 2] = [
+        (
+            "/static/live.js",
+            "text/javascript",
+            &["getElementById(\"live\")", "replaceChildren"],
+        ),
+        ("/static/dashboard.css", "text/css", &["figure.spark"]),
+    ];
+    for (path, content_type, expected) in assets {
+        let (status, headers, body) = http_get(addr, path).await;
+        assert_eq!(status, 200, "{path}");
+        assert!(
+            headers
+                .iter()
+                .any(|(k, v)| k == "content-type" && v.starts_with(content_type)),
+            "{path}: {headers:?}"
+        );
+        for e in expected {
+            assert!(body.contains(e), "{path} lacks {e:?}");
+        }
+    }
     h.shutdown().await;
 }
 
@@ -208,13 +209,6 @@ async fn names_are_escaped_on_every_page_that_shows_them() {
     let shard_id = "s<b>";
     let h = Harness::start(sampled(Options {
         shards: vec![ShardDouble {
-            shard_id: shard_id.into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 1,
-                computed_at_unix_nanos: 1,
-                total_needs: 0,
-            },
-            needs: vec![need(evil, 1, 1, Some(pb::UnmetReason::NoMatchingSupply))],
             description: Some(mesh::ShardDescription {
                 shard_id: shard_id.into(),
                 cycle: 1,
@@ -242,7 +236,12 @@ async fn names_are_escaped_on_every_page_that_shows_them() {
                 }),
                 idle_since_unix_nanos: 0,
             }],
-            ..Default::default()
+            ..ShardDouble::with_verdicts(
+                shard_id,
+                1,
+                1,
+                vec![need(evil, 1, 1, Some(pb::UnmetReason::NoMatchingSupply))],
+            )
         }],
         with_dead_shard: false,
         ..Options::default()
@@ -316,23 +315,17 @@ async fn headless_chromium_sees_charts_and_values_change_without_a_reload() {
         .open(&format!("http://{}/", h.inspect().http_addr()))
         .await;
 
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let first = loop {
-        let ready = browser
+    wait_until(PATIENCE, "the page to load", async || {
+        browser
             .eval(
                 &tab,
                 "document.readyState === 'complete' && !!window.bigfleetLive",
             )
-            .await;
-        if ready == serde_json::Value::Bool(true) {
-            break browser.eval(&tab, PROBE).await;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the page never loaded"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    };
+            .await
+            == serde_json::Value::Bool(true)
+    })
+    .await;
+    let first = browser.eval(&tab, PROBE).await;
     assert_eq!(first["charts"], 9, "{first}");
     assert_eq!(first["card"], "3", "{first}");
     assert_eq!(first["last"], "3", "{first}");
@@ -348,18 +341,15 @@ async fn headless_chromium_sees_charts_and_values_change_without_a_reload() {
         .push(shortfall(2, 10, 1));
     samples_beyond(&h, before + 1).await;
 
-    let deadline = tokio::time::Instant::now() + PATIENCE;
-    let now = loop {
+    let now = wait_until(PATIENCE, "the page to show the new value", async || {
         let v = browser.eval(&tab, PROBE).await;
         if v["card"] == "4" && v["last"] == "4" {
-            break v;
+            Ok(v)
+        } else {
+            Err(v.to_string())
         }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the page never showed the new value: {v}"
-        );
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    };
+    })
+    .await;
     assert_eq!(now["marker"], "first load", "the page was reloaded: {now}");
     assert!(now["swaps"].as_i64().unwrap() >= 1, "{now}");
     assert_eq!(now["range"], "3–4", "the chart spans both samples: {now}");
@@ -367,47 +357,22 @@ async fn headless_chromium_sees_charts_and_values_change_without_a_reload() {
     browser.close().await;
 
     // A picture of the charts for people (and a check that they render to real pixels).
-    let target = target_dir();
-    std::fs::create_dir_all(&target).unwrap();
-    let text = dump_and_shoot(
+    shoot_and_expect(
         &bin,
         &format!("http://{}/", h.inspect().http_addr()),
-        &target.join("dashboard-history.png"),
+        "dashboard-history.png",
+        &["History", "shortfalls"],
     )
     .await;
-    assert!(
-        text.contains("History") && text.contains("shortfalls"),
-        "{text}"
-    );
     h.shutdown().await;
-}
-
-fn transfer(id: &str, phase: &str, pending: &str, moved: u32) -> mesh::TransferInfo {
-    mesh::TransferInfo {
-        transfer_id: id.into(),
-        kind: "idle".into(),
-        phase: phase.into(),
-        donor_shard_id: "s2".into(),
-        recipient_shard_id: "s1".into(),
-        instance_type: "gpu".into(),
-        count: 2,
-        priority: 100,
-        machine_ids: vec!["m1".into(), "m2".into()],
-        moved,
-        pending_instruction_id: pending.into(),
-        pending_shard_id: if pending.is_empty() { "" } else { "s1" }.into(),
-        started_at_unix_ns: 1_700_000_000_000_000_000,
-        updated_at_unix_ns: 1_700_000_001_000_000_000,
-        reason: String::new(),
-    }
 }
 
 #[tokio::test]
 async fn shard_pages_show_domains_pending_instructions_and_transfers() {
     let h = Harness::start(Options::default()).await;
     h.coordinator.state().transfers = mesh::ListTransfersResponse {
-        active: vec![transfer("t-active", "adopt", "ins-7", 0)],
-        recent: vec![transfer("t-done", "done", "", 2)],
+        active: vec![gpu_transfer("t-active", "adopt", "ins-7", 0)],
+        recent: vec![gpu_transfer("t-done", "done", "", 2)],
         shards: vec![
             mesh::ShardOwnership {
                 shard_id: "s1".into(),

@@ -21,19 +21,25 @@ async fn client(h: &Harness) -> ShardReadClient<Channel> {
     ShardReadClient::connect(h.grpc_uri()).await.unwrap()
 }
 
+/// The default doubles (s3 down) and a ShardRead client of svc-inspect in front of them.
+async fn default_fleet() -> (Harness, ShardReadClient<Channel>) {
+    let h = Harness::start(Options::default()).await;
+    let c = client(&h).await;
+    (h, c)
+}
+
 /// (header, rows, response metadata) of one InspectNeeds call.
+type Answer = (
+    pb::InspectNeedsHeader,
+    Vec<pb::NeedView>,
+    tonic::metadata::MetadataMap,
+);
+
 async fn inspect(
     c: &mut ShardReadClient<Channel>,
     cluster: &str,
     limit: i32,
-) -> Result<
-    (
-        pb::InspectNeedsHeader,
-        Vec<pb::NeedView>,
-        tonic::metadata::MetadataMap,
-    ),
-    tonic::Status,
-> {
+) -> Result<Answer, tonic::Status> {
     let resp = c
         .inspect_needs(pb::InspectNeedsRequest {
             cluster_id: cluster.into(),
@@ -56,11 +62,12 @@ async fn inspect(
     Ok((header, rows, md))
 }
 
-fn keys(rows: &[pb::NeedView]) -> Vec<(String, i32, i64)> {
+/// (cluster, priority, arrival) of each row.
+fn keys(rows: &[pb::NeedView]) -> Vec<(&str, i32, i64)> {
     rows.iter()
         .map(|r| {
             (
-                r.cluster_id.clone(),
+                r.cluster_id.as_str(),
                 r.need.as_ref().unwrap().priority,
                 r.arrival_unix_nanos,
             )
@@ -68,23 +75,33 @@ fn keys(rows: &[pb::NeedView]) -> Vec<(String, i32, i64)> {
         .collect()
 }
 
+/// Every row of the default doubles in fleet order (priority ↓, arrival ↑, cluster ↑), as
+/// [`keys`] gives them.
+const FLEET_ORDER: [(&str, i32, i64); 6] = [
+    ("c-a", 100, 7),
+    ("c-c", 50, 9),
+    ("c-a", 10, 2),
+    // Same priority and arrival on two shards: cluster id decides.
+    ("c-a", 10, 5),
+    ("c-c", 10, 5),
+    ("c-b", 1, 1),
+];
+
+/// How many ListShards calls reached the coordinator double.
+fn list_shards_calls(h: &Harness) -> usize {
+    h.coordinator
+        .state()
+        .calls
+        .iter()
+        .filter(|c| *c == "ListShards")
+        .count()
+}
+
 #[tokio::test]
 async fn needs_merge_across_shards_in_priority_arrival_cluster_order() {
-    let h = Harness::start(Options::default()).await;
-    let mut c = client(&h).await;
+    let (h, mut c) = default_fleet().await;
     let (header, rows, md) = inspect(&mut c, "", 0).await.unwrap();
-    assert_eq!(
-        keys(&rows),
-        vec![
-            ("c-a".into(), 100, 7),
-            ("c-c".into(), 50, 9),
-            ("c-a".into(), 10, 2),
-            // Same priority and arrival on two shards: cluster id decides.
-            ("c-a".into(), 10, 5),
-            ("c-c".into(), 10, 5),
-            ("c-b".into(), 1, 1),
-        ]
-    );
+    assert_eq!(keys(&rows), FLEET_ORDER);
     // Oldest cycle of the reachable shards, their summed counts.
     assert_eq!(
         (
@@ -107,24 +124,16 @@ async fn needs_merge_across_shards_in_priority_arrival_cluster_order() {
 
 #[tokio::test]
 async fn cluster_filter_and_limit_apply_fleet_wide() {
-    let h = Harness::start(Options::default()).await;
-    let mut c = client(&h).await;
+    let (h, mut c) = default_fleet().await;
     let (header, rows, _) = inspect(&mut c, "c-a", 0).await.unwrap();
     assert_eq!(
         keys(&rows),
-        vec![
-            ("c-a".into(), 100, 7),
-            ("c-a".into(), 10, 2),
-            ("c-a".into(), 10, 5)
-        ]
+        [("c-a", 100, 7), ("c-a", 10, 2), ("c-a", 10, 5)]
     );
     assert_eq!(header.total_needs, 3);
 
     let (header, rows, _) = inspect(&mut c, "c-a", 2).await.unwrap();
-    assert_eq!(
-        keys(&rows),
-        vec![("c-a".into(), 100, 7), ("c-a".into(), 10, 2)]
-    );
+    assert_eq!(keys(&rows), [("c-a", 100, 7), ("c-a", 10, 2)]);
     assert_eq!(header.total_needs, 3, "the count is taken before the limit");
 
     let (header, rows, _) = inspect(&mut c, "nobody", 0).await.unwrap();
@@ -138,8 +147,7 @@ async fn cluster_filter_and_limit_apply_fleet_wide() {
 
 #[tokio::test]
 async fn verdicts_and_reasons_pass_through_unchanged() {
-    let h = Harness::start(Options::default()).await;
-    let mut c = client(&h).await;
+    let (h, mut c) = default_fleet().await;
     let (_, rows, _) = inspect(&mut c, "", 0).await.unwrap();
     let reason_of = |cluster: &str, prio: i32| {
         rows.iter()
@@ -317,12 +325,7 @@ async fn a_down_coordinator_falls_back_to_the_known_shards() {
 
 #[tokio::test]
 async fn a_coordinator_never_seen_and_down_is_unavailable() {
-    let inspect = svc_inspect::start(svc_inspect::Config::local(&format!(
-        "http://{}",
-        common::dead_addr()
-    )))
-    .await
-    .unwrap();
+    let inspect = common::start_without_coordinator().await;
     let mut c = ShardReadClient::connect(format!("http://{}", inspect.grpc_addr()))
         .await
         .unwrap();
@@ -342,19 +345,10 @@ async fn inspect_err(c: &mut ShardReadClient<Channel>) -> tonic::Status {
 
 #[tokio::test]
 async fn reads_follow_the_leader_hint() {
-    let shard = ShardDouble {
-        shard_id: "s1".into(),
-        header: pb::InspectNeedsHeader {
-            cycle: 5,
-            computed_at_unix_nanos: 1,
-            total_needs: 0,
-        },
-        needs: vec![need("c-a", 1, 1, None)],
-        ..Default::default()
-    }
-    .serve(None)
-    .await
-    .unwrap();
+    let shard = ShardDouble::with_verdicts("s1", 5, 1, vec![need("c-a", 1, 1, None)])
+        .serve(None)
+        .await
+        .unwrap();
     let leader = CoordinatorDouble::new(CoordinatorState {
         shards: vec![registry_entry("s1", shard.tcp_addr().unwrap())],
         ..Default::default()
@@ -391,13 +385,7 @@ async fn reads_follow_the_leader_hint() {
     shard.shutdown().await.unwrap();
 }
 
-async fn inspect_rows(
-    c: &mut ShardReadClient<Channel>,
-) -> (
-    pb::InspectNeedsHeader,
-    Vec<pb::NeedView>,
-    tonic::metadata::MetadataMap,
-) {
+async fn inspect_rows(c: &mut ShardReadClient<Channel>) -> Answer {
     inspect(c, "", 0).await.unwrap()
 }
 
@@ -411,22 +399,64 @@ async fn answers_are_cached_for_the_ttl() {
     let mut c = client(&h).await;
     inspect(&mut c, "c-a", 0).await.unwrap();
     inspect(&mut c, "c-a", 0).await.unwrap();
-    let list_calls = h
-        .coordinator
-        .state()
-        .calls
-        .iter()
-        .filter(|c| *c == "ListShards")
-        .count();
-    assert_eq!(list_calls, 1, "the second read came from the cache");
+    assert_eq!(
+        list_shards_calls(&h),
+        1,
+        "the second read came from the cache"
+    );
     inspect(&mut c, "c-b", 0).await.unwrap();
-    let list_calls = h
-        .coordinator
-        .state()
-        .calls
-        .iter()
-        .filter(|c| *c == "ListShards")
-        .count();
-    assert_eq!(list_calls, 2, "another filter is another answer");
+    assert_eq!(list_shards_calls(&h), 2, "another filter is another answer");
     h.shutdown().await;
+}
+
+#[tokio::test]
+async fn the_coordinator_double_records_then_refuses_what_it_does_not_serve() {
+    use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
+    let double = CoordinatorDouble::default();
+    let server = double.serve(None).await.unwrap();
+    let mut c = CoordinatorClient::connect(format!("http://{}", server.tcp_addr().unwrap()))
+        .await
+        .unwrap();
+    let refused = [
+        c.report_shard(pb::ShardReport::default())
+            .await
+            .unwrap_err(),
+        c.join_raft_cluster(pb::JoinRaftClusterRequest::default())
+            .await
+            .unwrap_err(),
+        c.list_quotas(pb::ListQuotasRequest::default())
+            .await
+            .unwrap_err(),
+        c.list_providers(pb::ListProvidersRequest::default())
+            .await
+            .unwrap_err(),
+    ];
+    for (status, why) in refused.iter().zip([
+        "the double takes no reports",
+        "the double has no raft group",
+        "removed in the current revision",
+        "removed in the current revision",
+    ]) {
+        assert_eq!(status.code(), Code::Unimplemented, "{status:?}");
+        assert_eq!(status.message(), why);
+    }
+    assert_eq!(
+        double.state().calls,
+        [
+            "ReportShard",
+            "JoinRaftCluster",
+            "ListQuotas",
+            "ListProviders"
+        ]
+    );
+
+    // A follower refuses them as it refuses everything, before recording.
+    double.state().follower_of = Some(String::new());
+    let err = c
+        .list_quotas(pb::ListQuotasRequest::default())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
+    assert_eq!(double.state().calls.len(), 4);
+    server.shutdown().await.unwrap();
 }

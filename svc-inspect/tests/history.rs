@@ -7,11 +7,12 @@ mod common;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::inspect_client::InspectClient;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_testkit::tools::{dump_and_shoot, tool};
-use common::{Harness, Options, http_get, target_dir};
-use svc_inspect::doubles::ShardDouble;
+use bigfleet_testkit::tools::tool;
+use common::{Harness, Options, get_json, http_get, shoot_and_expect};
+use svc_inspect::doubles::records_shard;
 use svc_inspect::http::{ActionsResponse, MachinesResponse};
 use tonic::Code;
+use tonic::transport::Channel;
 
 fn action(
     shard: &str,
@@ -51,27 +52,10 @@ fn machine(shard: &str, id: &str, state: pb::MachineState, cluster: &str) -> mes
     }
 }
 
-fn shard(
-    id: &str,
-    actions: Vec<mesh::ActionRecord>,
-    machines: Vec<mesh::MachineRow>,
-) -> ShardDouble {
-    ShardDouble {
-        shard_id: id.into(),
-        description: Some(mesh::ShardDescription {
-            shard_id: id.into(),
-            ..Default::default()
-        }),
-        actions,
-        machines,
-        ..Default::default()
-    }
-}
-
 async fn harness() -> Harness {
     Harness::start(Options {
         shards: vec![
-            shard(
+            records_shard(
                 "sa",
                 vec![
                     action("sa", 1, "c1", 100, "succeeded"),
@@ -82,7 +66,7 @@ async fn harness() -> Harness {
                     machine("sa", "m-4", pb::MachineState::Configured, "c1"),
                 ],
             ),
-            shard(
+            records_shard(
                 "sb",
                 vec![
                     action("sb", 7, "c1", 200, "succeeded"),
@@ -101,74 +85,81 @@ async fn harness() -> Harness {
     .await
 }
 
-fn finished(r: &mesh::RecentActionsResponse) -> Vec<(String, i64)> {
+fn finished(r: &mesh::RecentActionsResponse) -> Vec<(&str, i64)> {
     r.actions
         .iter()
-        .map(|a| (a.shard_id.clone(), a.finished_at_unix_nanos))
+        .map(|a| (a.shard_id.as_str(), a.finished_at_unix_nanos))
         .collect()
+}
+
+async fn recent_actions(
+    c: &mut InspectClient<Channel>,
+    req: mesh::RecentActionsRequest,
+) -> Result<mesh::RecentActionsResponse, tonic::Status> {
+    Ok(c.recent_actions(req).await?.into_inner())
+}
+
+async fn list_machines(
+    c: &mut InspectClient<Channel>,
+    req: mesh::ListMachinesRequest,
+) -> mesh::ListMachinesResponse {
+    c.list_machines(req).await.unwrap().into_inner()
 }
 
 #[tokio::test]
 async fn recent_actions_merge_newest_first_over_shards() {
     let h = harness().await;
     let mut c = InspectClient::connect(h.grpc_uri()).await.unwrap();
-    let all = c
-        .recent_actions(mesh::RecentActionsRequest::default())
+    let all = recent_actions(&mut c, mesh::RecentActionsRequest::default())
         .await
-        .unwrap()
-        .into_inner();
+        .unwrap();
     assert_eq!(
         finished(&all),
-        [
-            ("sb".to_owned(), 400),
-            ("sa".to_owned(), 300),
-            ("sb".to_owned(), 200),
-            ("sa".to_owned(), 100)
-        ]
+        [("sb", 400), ("sa", 300), ("sb", 200), ("sa", 100)]
     );
     assert_eq!(all.actions[0].outcome, "suppressed");
     assert_eq!(all.actions[1].reason, "phase1.idle");
     assert_eq!(all.unreachable.len(), 1);
     assert_eq!(all.unreachable[0].shard_id, "s3");
 
-    let c1 = c
-        .recent_actions(mesh::RecentActionsRequest {
+    let c1 = recent_actions(
+        &mut c,
+        mesh::RecentActionsRequest {
             cluster_id: "c1".into(),
             limit: 2,
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        finished(&c1),
-        [("sb".to_owned(), 400), ("sb".to_owned(), 200)]
-    );
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(finished(&c1), [("sb", 400), ("sb", 200)]);
 
-    let sa = c
-        .recent_actions(mesh::RecentActionsRequest {
+    let sa = recent_actions(
+        &mut c,
+        mesh::RecentActionsRequest {
             shard_id: "sa".into(),
             since_unix_nanos: 150,
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(finished(&sa), [("sa".to_owned(), 300)]);
+        },
+    )
+    .await
+    .unwrap();
+    assert_eq!(finished(&sa), [("sa", 300)]);
     assert!(sa.unreachable.is_empty(), "only sa was asked");
 
-    let unknown = c
-        .recent_actions(mesh::RecentActionsRequest {
+    let unknown = recent_actions(
+        &mut c,
+        mesh::RecentActionsRequest {
             shard_id: "nope".into(),
             ..Default::default()
-        })
-        .await
-        .unwrap_err();
+        },
+    )
+    .await
+    .unwrap_err();
     assert_eq!(unknown.code(), Code::NotFound);
 
-    let (status, _, body) = http_get(h.inspect().http_addr(), "/api/v1/actions?cluster=c1").await;
-    assert_eq!(status, 200, "{body}");
-    let v: ActionsResponse = serde_json::from_str(&body).unwrap();
+    let (status, v): (_, ActionsResponse) = get_json(&h, "/api/v1/actions?cluster=c1").await;
+    assert_eq!(status, 200);
     let got: Vec<(&str, &str, &str)> = v
         .actions
         .iter()
@@ -184,9 +175,8 @@ async fn recent_actions_merge_newest_first_over_shards() {
     );
     assert_eq!(v.unreachable.len(), 1);
     // `since` is a duration back from now: every canned record is far older.
-    let (_, _, body) = http_get(h.inspect().http_addr(), "/api/v1/actions?since=1h").await;
-    let v: ActionsResponse = serde_json::from_str(&body).unwrap();
-    assert!(v.actions.is_empty(), "{body}");
+    let (_, v): (_, ActionsResponse) = get_json(&h, "/api/v1/actions?since=1h").await;
+    assert!(v.actions.is_empty(), "{v:?}");
     let (status, _, _) = http_get(h.inspect().http_addr(), "/api/v1/actions?since=soon").await;
     assert_eq!(status, 400);
     h.shutdown().await;
@@ -202,14 +192,14 @@ async fn machines_merge_in_id_order_and_page_over_shards() {
             .map(|m| (m.shard_id.clone(), m.machine.as_ref().unwrap().id.clone()))
             .collect()
     };
-    let first = c
-        .list_machines(mesh::ListMachinesRequest {
+    let first = list_machines(
+        &mut c,
+        mesh::ListMachinesRequest {
             limit: 3,
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+        },
+    )
+    .await;
     assert_eq!(
         ids(&first),
         [
@@ -223,25 +213,21 @@ async fn machines_merge_in_id_order_and_page_over_shards() {
         (4, "m-3")
     );
     assert_eq!(first.unreachable.len(), 1);
-    let second = c
-        .list_machines(mesh::ListMachinesRequest {
+    let second = list_machines(
+        &mut c,
+        mesh::ListMachinesRequest {
             limit: 3,
             after_machine_id: first.next_after_machine_id.clone(),
             ..Default::default()
-        })
-        .await
-        .unwrap()
-        .into_inner();
+        },
+    )
+    .await;
     assert_eq!(ids(&second), [("sa".to_owned(), "m-4".to_owned())]);
     assert!(second.next_after_machine_id.is_empty());
 
-    let (status, _, body) = http_get(
-        h.inspect().http_addr(),
-        "/api/v1/machines?state=configured&cluster=c1",
-    )
-    .await;
-    assert_eq!(status, 200, "{body}");
-    let v: MachinesResponse = serde_json::from_str(&body).unwrap();
+    let (status, v): (_, MachinesResponse) =
+        get_json(&h, "/api/v1/machines?state=configured&cluster=c1").await;
+    assert_eq!(status, 200);
     let got: Vec<(&str, &str, &str)> = v
         .machines
         .iter()
@@ -297,31 +283,19 @@ async fn headless_chromium_renders_the_actions_and_machines_pages() {
     };
     let h = harness().await;
     let base = format!("http://{}", h.inspect().http_addr());
-    let target = target_dir();
-    std::fs::create_dir_all(&target).unwrap();
-    let actions = dump_and_shoot(
+    shoot_and_expect(
         &bin,
         &format!("{base}/actions"),
-        &target.join("dashboard-actions.png"),
+        "dashboard-actions.png",
+        &["Recent actions", "sb-m8", "suppressed", "phase1.idle", "s3"],
     )
     .await;
-    for expected in ["Recent actions", "sb-m8", "suppressed", "phase1.idle", "s3"] {
-        assert!(
-            actions.contains(expected),
-            "actions page lacks {expected:?}: {actions}"
-        );
-    }
-    let machines = dump_and_shoot(
+    shoot_and_expect(
         &bin,
         &format!("{base}/machines"),
-        &target.join("dashboard-machines.png"),
+        "dashboard-machines.png",
+        &["Machines", "m-1", "m-4", "CONFIGURED", "4 machines match"],
     )
     .await;
-    for expected in ["Machines", "m-1", "m-4", "CONFIGURED", "4 machines match"] {
-        assert!(
-            machines.contains(expected),
-            "machines page lacks {expected:?}: {machines}"
-        );
-    }
     h.shutdown().await;
 }

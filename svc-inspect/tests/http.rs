@@ -3,26 +3,12 @@
 mod common;
 
 use bigfleet_proto::v1alpha1 as pb;
-use common::{Harness, Options, http_get};
+use common::{Harness, Options, get_json, http_get};
 use svc_inspect::doubles::{ShardDouble, need};
 use svc_inspect::http::{
     ClustersResponse, DomainsResponse, ErrorResponse, ShardsResponse, ShortfallsResponse,
 };
 use svc_inspect::view::{ClusterNeedsView, SummaryView};
-
-async fn get_json<T: serde::de::DeserializeOwned>(h: &Harness, path: &str) -> (u16, T) {
-    let (status, headers, body) = http_get(h.inspect().http_addr(), path).await;
-    assert!(
-        headers
-            .iter()
-            .any(|(k, v)| k == "content-type" && v.starts_with("application/json")),
-        "{path}: {headers:?}"
-    );
-    (
-        status,
-        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")),
-    )
-}
 
 async fn get_page(h: &Harness, path: &str) -> (u16, String) {
     let (status, _, body) = http_get(h.inspect().http_addr(), path).await;
@@ -198,21 +184,41 @@ async fn cluster_needs_json_filters_unmet_and_paginates() {
 }
 
 #[tokio::test]
+async fn a_bad_page_number_is_a_400_in_the_format_of_the_route() {
+    let h = Harness::start(Options::default()).await;
+    for route in [
+        "/api/v1/shards",
+        "/api/v1/clusters",
+        "/api/v1/shortfalls",
+        "/api/v1/domains",
+    ] {
+        let (status, err): (_, ErrorResponse) = get_json(&h, &format!("{route}?page_size=0")).await;
+        assert_eq!(status, 400, "{route}");
+        assert!(
+            err.error.contains("page_size must be a positive integer"),
+            "{route}: {}",
+            err.error
+        );
+    }
+    for route in ["/", "/clusters", "/shortfalls", "/domains"] {
+        let (status, page) = get_page(&h, &format!("{route}?page=zero")).await;
+        assert_eq!(status, 400, "{route}");
+        let t = text(&page);
+        assert!(
+            t.contains("Bad request") && t.contains("page must be a positive integer"),
+            "{route}: {t}"
+        );
+    }
+    h.shutdown().await;
+}
+
+#[tokio::test]
 async fn big_clusters_are_never_dumped_whole() {
     let many: Vec<pb::NeedView> = (0..1_200)
         .map(|i| need("big", i % 7, i64::from(i), None))
         .collect();
     let h = Harness::start(Options {
-        shards: vec![ShardDouble {
-            shard_id: "s1".into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 3,
-                computed_at_unix_nanos: 1,
-                total_needs: 0,
-            },
-            needs: many,
-            ..Default::default()
-        }],
+        shards: vec![ShardDouble::with_verdicts("s1", 3, 1, many)],
         with_dead_shard: false,
         ..Options::default()
     })
@@ -312,16 +318,12 @@ async fn dashboard_pages_show_the_fleet_and_say_what_is_down() {
 async fn fleet_data_is_html_escaped() {
     let evil = "<script>alert('x')</script>";
     let h = Harness::start(Options {
-        shards: vec![ShardDouble {
-            shard_id: "s1".into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 1,
-                computed_at_unix_nanos: 1,
-                total_needs: 0,
-            },
-            needs: vec![need(evil, 1, 1, Some(pb::UnmetReason::NoMatchingSupply))],
-            ..Default::default()
-        }],
+        shards: vec![ShardDouble::with_verdicts(
+            "s1",
+            1,
+            1,
+            vec![need(evil, 1, 1, Some(pb::UnmetReason::NoMatchingSupply))],
+        )],
         with_dead_shard: false,
         ..Options::default()
     })
@@ -356,12 +358,7 @@ async fn fleet_data_is_html_escaped() {
 
 #[tokio::test]
 async fn a_coordinator_never_reached_is_a_clear_503_and_a_banner() {
-    let inspect = svc_inspect::start(svc_inspect::Config::local(&format!(
-        "http://{}",
-        common::dead_addr()
-    )))
-    .await
-    .unwrap();
+    let inspect = common::start_without_coordinator().await;
     let (status, _, body) = http_get(inspect.http_addr(), "/api/v1/clusters/c1/needs").await;
     assert_eq!(status, 503);
     let err: ErrorResponse = serde_json::from_str(&body).unwrap();

@@ -13,14 +13,28 @@ use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
 use common::{Harness, Options};
 use tonic::Code;
 
+/// A fleet of doubles under mTLS, with svc-inspect presenting `role`.
+async fn mtls_harness(role: &'static str) -> Harness {
+    Harness::start(Options {
+        tls_role: Some(role),
+        ..Options::default()
+    })
+    .await
+}
+
+/// No retries: a refusal must surface as the first call's error.
+fn no_retries() -> ClientStackConfig {
+    ClientStackConfig {
+        retry: RetryPolicy::none(),
+        ..ClientStackConfig::default()
+    }
+}
+
 async fn channel(h: &Harness, tls: Option<Arc<rustls::ClientConfig>>) -> MeshChannel {
     bigfleet_mesh::dial(
         &h.grpc_uri(),
         &ChannelConfig::default().with_tls(tls),
-        &ClientStackConfig {
-            retry: RetryPolicy::none(),
-            ..ClientStackConfig::default()
-        },
+        &no_retries(),
     )
     .await
     .unwrap()
@@ -48,11 +62,7 @@ async fn summary(ch: MeshChannel) -> Result<mesh::FleetSummaryResponse, tonic::S
 
 #[tokio::test]
 async fn readonly_and_admin_read_shard_and_cluster_certificates_are_refused() {
-    let h = Harness::start(Options {
-        tls_role: Some("readonly"),
-        ..Options::default()
-    })
-    .await;
+    let h = mtls_harness("readonly").await;
     let pki = h.pki.as_ref().unwrap();
 
     for role in ["readonly", "admin"] {
@@ -84,21 +94,10 @@ async fn readonly_and_admin_read_shard_and_cluster_certificates_are_refused() {
 
 #[tokio::test]
 async fn plaintext_and_certificate_less_clients_cannot_reach_an_mtls_inspect() {
-    let h = Harness::start(Options {
-        tls_role: Some("readonly"),
-        ..Options::default()
-    })
-    .await;
+    let h = mtls_harness("readonly").await;
     // No client certificate at all: the handshake (or the first call) fails.
-    let plain = bigfleet_mesh::dial_lazy(
-        &h.grpc_uri(),
-        &ChannelConfig::default(),
-        &ClientStackConfig {
-            retry: RetryPolicy::none(),
-            ..ClientStackConfig::default()
-        },
-    )
-    .unwrap();
+    let plain =
+        bigfleet_mesh::dial_lazy(&h.grpc_uri(), &ChannelConfig::default(), &no_retries()).unwrap();
     let err = read_needs(plain).await.unwrap_err();
     assert_ne!(err.code(), Code::Ok);
     // Health stays open to every verified caller, whatever its role.
@@ -121,11 +120,7 @@ async fn plaintext_and_certificate_less_clients_cannot_reach_an_mtls_inspect() {
 
 #[tokio::test]
 async fn an_inspect_with_a_shard_certificate_is_refused_by_coordinator_and_shards() {
-    let h = Harness::start(Options {
-        tls_role: Some("shard/s9"),
-        ..Options::default()
-    })
-    .await;
+    let h = mtls_harness("shard/s9").await;
     let pki = h.pki.as_ref().unwrap();
     let ch = channel(&h, Some(pki.client("readonly"))).await;
     let s = summary(ch.clone()).await.unwrap();

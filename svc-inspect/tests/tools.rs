@@ -8,8 +8,8 @@ use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 
-use bigfleet_testkit::tools::{dump_and_shoot, run, tool};
-use common::{Harness, Options, Pki, target_dir};
+use bigfleet_testkit::tools::{run, tool};
+use common::{Harness, Options, Pki, shoot_and_expect};
 
 fn grpcurl(bin: &Path, tls: Option<(&Pki, &str)>, args: &[&str]) -> Command {
     let mut cmd = Command::new(bin);
@@ -31,6 +31,13 @@ fn grpcurl(bin: &Path, tls: Option<(&Pki, &str)>, args: &[&str]) -> Command {
     cmd
 }
 
+/// grpcurl over plaintext: its output; fails when grpcurl does.
+async fn grpcurl_ok(bin: &Path, args: &[&str]) -> String {
+    let (ok, out, err) = run(grpcurl(bin, None, args)).await;
+    assert!(ok, "grpcurl {args:?}: {err}");
+    out
+}
+
 #[tokio::test]
 async fn grpcurl_lists_describes_and_calls_inspect_needs() {
     let Some(bin) = tool("BIGFLEET_GRPCURL") else {
@@ -39,8 +46,7 @@ async fn grpcurl_lists_describes_and_calls_inspect_needs() {
     let h = Harness::start(Options::default()).await;
     let addr = h.inspect().grpc_addr().to_string();
 
-    let (ok, out, err) = run(grpcurl(&bin, None, &[&addr, "list"])).await;
-    assert!(ok, "{err}");
+    let out = grpcurl_ok(&bin, &[&addr, "list"]).await;
     for svc in [
         "bigfleet.v1alpha1.ShardRead",
         "bigfleet.mesh.v1.Inspect",
@@ -52,35 +58,21 @@ async fn grpcurl_lists_describes_and_calls_inspect_needs() {
         );
     }
 
-    let (ok, out, err) = run(grpcurl(
-        &bin,
-        None,
-        &[&addr, "describe", "bigfleet.v1alpha1.ShardRead"],
-    ))
-    .await;
-    assert!(ok, "{err}");
+    let out = grpcurl_ok(&bin, &[&addr, "describe", "bigfleet.v1alpha1.ShardRead"]).await;
     assert!(out.contains("rpc InspectNeeds ( .bigfleet.v1alpha1.InspectNeedsRequest ) returns ( stream .bigfleet.v1alpha1.InspectNeedsResponse )"), "{out}");
-    let (ok, out, err) = run(grpcurl(
-        &bin,
-        None,
-        &[&addr, "describe", "bigfleet.v1alpha1.NeedView"],
-    ))
-    .await;
-    assert!(ok, "{err}");
+    let out = grpcurl_ok(&bin, &[&addr, "describe", "bigfleet.v1alpha1.NeedView"]).await;
     assert!(out.contains("unmet_reason"), "{out}");
 
-    let (ok, out, err) = run(grpcurl(
+    let out = grpcurl_ok(
         &bin,
-        None,
         &[
             "-d",
             r#"{"cluster_id":"c-a","limit":2}"#,
             &addr,
             "bigfleet.v1alpha1.ShardRead/InspectNeeds",
         ],
-    ))
+    )
     .await;
-    assert!(ok, "{err}");
     let header_at = out.find("\"header\"").expect("a header frame");
     let need_at = out.find("\"need\"").expect("need frames");
     assert!(header_at < need_at, "header first: {out}");
@@ -88,13 +80,7 @@ async fn grpcurl_lists_describes_and_calls_inspect_needs() {
     assert!(out.contains("UNMET_REASON_PRIORITY_STARVED"), "{out}");
     assert!(out.contains("\"totalNeeds\": 3"), "{out}");
 
-    let (ok, out, err) = run(grpcurl(
-        &bin,
-        None,
-        &[&addr, "bigfleet.mesh.v1.Inspect/FleetSummary"],
-    ))
-    .await;
-    assert!(ok, "{err}");
+    let out = grpcurl_ok(&bin, &[&addr, "bigfleet.mesh.v1.Inspect/FleetSummary"]).await;
     assert!(
         out.contains("\"shardId\": \"s3\"") && out.contains("\"coordinatorReachable\": true"),
         "{out}"
@@ -145,45 +131,31 @@ async fn headless_chromium_renders_the_overview_and_a_cluster_page() {
     })
     .await;
     let base = format!("http://{}", h.inspect().http_addr());
-    let target = target_dir();
-    std::fs::create_dir_all(&target).unwrap();
-
-    let overview = dump_and_shoot(
+    shoot_and_expect(
         &bin,
         &format!("{base}/"),
-        &target.join("dashboard-overview.png"),
+        "dashboard-overview.png",
+        &[
+            "Fleet overview",
+            "2 / 3 shards reachable",
+            "s3",
+            "unreachable",
+            "Oldest shortfalls",
+        ],
     )
     .await;
-    for expected in [
-        "Fleet overview",
-        "2 / 3 shards reachable",
-        "s3",
-        "unreachable",
-        "Oldest shortfalls",
-    ] {
-        assert!(
-            overview.contains(expected),
-            "overview lacks {expected:?}: {overview}"
-        );
-    }
-
-    let cluster = dump_and_shoot(
+    shoot_and_expect(
         &bin,
         &format!("{base}/clusters/c-a"),
-        &target.join("dashboard-cluster.png"),
+        "dashboard-cluster.png",
+        &[
+            "Cluster c-a",
+            "priority-starved",
+            "preemption exhausted",
+            "Shard s3",
+            "Unmet only",
+        ],
     )
     .await;
-    for expected in [
-        "Cluster c-a",
-        "priority-starved",
-        "preemption exhausted",
-        "Shard s3",
-        "Unmet only",
-    ] {
-        assert!(
-            cluster.contains(expected),
-            "cluster page lacks {expected:?}: {cluster}"
-        );
-    }
     h.shutdown().await;
 }

@@ -44,7 +44,7 @@ use bigfleet_proto::mesh::v1::relay_server::RelayServer;
 use bigfleet_proto::mesh::v1::shard_info_server::ShardInfoServer;
 use bigfleet_proto::service_names;
 use bigfleet_proto::v1alpha1::shard_read_server::ShardReadServer;
-use bigfleet_telemetry::{MetricsRegistry, Readiness};
+use bigfleet_telemetry::MetricsRegistry;
 
 pub use crate::cli::Args;
 pub use crate::error::{SessionError, StartError};
@@ -301,15 +301,8 @@ pub fn parse_listen(addr: &str) -> Result<SocketAddr, StartError> {
 
 /// The binary: serves until SIGTERM/SIGINT, then drains.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let tls = match args.service.tls.resolve()? {
-        None => None,
-        Some(files) => Some(TlsContext::load(&files)?),
-    };
-    let registry = MetricsRegistry::new();
-    let readiness = Readiness::not_ready("gateway starting");
-    let ops =
-        bigfleet_mesh::start_ops_server(&args.metrics_addr, registry.clone(), readiness.clone())
-            .await?;
+    let tls = args.service.tls_context()?;
+    let ops = bigfleet_mesh::binary::Ops::start(&args.metrics_addr, "gateway starting").await?;
     let config = GatewayConfig {
         settings: GatewaySettings {
             shard_id: args.shard_id.clone(),
@@ -337,14 +330,11 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         local_peers: bigfleet_mesh::LocalPeers::same_user().with_group(args.socket_peer_gid),
         max_concurrent_requests: args.max_concurrent_requests,
         drain_timeout: args.service.drain_timeout,
-        registry,
+        registry: ops.registry.clone(),
     };
     let running = start(config).await?;
-    readiness.set_ready();
-    bigfleet_mesh::until_shutdown_signal().await;
-    readiness.set_not_ready("draining");
-    running.shutdown().await?;
-    ops.stop().await;
+    ops.readiness.set_ready();
+    ops.drain_on_signal(running.shutdown()).await?;
     Ok(())
 }
 

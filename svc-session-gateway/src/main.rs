@@ -9,9 +9,6 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = svc_session_gateway::Args::parse();
-    let _telemetry = bigfleet_telemetry::init(&bigfleet_telemetry::TelemetryConfig::from_env(
-        "bigfleet-session-gateway",
-        args.service.log.log_format,
-    ))?;
+    let _telemetry = args.service.init_telemetry("bigfleet-session-gateway")?;
     svc_session_gateway::run(args).await
 }

@@ -31,6 +31,11 @@ impl ReadProxy {
     }
 }
 
+/// Decide's answer without decide's response metadata: the caller talks to the gateway.
+fn body_only<T>(resp: Response<T>) -> Response<T> {
+    Response::new(resp.into_inner())
+}
+
 type NeedsStream = Pin<Box<dyn Stream<Item = Result<InspectNeedsResponse, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -81,25 +86,21 @@ impl ShardInfo for ReadProxy {
         &self,
         request: Request<RecentActionsRequest>,
     ) -> Result<Response<RecentActionsResponse>, Status> {
-        let resp = self
-            .gw
-            .decide
-            .shard_info()
+        let mut decide = self.gw.decide.shard_info();
+        decide
             .recent_actions(request.into_inner())
-            .await?;
-        Ok(Response::new(resp.into_inner()))
+            .await
+            .map(body_only)
     }
 
     async fn list_machines(
         &self,
         request: Request<ListMachinesRequest>,
     ) -> Result<Response<ListMachinesResponse>, Status> {
-        let resp = self
-            .gw
-            .decide
-            .shard_info()
+        let mut decide = self.gw.decide.shard_info();
+        decide
             .list_machines(request.into_inner())
-            .await?;
-        Ok(Response::new(resp.into_inner()))
+            .await
+            .map(body_only)
     }
 }

@@ -62,53 +62,44 @@ async fn the_certificate_must_name_the_hello_cluster() {
         .unwrap();
     assert_eq!(s.next_ack().await.echo, "hello");
 
-    // Certificate for cluster-a, Hello for cluster-b.
-    let err = open_with(channel(&https(&h), Some(&a)).await, hello("cluster-b"))
-        .await
-        .err()
-        .expect("impersonation must be refused");
-    assert_eq!(err.code(), Code::PermissionDenied);
-    assert!(
-        err.message().contains("bigfleet://cluster/cluster-b"),
-        "{}",
-        err.message()
-    );
-    assert_eq!(rejected(), 1);
-
-    // No identity SAN at all.
-    let none = pki.context("none", &LeafSpec::loopback("no identity"));
-    let err = open_with(channel(&https(&h), Some(&none)).await, hello("cluster-a"))
-        .await
-        .err()
-        .expect("a certificate without identity must be refused");
-    assert_eq!(err.code(), Code::PermissionDenied);
-    assert!(
-        err.message().contains("exactly one bigfleet:// URI SAN"),
-        "{}",
-        err.message()
-    );
-    assert_eq!(rejected(), 2);
-
-    // Two identity SANs.
-    let two = pki.context(
-        "two",
-        &LeafSpec::role("cluster/cluster-a").with_uri("bigfleet://cluster/cluster-b"),
-    );
-    let err = open_with(channel(&https(&h), Some(&two)).await, hello("cluster-a"))
-        .await
-        .err()
-        .expect("an ambiguous certificate must be refused");
-    assert_eq!(err.code(), Code::PermissionDenied);
-    assert_eq!(rejected(), 3);
-
-    // Another role entirely (a readonly dashboard certificate) cannot open sessions.
-    let ro = pki.role("readonly");
-    let err = open_with(channel(&https(&h), Some(&ro)).await, hello("cluster-a"))
-        .await
-        .err()
-        .expect("readonly may not open a session");
-    assert_eq!(err.code(), Code::PermissionDenied);
-    assert_eq!(rejected(), 4);
+    // Each refusal is counted as a security event: (certificate, Hello cluster, the case,
+    // what the refusal says).
+    let refusals = [
+        // Certificate for cluster-a, Hello for cluster-b.
+        (
+            a.clone(),
+            "cluster-b",
+            "impersonation must be refused",
+            "bigfleet://cluster/cluster-b",
+        ),
+        (
+            pki.context("none", &LeafSpec::loopback("no identity")),
+            "cluster-a",
+            "a certificate without identity must be refused",
+            "exactly one bigfleet:// URI SAN",
+        ),
+        (
+            pki.context(
+                "two",
+                &LeafSpec::role("cluster/cluster-a").with_uri("bigfleet://cluster/cluster-b"),
+            ),
+            "cluster-a",
+            "an ambiguous certificate must be refused",
+            "",
+        ),
+        // Another role entirely (a readonly dashboard certificate).
+        (
+            pki.role("readonly"),
+            "cluster-a",
+            "readonly may not open a session",
+            "",
+        ),
+    ];
+    for (counted, (cert, cluster, why, says)) in (1..).zip(refusals) {
+        let ch = channel(&https(&h), Some(&cert)).await;
+        refused_open(ch, hello(cluster), why, Code::PermissionDenied, says).await;
+        assert_eq!(rejected(), counted, "{why}");
+    }
 
     // The accepted session is unaffected by the refusals.
     assert_eq!(h.gw().active_sessions(), 1);

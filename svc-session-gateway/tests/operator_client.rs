@@ -12,8 +12,7 @@ use bigfleet_loadtest::{
     Backoff, BootstrapBehavior, Demand, MachineState, NeedSpec, Operator, OperatorConfig,
 };
 use bigfleet_proto::mesh::v1::{
-    BootstrapError, RequestBootstrapRequest, SendReclaimRequest, ShardEvent,
-    request_bootstrap_response,
+    BootstrapError, SendReclaimRequest, ShardEvent, request_bootstrap_response,
 };
 use bigfleet_testkit::wait_until;
 use common::*;
@@ -71,27 +70,20 @@ async fn the_simulated_operator_speaks_the_whole_protocol() {
     ]))
     .await
     .unwrap();
-    let mut ok = false;
-    for _ in 0..500 {
+    wait_until(WAIT, "the node states in the operator's view", async || {
         let nodes = op.nodes();
         if nodes.get("m-1").and_then(|n| n.state) == Some(MachineState::Configured)
             && nodes.contains_key("m-2")
         {
-            ok = true;
-            break;
+            Ok(())
+        } else {
+            Err(format!("operator saw {nodes:?}"))
         }
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-    assert!(ok, "operator saw {:?}", op.nodes());
+    })
+    .await;
 
     // Bootstrap: the operator renders a blob for its cluster.
-    let r = gw
-        .bootstrap(RequestBootstrapRequest {
-            cluster_id: "op-1".into(),
-            timeout_ms: 5_000,
-            ..Default::default()
-        })
-        .await;
+    let r = gw.bootstrap(ask_bootstrap("op-1", 5_000)).await;
     let Some(request_bootstrap_response::Outcome::Blob(blob)) = r.outcome else {
         panic!("expected a blob, got {r:?}");
     };
@@ -135,11 +127,7 @@ async fn operator_errors_and_silence_become_distinct_bootstrap_errors() {
         silent.stats()
     );
     let mut gw = h.gateway_client().await;
-    let ask = |cluster: &str| RequestBootstrapRequest {
-        cluster_id: cluster.into(),
-        timeout_ms: 200,
-        ..Default::default()
-    };
+    let ask = |cluster: &str| ask_bootstrap(cluster, 200);
     let e = gw
         .request_bootstrap(ask("op-err"))
         .await

@@ -46,16 +46,14 @@ fn refused(error: BootstrapError) -> Option<request_bootstrap_response::Outcome>
 #[tokio::test]
 async fn first_frame_must_be_a_hello() {
     let h = Harness::start(Options::default()).await;
-    let err = open_with(channel(&h.target(), None).await, rollup("a", 1))
-        .await
-        .err()
-        .expect("a roll-up first must be refused");
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(
-        err.message().contains("must be a Hello"),
-        "{}",
-        err.message()
-    );
+    refused_open(
+        channel(&h.target(), None).await,
+        rollup("a", 1),
+        "a roll-up first must be refused",
+        Code::InvalidArgument,
+        "must be a Hello",
+    )
+    .await;
     assert_eq!(h.gw().active_sessions(), 0);
     assert_eq!(h.stub.opened.load(Ordering::SeqCst), 0);
     let m = h.gw().metrics();
@@ -71,16 +69,14 @@ async fn first_frame_must_be_a_hello() {
 #[tokio::test]
 async fn hello_with_an_empty_cluster_id_is_refused() {
     let h = Harness::start(Options::default()).await;
-    let err = open_with(channel(&h.target(), None).await, hello(""))
-        .await
-        .err()
-        .expect("empty cluster id must be refused");
-    assert_eq!(err.code(), Code::InvalidArgument);
-    assert!(
-        err.message().contains("empty cluster_id"),
-        "{}",
-        err.message()
-    );
+    refused_open(
+        channel(&h.target(), None).await,
+        hello(""),
+        "empty cluster id must be refused",
+        Code::InvalidArgument,
+        "empty cluster_id",
+    )
+    .await;
     assert_eq!(h.gw().active_sessions(), 0);
     h.stop().await;
 }
@@ -226,11 +222,15 @@ async fn attacker_sized_strings_never_reach_labels_logs_or_frames_whole() {
         "a/b".into(),
         "\u{1b}[31m".into(),
     ] {
-        let err = open_with(channel(&h.target(), None).await, hello(&bad))
-            .await
-            .err()
-            .expect("a bad cluster id must be refused");
-        assert_eq!(err.code(), Code::InvalidArgument, "{bad:?}");
+        let why = format!("bad cluster id {bad:?}");
+        let err = refused_open(
+            channel(&h.target(), None).await,
+            hello(&bad),
+            &why,
+            Code::InvalidArgument,
+            "",
+        )
+        .await;
         assert!(err.message().len() < 200, "{}", err.message());
     }
     assert_eq!(h.gw().active_sessions(), 0);
@@ -366,20 +366,13 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     let (h, mut s, mut gw) = with_session_a().await;
 
     // No session.
-    let r = gw
-        .bootstrap(RequestBootstrapRequest {
-            cluster_id: "nobody".into(),
-            ..Default::default()
-        })
-        .await;
+    let r = gw.bootstrap(ask_bootstrap("nobody", 0)).await;
     assert_eq!(r.outcome, refused(BootstrapError::NoSession));
 
     // Matched by id: an answer with another id is dropped, the right one completes it.
     let call = gw.bootstrap_in_background(RequestBootstrapRequest {
-        cluster_id: "a".into(),
-        timeout_ms: 5_000,
         machine_id: "m-1".into(),
-        ..Default::default()
+        ..ask_bootstrap("a", 5_000)
     });
     let req = s.next_bootstrap_request().await;
     assert_eq!(req.request_id.len(), 16);
@@ -414,13 +407,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     .await;
 
     // Timeout, then the late answer is dropped.
-    let r = gw
-        .bootstrap(RequestBootstrapRequest {
-            cluster_id: "a".into(),
-            timeout_ms: 100,
-            ..Default::default()
-        })
-        .await;
+    let r = gw.bootstrap(ask_bootstrap("a", 100)).await;
     assert_eq!(r.outcome, refused(BootstrapError::Timeout));
     let late = s.next_bootstrap_request().await;
     assert_eq!(late.request_id, r.request_id);
@@ -431,11 +418,7 @@ async fn bootstrap_requests_are_matched_by_id_late_answers_dropped_and_timeouts_
     .await;
 
     // Operator-reported error.
-    let call = gw.bootstrap_in_background(RequestBootstrapRequest {
-        cluster_id: "a".into(),
-        timeout_ms: 5_000,
-        ..Default::default()
-    });
+    let call = gw.bootstrap_in_background(ask_bootstrap("a", 5_000));
     let req = s.next_bootstrap_request().await;
     assert_ne!(req.request_id, late.request_id, "fresh id per request");
     s.send(answer(
@@ -557,16 +540,14 @@ async fn the_session_cap_answers_resource_exhausted() {
     .await;
     let _a = open(&h.target(), "a").await;
     let _b = open(&h.target(), "b").await;
-    let err = open_with(channel(&h.target(), None).await, hello("c"))
-        .await
-        .err()
-        .expect("third cluster over the cap");
-    assert_eq!(err.code(), Code::ResourceExhausted);
-    assert!(
-        err.message().contains("--max-sessions"),
-        "{}",
-        err.message()
-    );
+    refused_open(
+        channel(&h.target(), None).await,
+        hello("c"),
+        "third cluster over the cap",
+        Code::ResourceExhausted,
+        "--max-sessions",
+    )
+    .await;
     // Replacing an existing cluster's session is still allowed.
     let _a2 = open(&h.target(), "a").await;
     assert_eq!(h.gw().active_sessions(), 2);
@@ -593,11 +574,14 @@ async fn shutdown_ends_sessions_with_unavailable_and_tells_decide() {
 async fn a_session_fails_cleanly_when_decide_is_down() {
     let mut h = Harness::start(Options::default()).await;
     h.stub_server.take().unwrap().shutdown().await.unwrap();
-    let err = open_with(channel(&h.target(), None).await, hello("a"))
-        .await
-        .err()
-        .expect("no decide, no session");
-    assert_eq!(err.code(), Code::Unavailable, "{err:?}");
+    refused_open(
+        channel(&h.target(), None).await,
+        hello("a"),
+        "no decide, no session",
+        Code::Unavailable,
+        "",
+    )
+    .await;
     assert_eq!(
         h.gw().active_sessions(),
         0,

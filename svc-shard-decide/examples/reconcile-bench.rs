@@ -228,7 +228,11 @@ async fn main() -> anyhow::Result<()> {
     let t = Instant::now();
     let cold = d.reconcile().await?;
     let cold_ms = ms(t.elapsed());
-    anyhow::ensure!(cold.listed as u64 == o.machines, "listed {}", cold.listed);
+    anyhow::ensure!(
+        cold.counts.listed as u64 == o.machines,
+        "listed {}",
+        cold.counts.listed
+    );
     let mut steady = Vec::new();
     let mut steady_merge = Vec::new();
     for _ in 0..o.runs {
@@ -237,7 +241,7 @@ async fn main() -> anyhow::Result<()> {
         steady.push(ms(t.elapsed()));
         steady_merge.push(ms(s.merge_time));
         anyhow::ensure!(
-            s.fast_path as u64 == o.machines,
+            s.counts.fast_path as u64 == o.machines,
             "steady state is all fast path"
         );
     }
@@ -310,9 +314,9 @@ async fn main() -> anyhow::Result<()> {
         inc.push(ms(t.elapsed()));
         inc_merge.push(ms(s.merge_time));
         anyhow::ensure!(
-            s.incremental && s.listed == changed,
+            s.incremental && s.counts.listed == changed,
             "listed {} of {changed}",
-            s.listed
+            s.counts.listed
         );
     }
     let inc_noop = {

@@ -238,6 +238,17 @@ fn fraction(s: &str) -> Result<f64, String> {
 mod tests {
     use super::*;
     use clap::Parser;
+    use svc_shard_decide_core::DecideConfig;
+
+    /// Parses `flags` after the one required flag.
+    fn parse(flags: &[&str]) -> Result<Args, clap::Error> {
+        Args::try_parse_from(["d", "--provider-addr=x"].iter().chain(flags))
+    }
+
+    /// The cycle configuration `flags` give.
+    fn config(flags: &[&str]) -> DecideConfig {
+        crate::decide_config(&parse(flags).unwrap(), 1)
+    }
 
     #[test]
     fn defaults_match_the_flag_contract() {
@@ -270,39 +281,27 @@ mod tests {
 
     #[test]
     fn available_capacity_min_change_is_a_fraction() {
-        let a = Args::try_parse_from([
-            "d",
-            "--provider-addr=x",
-            "--available-capacity-min-change=0",
-        ])
-        .unwrap();
-        assert_eq!(
-            crate::decide_config(&a, 1).available_capacity_min_change,
-            0.0
-        );
+        let c = config(&["--available-capacity-min-change=0"]);
+        assert_eq!(c.available_capacity_min_change, 0.0);
         for bad in ["1.5", "-0.1", "ten"] {
             let flag = format!("--available-capacity-min-change={bad}");
-            assert!(Args::try_parse_from(["d", "--provider-addr=x", flag.as_str()]).is_err());
+            assert!(parse(&[flag.as_str()]).is_err());
         }
     }
 
     #[test]
     fn rollup_limit_flags() {
-        let a = Args::try_parse_from(["d", "--provider-addr=x"]).unwrap();
+        let a = parse(&[]).unwrap();
         assert_eq!(
             a.rollup_limits.limits(),
             bigfleet_conv::RollupLimits::default()
         );
         assert_eq!(a.max_shard_resource_dimensions, 128);
-        let a = Args::try_parse_from([
-            "d",
-            "--provider-addr=x",
+        let c = config(&[
             "--max-priority=1000000000",
             "--max-needs-per-rollup=5",
             "--max-shard-resource-dimensions=9",
-        ])
-        .unwrap();
-        let c = crate::decide_config(&a, 1);
+        ]);
         assert_eq!(c.rollup_limits.max_priority, 1_000_000_000);
         assert_eq!(c.rollup_limits.max_needs, 5);
         assert_eq!(c.max_shard_dimensions, 9);
@@ -310,28 +309,18 @@ mod tests {
 
     #[test]
     fn reclaim_budget_flags_and_the_deprecated_cap() {
-        let a = Args::try_parse_from([
-            "d",
-            "--provider-addr=x",
+        let c = config(&[
             "--reclaim-budget-fraction=0.1",
             "--reclaim-budget-window=30m",
-        ])
-        .unwrap();
-        let c = crate::decide_config(&a, 1);
+        ]);
         assert_eq!(c.rails.reclaim_budget_fraction, 0.1);
         assert_eq!(c.rails.reclaim_budget_window, Duration::from_secs(1800));
         // The old flag still sets the fraction (now per window).
-        let a =
-            Args::try_parse_from(["d", "--provider-addr=x", "--reclaim-cap-fraction=0"]).unwrap();
-        assert_eq!(
-            crate::decide_config(&a, 1).rails.reclaim_budget_fraction,
-            0.0
-        );
+        let c = config(&["--reclaim-cap-fraction=0"]);
+        assert_eq!(c.rails.reclaim_budget_fraction, 0.0);
         // Both at once are a startup error, not a silent choice.
         assert!(
-            Args::try_parse_from([
-                "d",
-                "--provider-addr=x",
+            parse(&[
                 "--reclaim-cap-fraction=0.1",
                 "--reclaim-budget-fraction=0.2",
             ])
@@ -346,9 +335,7 @@ mod tests {
 
     #[test]
     fn booleans_take_switch_or_value_forms() {
-        let a = Args::try_parse_from([
-            "d",
-            "--provider-addr=x",
+        let a = parse(&[
             "--dry-run",
             "--actuation-paused=true",
             "--empty-rollup-guard=false",
@@ -357,6 +344,6 @@ mod tests {
         .unwrap();
         assert!(a.dry_run && a.actuation_paused);
         assert!(!a.empty_rollup_guard && !a.incremental_reconcile);
-        assert!(Args::try_parse_from(["d", "--provider-addr=x", "--dry-run=maybe"]).is_err());
+        assert!(parse(&["--dry-run=maybe"]).is_err());
     }
 }

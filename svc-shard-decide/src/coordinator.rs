@@ -456,6 +456,7 @@ mod tests {
     use bigfleet_telemetry::Readiness;
     use std::sync::Arc;
     use svc_shard_decide_core::reconcile::RawMachineList;
+    use svc_shard_decide_core::testing::{MapSource, provider_machine};
     use svc_shard_decide_core::{DecideConfig, MachineSource, Publisher, ShardMetrics};
 
     /// Never listed: these tests run no cycle.
@@ -467,87 +468,49 @@ mod tests {
         }
     }
 
-    fn view(shard: &str) -> CoordView {
+    /// A shard's decide reading `source`; its session frames go nowhere.
+    fn decide(cfg: DecideConfig, source: impl MachineSource) -> Decide {
         let (publisher, _events) = Publisher::channel(16);
-        let decide = Decide::new(
-            DecideConfig {
-                shard_id: shard.to_owned(),
-                ..DecideConfig::default()
-            },
-            Arc::new(NoProvider),
+        Decide::new(
+            cfg,
+            Arc::new(source),
             publisher,
             ShardMetrics::unregistered(),
             Readiness::not_ready("test"),
         )
-        .unwrap();
-        CoordView::new(decide)
+        .unwrap()
     }
 
-    /// A provider listing these machines, every time.
-    struct Listed(pb::MachineList);
-
-    impl MachineSource for Listed {
-        fn list(&self, _: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-            let raw = RawMachineList::from(&self.0);
-            Box::pin(async move { Ok(raw) })
-        }
+    fn view(shard: &str) -> CoordView {
+        let cfg = DecideConfig {
+            shard_id: shard.to_owned(),
+            ..DecideConfig::default()
+        };
+        CoordView::new(decide(cfg, NoProvider))
     }
 
     /// A valid m5.xlarge record; Configured ones serve `priority` in cluster c1.
     fn machine(id: &str, state: pb::MachineState, priority: i32) -> pb::Machine {
-        let configured = state == pb::MachineState::Configured;
-        pb::Machine {
-            id: id.to_owned(),
-            state: state as i32,
-            host: Some(pb::HostRef {
-                provider: "test".into(),
-                r#ref: format!("i-{id}"),
-            }),
-            instance_type: "m5.xlarge".into(),
-            zone: "z1".into(),
-            capacity_type: pb::CapacityType::OnDemand as i32,
-            price_per_hour: 0.2,
-            resources: Some(pb::Resources {
-                resources: [("cpu".to_owned(), "4".to_owned())].into_iter().collect(),
-            }),
-            cluster: if configured {
-                "c1".into()
-            } else {
-                String::new()
-            },
-            shard_metadata: if configured {
-                [(
-                    "bigfleet.lucy.sh/assigned-priority".to_owned(),
-                    priority.to_string(),
-                )]
-                .into_iter()
-                .collect()
-            } else {
-                Default::default()
-            },
-            ..Default::default()
+        if state != pb::MachineState::Configured {
+            return provider_machine(id, state, "");
         }
+        let mut m = provider_machine(id, state, "c1");
+        m.shard_metadata.insert(
+            "bigfleet.lucy.sh/assigned-priority".to_owned(),
+            priority.to_string(),
+        );
+        m
     }
 
     /// A shard process over `machines` that read its saved state from `path`, as
     /// start-up does (ADR-0129), with one cycle run so its inventory is listed.
     async fn process(path: &Path, machines: &[pb::Machine]) -> CoordView {
-        let (publisher, _events) = Publisher::channel(16);
-        let decide = Decide::new(
-            DecideConfig {
-                shard_id: "s1".to_owned(),
-                engine_threads: 1,
-                ..DecideConfig::default()
-            },
-            Arc::new(Listed(pb::MachineList {
-                machines: machines.to_vec(),
-                revision: Vec::new(),
-            })),
-            publisher,
-            ShardMetrics::unregistered(),
-            Readiness::not_ready("test"),
-        )
-        .unwrap();
+        let cfg = DecideConfig {
+            shard_id: "s1".to_owned(),
+            engine_threads: 1,
+            ..DecideConfig::default()
+        };
+        let decide = decide(cfg, machines.iter().cloned().collect::<MapSource>());
         if let Some(o) = load_ownership(path).unwrap() {
             decide.restore_ownership(o);
         }

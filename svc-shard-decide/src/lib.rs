@@ -666,10 +666,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
             "--reclaim-budget-window must be positive (use --reclaim-budget-fraction=0 to disable the budget)"
         );
     }
-    let tls = match args.service.tls.resolve()? {
-        None => None,
-        Some(files) => Some(TlsContext::load(&files)?),
-    };
+    let tls = args.service.tls_context()?;
     // Epoch-file mode: every start fences strictly above every previous incarnation, even
     // one whose epoch file was lost, and the data dir's lock (held until run() returns)
     // keeps a second decide off it (ADR-0103).
@@ -681,11 +678,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         (claimed.epoch, Some(claimed.lock))
     };
 
-    let registry = MetricsRegistry::new();
-    let readiness = Readiness::not_ready(NOT_READY);
-    let ops =
-        bigfleet_mesh::start_ops_server(&args.metrics_addr, registry.clone(), readiness.clone())
-            .await?;
+    let ops = bigfleet_mesh::binary::Ops::start(&args.metrics_addr, NOT_READY).await?;
     let coordinator = args
         .coordinator_addr
         .as_ref()
@@ -706,15 +699,12 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         local_peers: bigfleet_mesh::LocalPeers::same_user().with_group(args.socket_peer_gid),
         coordinator,
         etcd,
-        registry,
-        readiness: readiness.clone(),
+        registry: ops.registry.clone(),
+        readiness: ops.readiness.clone(),
         drain_timeout: args.service.drain_timeout,
     };
     let running = start(config).await?;
-    bigfleet_mesh::until_shutdown_signal().await;
-    readiness.set_not_ready("draining");
-    running.shutdown().await?;
-    ops.stop().await;
+    ops.drain_on_signal(running.shutdown()).await?;
     // Only now may another decide take the data dir.
     drop(data_dir_lock);
     Ok(())

@@ -8,9 +8,6 @@ static GLOBAL: tikv_jemallocator::Jemalloc = tikv_jemallocator::Jemalloc;
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = svc_shard_decide::Args::parse();
-    let _telemetry = bigfleet_telemetry::init(&bigfleet_telemetry::TelemetryConfig::from_env(
-        "bigfleet-shard-decide",
-        args.service.log.log_format,
-    ))?;
+    let _telemetry = args.service.init_telemetry("bigfleet-shard-decide")?;
     svc_shard_decide::run(args).await
 }

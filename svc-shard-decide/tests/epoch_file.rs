@@ -8,144 +8,31 @@
 
 mod fixtures;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::path::Path;
+use std::time::Duration;
 
-use bigfleet_fake_provider::{FakeProvider, ProviderConfig, ServerHandle, spawn_uds};
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
-use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_testkit::wait_until;
-use fixtures::{channel, idle, rollup};
+use fixtures::{DecideProc, provider, rollup};
 use svc_shard_execute::doubles::{GatewayDouble, Served};
 
 const SHARD: &str = "shard-f";
 
-/// A decide process on `socket_dir` and `data_dir`, SIGKILLed on drop.
-struct DecideProc {
-    child: Option<Child>,
-    socket_dir: PathBuf,
-    log: PathBuf,
+/// This test's decide on `socket_dir` and `data_dir`.
+fn spawn(socket_dir: &Path, data_dir: &Path, provider: &str, log: &Path) -> DecideProc {
+    DecideProc::spawn(SHARD, socket_dir, data_dir, provider, log, &[], "info")
 }
 
-impl DecideProc {
-    fn spawn(socket_dir: &Path, data_dir: &Path, provider: &str, log: &Path) -> Self {
-        let out = std::fs::File::create(log).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_bigfleet-shard-decide"))
-            .arg(format!("--shard-id={SHARD}"))
-            .arg(format!("--socket-dir={}", socket_dir.display()))
-            .arg(format!("--data-dir={}", data_dir.display()))
-            .arg(format!("--provider-addr={provider}"))
-            .args(["--metrics-addr=0", "--cycle-interval=200ms"])
-            .env("RUST_LOG", "info")
-            .stdin(Stdio::null())
-            .stdout(out.try_clone().unwrap())
-            .stderr(out)
-            .spawn()
-            .expect("spawn bigfleet-shard-decide");
-        Self {
-            child: Some(child),
-            socket_dir: socket_dir.to_owned(),
-            log: log.to_owned(),
-        }
-    }
-
-    fn uri(&self) -> String {
-        format!("unix://{}", self.socket_dir.join("decide.sock").display())
-    }
-
-    fn pid(&self) -> u32 {
-        self.child.as_ref().unwrap().id()
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(&self.log).unwrap_or_default()
-    }
-
-    /// Waits until decide.sock answers.
-    async fn ready(&self) {
-        wait_until(Duration::from_secs(20), "decide to come up", async || {
-            if self.socket_dir.join("decide.sock").exists() && self.try_describe().await.is_some() {
-                Ok(())
-            } else {
-                Err(format!("log:\n{}", self.log()))
-            }
-        })
-        .await;
-    }
-
-    async fn try_describe(&self) -> Option<mesh::ShardDescription> {
-        ShardInfoClient::new(channel(&self.uri()))
-            .describe(mesh::DescribeShardRequest {})
-            .await
-            .ok()
-            .map(tonic::Response::into_inner)
-    }
-
-    async fn describe(&self) -> mesh::ShardDescription {
-        self.try_describe()
-            .await
-            .unwrap_or_else(|| panic!("decide does not answer; log:\n{}", self.log()))
-    }
-
-    async fn rollup(&self, machines: u32) {
-        let resp = IngestClient::new(channel(&self.uri()))
-            .apply_rollup(rollup(machines))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(resp.outcome, mesh::RollupOutcome::Accepted as i32);
-    }
-
-    /// Waits up to `wait` for the process to exit by itself.
-    async fn exit_status(&mut self, wait: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + wait;
-        let child = self.child.as_mut()?;
-        loop {
-            if let Some(status) = child.try_wait().unwrap() {
-                return Some(status);
-            }
-            if Instant::now() > deadline {
-                return None;
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
-
-impl Drop for DecideProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
-}
-
-/// A fake provider with `machines` idle machines whose fence marks go to `fence_log`.
-async fn provider(
-    dir: &Path,
-    machines: usize,
-    fence_log: Option<&Path>,
-) -> (Arc<FakeProvider>, ServerHandle) {
-    let p = Arc::new(FakeProvider::new(ProviderConfig::default()));
-    for i in 0..machines {
-        p.add_machine(idle(&format!("m{i}"))).unwrap();
-    }
-    if let Some(path) = fence_log {
-        p.open_fence_file(path).unwrap();
-    }
-    let server = spawn_uds(&dir.join("provider.sock"), p.clone())
+/// Sends c1's demand for `machines` machines; decide accepts it.
+async fn send_rollup(d: &DecideProc, machines: u32) {
+    let resp = d
+        .ingest()
+        .apply_rollup(rollup(machines))
         .await
-        .unwrap();
-    (p, server)
+        .unwrap()
+        .into_inner();
+    assert_eq!(resp.outcome, mesh::RollupOutcome::Accepted as i32);
 }
 
 /// Every (shard, machine, epoch, sequence) the provider accepted, from its fence log.
@@ -199,13 +86,13 @@ async fn a_lost_epoch_file_does_not_fence_the_shard_out_of_its_machines() {
     let relay: Served = gateway.serve_uds(&dir.join("relay.sock")).unwrap();
 
     // First incarnation: both machines are bootstrapped for c1, through the real workers.
-    let mut first = DecideProc::spawn(dir, &data, &provider_uri, &dir.join("decide-1.log"));
+    let mut first = spawn(dir, &data, &provider_uri, &dir.join("decide-1.log"));
     first.ready().await;
     let mut cfg = svc_shard_execute::Config::new(&first.uri(), &relay.uri(), &provider_uri);
     cfg.shard_id = SHARD.to_owned();
     cfg.concurrency = 4;
     let worker = svc_shard_execute::start(cfg).await.unwrap();
-    first.rollup(2).await;
+    send_rollup(&first, 2).await;
     wait_until(
         Duration::from_secs(30),
         "both machines configured",
@@ -236,7 +123,7 @@ async fn a_lost_epoch_file_does_not_fence_the_shard_out_of_its_machines() {
     std::fs::remove_file(data.join("epoch")).unwrap();
 
     // Second incarnation: still above every token the provider has seen.
-    let second = DecideProc::spawn(dir, &data, &provider_uri, &dir.join("decide-2.log"));
+    let second = spawn(dir, &data, &provider_uri, &dir.join("decide-2.log"));
     second.ready().await;
     let second_epoch = second.describe().await.shard_epoch;
     assert!(
@@ -250,7 +137,7 @@ async fn a_lost_epoch_file_does_not_fence_the_shard_out_of_its_machines() {
     // (one is enough, and the reclaim rails may defer the other). Without the floor, the
     // first drain's token (the same epoch, the first sequence base) would not be newer than
     // either machine's mark.
-    second.rollup(0).await;
+    send_rollup(&second, 0).await;
     wait_until(
         Duration::from_secs(30),
         "a machine drained under the new epoch",
@@ -314,13 +201,13 @@ async fn a_second_decide_on_the_same_data_dir_refuses_to_start() {
     let (_fake, provider_server) = provider(dir, 1, None).await;
     let provider_uri = provider_server.target();
 
-    let mut first = DecideProc::spawn(dir, &data, &provider_uri, &dir.join("decide-1.log"));
+    let mut first = spawn(dir, &data, &provider_uri, &dir.join("decide-1.log"));
     first.ready().await;
     let epoch = epoch_file(&data).expect("the first decide wrote its epoch");
 
     // Same data dir, its own sockets: refused before it touches the epoch file.
     let other_sockets = dir.join("other");
-    let mut second = DecideProc::spawn(
+    let mut second = spawn(
         &other_sockets,
         &data,
         &provider_uri,

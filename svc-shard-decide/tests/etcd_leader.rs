@@ -7,171 +7,59 @@
 
 mod fixtures;
 
-use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bigfleet_fake_provider::{FakeProvider, ProviderConfig, ServerHandle, spawn_uds};
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
-use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_shardlease::testing::EtcdServer;
 use bigfleet_shardlease::{EtcdConfig, EtcdShards};
-use fixtures::{channel, idle, rollup};
-use tokio::sync::mpsc;
+use fixtures::{DecideProc, channel, provider, rollup};
+use svc_shard_decide_core::testing::TestWorker;
 use tonic::transport::Channel;
 
 const SHARD: &str = "shard-e";
 
-/// A decide process, SIGKILLed on drop.
-struct DecideProc {
-    child: Option<Child>,
-    dir: tempfile::TempDir,
-}
-
-impl DecideProc {
-    /// `{dir}` in an extra argument stands for the process's socket directory.
-    fn spawn(etcd: &EtcdServer, provider: &str, ttl_secs: u64, extra: &[&str]) -> Self {
-        let dir = tempfile::tempdir().unwrap();
-        let extra: Vec<String> = extra
+/// A decide of this test's shard on `etcd`, in a directory of its own; `{dir}` in an
+/// extra argument stands for that directory (its socket directory).
+fn spawn(etcd: &EtcdServer, provider: &str, ttl_secs: u64, extra: &[&str]) -> DecideProc {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path();
+    let mut args = vec![
+        format!("--etcd-endpoints={}", etcd.endpoints().join(",")),
+        format!("--etcd-lease-ttl={ttl_secs}s"),
+    ];
+    args.extend(
+        extra
             .iter()
-            .map(|a| a.replace("{dir}", &dir.path().display().to_string()))
-            .collect();
-        let log = std::fs::File::create(dir.path().join("decide.log")).unwrap();
-        let child = Command::new(env!("CARGO_BIN_EXE_bigfleet-shard-decide"))
-            .arg(format!("--shard-id={SHARD}"))
-            .arg(format!("--socket-dir={}", dir.path().display()))
-            .arg(format!("--data-dir={}", dir.path().join("data").display()))
-            .arg(format!("--provider-addr={provider}"))
-            .arg(format!("--etcd-endpoints={}", etcd.endpoints().join(",")))
-            .arg(format!("--etcd-lease-ttl={ttl_secs}s"))
-            .args(["--metrics-addr=0", "--cycle-interval=200ms"])
-            .args(&extra)
-            .env("RUST_LOG", "info,bigfleet_shardlease=debug")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone().unwrap())
-            .stderr(log)
-            .spawn()
-            .expect("spawn bigfleet-shard-decide");
-        Self {
-            child: Some(child),
-            dir,
-        }
-    }
-
-    fn socket(&self) -> PathBuf {
-        self.dir.path().join("decide.sock")
-    }
-
-    fn uri(&self) -> String {
-        format!("unix://{}", self.socket().display())
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("decide.log")).unwrap_or_default()
-    }
-
-    fn kill(&mut self) {
-        if let Some(mut c) = self.child.take() {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-
-    /// The gateway's contract on decide.sock (roll-ups).
-    fn ingest(&self) -> IngestClient<Channel> {
-        IngestClient::new(channel(&self.uri()))
-    }
-
-    /// Waits for decide.sock to answer and returns a Work client.
-    async fn ready(&self) -> WorkClient<Channel> {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if self.socket().exists() {
-                let mut info = ShardInfoClient::new(channel(&self.uri()));
-                if info.describe(mesh::DescribeShardRequest {}).await.is_ok() {
-                    return WorkClient::new(channel(&self.uri()));
-                }
-            }
-            assert!(
-                Instant::now() < deadline,
-                "decide did not come up; log:\n{}",
-                self.log()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
-    }
-
-    async fn describe(&self) -> mesh::ShardDescription {
-        ShardInfoClient::new(channel(&self.uri()))
-            .describe(mesh::DescribeShardRequest {})
-            .await
-            .unwrap()
-            .into_inner()
-    }
+            .map(|a| a.replace("{dir}", &path.display().to_string())),
+    );
+    let log = path.join("decide.log");
+    let rust_log = "info,bigfleet_shardlease=debug";
+    DecideProc::spawn(
+        SHARD,
+        path,
+        &path.join("data"),
+        provider,
+        &log,
+        &args,
+        rust_log,
+    )
+    .owning(dir)
 }
 
-impl Drop for DecideProc {
-    fn drop(&mut self) {
-        self.kill();
-    }
+/// Waits for `d`'s decide.sock to answer and returns a Work client.
+async fn work_client(d: &DecideProc) -> WorkClient<Channel> {
+    d.ready().await;
+    WorkClient::new(channel(&d.uri()))
 }
 
-/// An execute worker on a Work stream.
-struct Worker {
-    tx: mpsc::Sender<mesh::WorkerMessage>,
-    items: tonic::Streaming<mesh::WorkItem>,
-}
-
-impl Worker {
-    async fn connect(client: &mut WorkClient<Channel>, credits: u32) -> Worker {
-        let (tx, rx) = mpsc::channel(16);
-        let hello = mesh::worker_message::Msg::Hello(mesh::worker_message::Hello {
-            worker_id: "w".into(),
-            shard_id: SHARD.into(),
-        });
-        tx.send(mesh::WorkerMessage { msg: Some(hello) })
-            .await
-            .unwrap();
-        let items = client
-            .pull(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        let w = Worker { tx, items };
-        w.credit(credits).await;
-        w
-    }
-
-    async fn credit(&self, n: u32) {
-        let credit = mesh::worker_message::Msg::Credit(mesh::worker_message::Credit { n });
-        self.tx
-            .send(mesh::WorkerMessage { msg: Some(credit) })
-            .await
-            .unwrap();
-    }
-
-    async fn next(&mut self, wait: Duration) -> Option<mesh::WorkItem> {
-        tokio::time::timeout(wait, self.items.message())
-            .await
-            .ok()
-            .and_then(|r| r.ok().flatten())
-    }
-}
-
-async fn provider(dir: &Path, machines: usize) -> (Arc<FakeProvider>, ServerHandle) {
-    let p = Arc::new(FakeProvider::new(ProviderConfig::default()));
-    for i in 0..machines {
-        p.add_machine(idle(&format!("m{i}"))).unwrap();
-    }
-    let server = spawn_uds(&dir.join("provider.sock"), p.clone())
-        .await
-        .unwrap();
-    (p, server)
+/// A worker of this test's shard on `client`'s Work stream, asking for `credits` items.
+async fn worker(client: &mut WorkClient<Channel>, credits: u32) -> TestWorker {
+    let w = TestWorker::connect(client, "w", SHARD).await;
+    w.credit(credits).await;
+    w
 }
 
 fn fencing(item: &mesh::WorkItem) -> (i64, i64) {
@@ -210,22 +98,22 @@ async fn only_the_leader_hands_out_and_a_standby_takes_over_fencing_the_old_one(
     };
     let ttl = 2;
     let tmp = tempfile::tempdir().unwrap();
-    let (_fake, provider_server) = provider(tmp.path(), 1).await;
+    let (_fake, provider_server) = provider(tmp.path(), 1, None).await;
     let provider_uri = provider_server.target();
     let watcher = work_watcher(&etcd).await;
 
     // Each publishes its own decide.sock as the Work endpoint, so the endpoint names
     // the process.
     let advertise = ["--work-advertise=unix://{dir}/decide.sock"];
-    let a = DecideProc::spawn(&etcd, &provider_uri, ttl, &advertise);
-    let mut ca = a.ready().await;
-    let b = DecideProc::spawn(&etcd, &provider_uri, ttl, &advertise);
-    let mut cb = b.ready().await;
+    let a = spawn(&etcd, &provider_uri, ttl, &advertise);
+    let mut ca = work_client(&a).await;
+    let b = spawn(&etcd, &provider_uri, ttl, &advertise);
+    let mut cb = work_client(&b).await;
     for p in [&a, &b] {
         p.ingest().apply_rollup(rollup(1)).await.unwrap();
     }
-    let mut wa = Worker::connect(&mut ca, 10).await;
-    let mut wb = Worker::connect(&mut cb, 10).await;
+    let mut wa = worker(&mut ca, 10).await;
+    let mut wb = worker(&mut cb, 10).await;
 
     // Exactly one of them hands out the one action.
     let (first, leader_is_a) = tokio::select! {
@@ -297,10 +185,10 @@ async fn etcd_outage_pauses_only_the_hand_out_and_resumes_with_a_higher_epoch() 
     };
     let ttl = 3;
     let tmp = tempfile::tempdir().unwrap();
-    let (_fake, provider_server) = provider(tmp.path(), 4).await;
+    let (_fake, provider_server) = provider(tmp.path(), 4, None).await;
     let watcher = work_watcher(&etcd).await;
     // Remote workers reach it over TCP; the endpoint is derived from the listener.
-    let d = DecideProc::spawn(
+    let d = spawn(
         &etcd,
         &provider_server.target(),
         ttl,
@@ -314,7 +202,7 @@ async fn etcd_outage_pauses_only_the_hand_out_and_resumes_with_a_higher_epoch() 
         .expect("work endpoint published");
     assert!(endpoint.starts_with("http://127.0.0.1:"), "{endpoint}");
     let mut remote = WorkClient::new(channel(&endpoint));
-    let mut w = Worker::connect(&mut remote, 1).await;
+    let mut w = worker(&mut remote, 1).await;
     let first = w
         .next(Duration::from_secs(10))
         .await

@@ -205,6 +205,14 @@ impl Fail {
             detail: detail.into(),
         }
     }
+
+    /// Decide handed out the machine in a state (`found`) the flow cannot start from.
+    fn stale(needs: impl std::fmt::Display, found: impl std::fmt::Display) -> Self {
+        Self::new(
+            Outcome::StaleState,
+            format!("{needs}, decide handed out one in {found}"),
+        )
+    }
 }
 
 type Flow<T> = Result<T, Fail>;

@@ -37,10 +37,10 @@ use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_identity::{PeerIdentity, TlsContext, TlsFlags};
-use bigfleet_mesh::GrpcMetrics;
+use bigfleet_identity::{PeerIdentity, TlsContext};
+use bigfleet_mesh::{GrpcMetrics, ServiceFlags};
 use bigfleet_shardlease::{EtcdConfig, EtcdShards, EtcdTls, WorkEndpointWatcher};
-use bigfleet_telemetry::{LogArgs, MetricsRegistry, OpsServer, Readiness};
+use bigfleet_telemetry::{MetricsRegistry, OpsServer, Readiness};
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -107,14 +107,10 @@ pub struct Args {
     /// HTTP /metrics /healthz /readyz; `0` disables.
     #[arg(long, env = "BIGFLEET_METRICS_ADDR", default_value = ":8782")]
     pub metrics_addr: String,
-    /// After SIGTERM, how long running actions may take to finish.
-    #[arg(long, env = "BIGFLEET_DRAIN_TIMEOUT", default_value = "10s",
-          value_parser = humantime::parse_duration)]
-    pub drain_timeout: Duration,
+    /// `--drain-timeout` (how long running actions may take to finish after SIGTERM), TLS
+    /// and log flags, alike in every service.
     #[command(flatten)]
-    pub tls: TlsFlags,
-    #[command(flatten)]
-    pub log: LogArgs,
+    pub service: ServiceFlags,
 }
 
 /// Startup failures.
@@ -228,8 +224,9 @@ impl Args {
         };
         cfg.timing()
             .map_err(|e| StartError::EtcdFlags(e.to_string()))?;
-        let mesh_mtls = self.tls.resolve().is_ok_and(|f| f.is_some());
-        cfg.check_transport(mesh_mtls, self.tls.insecure_plaintext)
+        let tls = &self.service.tls;
+        let mesh_mtls = tls.resolve().is_ok_and(|f| f.is_some());
+        cfg.check_transport(mesh_mtls, tls.insecure_plaintext)
             .map_err(StartError::EtcdFlags)?;
         Ok(Some(cfg))
     }
@@ -237,6 +234,7 @@ impl Args {
     pub fn config(&self) -> Result<Config, StartError> {
         let etcd = self.etcd_config()?;
         let tls = self
+            .service
             .tls
             .resolve()?
             .map(|files| TlsContext::load(&files))
@@ -245,7 +243,7 @@ impl Args {
         cfg.shard_id.clone_from(&self.shard_id);
         cfg.concurrency = self.concurrency;
         cfg.exec.action_timeout = self.action_timeout;
-        cfg.drain_timeout = self.drain_timeout;
+        cfg.drain_timeout = self.service.drain_timeout;
         cfg.metrics_addr = parse_metrics_addr(&self.metrics_addr)?;
         cfg.tls = tls;
         cfg.etcd = etcd;
@@ -446,6 +444,7 @@ mod tests {
         let cfg = args.config().unwrap();
         assert_eq!(cfg.exec.action_timeout, Duration::from_secs(30));
         assert_eq!(cfg.metrics_addr, Some("[::]:8782".parse().unwrap()));
+        assert_eq!(cfg.drain_timeout, Duration::from_secs(10));
         assert!(cfg.tls.is_none());
 
         // --provider-addr is required; concurrency must be positive.
@@ -459,11 +458,20 @@ mod tests {
             "1500ms",
             "--metrics-addr",
             "0",
+            "--drain-timeout",
+            "2s",
+            "--log-format",
+            "json",
         ])
         .unwrap();
+        assert_eq!(
+            args.service.log.log_format,
+            bigfleet_telemetry::LogFormat::Json
+        );
         let cfg = args.config().unwrap();
         assert_eq!(cfg.exec.action_timeout, Duration::from_millis(1500));
         assert_eq!(cfg.metrics_addr, None);
+        assert_eq!(cfg.drain_timeout, Duration::from_secs(2));
     }
 
     #[test]

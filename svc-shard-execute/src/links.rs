@@ -20,116 +20,72 @@ use bigfleet_telemetry::propagation::inject_current_span_into_metadata;
 use tonic::{Request, Status};
 use tracing::Instrument;
 
-/// Decide's transition authority.
-pub trait DecideLink: Send + Sync + 'static {
-    /// Reports one state change; returns the machine as decide now holds it.
-    fn transition(
-        &self,
-        req: mesh::TransitionRequest,
-    ) -> impl Future<Output = Result<mesh::TransitionResponse, Status>> + Send;
+/// Declares each link trait once: its methods are async calls answering `Result<_, Status>`,
+/// and `Arc<T>` forwards every one of them to `T`, so a flow can run against a shared link
+/// (tests keep a handle on their fakes that way).
+macro_rules! link_traits {
+    ($(
+        $(#[$doc:meta])*
+        trait $name:ident {
+            $(
+                $(#[$method_doc:meta])*
+                fn $method:ident(&self, $($arg:ident: $ty:ty),*) -> $out:ty;
+            )*
+        }
+    )*) => {$(
+        $(#[$doc])*
+        pub trait $name: Send + Sync + 'static {
+            $(
+                $(#[$method_doc])*
+                fn $method(
+                    &self,
+                    $($arg: $ty),*
+                ) -> impl Future<Output = Result<$out, Status>> + Send;
+            )*
+        }
+
+        impl<T: $name> $name for Arc<T> {
+            $(
+                fn $method(
+                    &self,
+                    $($arg: $ty),*
+                ) -> impl Future<Output = Result<$out, Status>> + Send {
+                    (**self).$method($($arg),*)
+                }
+            )*
+        }
+    )*};
 }
 
-/// The session gateway's operator-facing calls.
-pub trait GatewayLink: Send + Sync + 'static {
-    /// Waits up to `timeout` for a bootstrap blob.
-    fn request_bootstrap(
-        &self,
-        req: mesh::RequestBootstrapRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<mesh::RequestBootstrapResponse, Status>> + Send;
-
-    fn send_reclaim(
-        &self,
-        req: mesh::SendReclaimRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<mesh::SendReclaimResponse, Status>> + Send;
-}
-
-/// The four fenced mutations of the public CapacityProvider contract.
-pub trait ProviderLink: Send + Sync + 'static {
-    fn create(
-        &self,
-        req: pb::CreateRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
-
-    fn configure(
-        &self,
-        req: pb::ConfigureRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
-
-    fn drain(
-        &self,
-        req: pb::DrainRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
-
-    fn delete(
-        &self,
-        req: pb::DeleteRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
-}
-
-impl<T: DecideLink> DecideLink for Arc<T> {
-    fn transition(
-        &self,
-        req: mesh::TransitionRequest,
-    ) -> impl Future<Output = Result<mesh::TransitionResponse, Status>> + Send {
-        (**self).transition(req)
-    }
-}
-
-impl<T: GatewayLink> GatewayLink for Arc<T> {
-    fn request_bootstrap(
-        &self,
-        req: mesh::RequestBootstrapRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<mesh::RequestBootstrapResponse, Status>> + Send {
-        (**self).request_bootstrap(req, timeout)
+link_traits! {
+    /// Decide's transition authority.
+    trait DecideLink {
+        /// Reports one state change; returns the machine as decide now holds it.
+        fn transition(&self, req: mesh::TransitionRequest) -> mesh::TransitionResponse;
     }
 
-    fn send_reclaim(
-        &self,
-        req: mesh::SendReclaimRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<mesh::SendReclaimResponse, Status>> + Send {
-        (**self).send_reclaim(req, timeout)
-    }
-}
-
-impl<T: ProviderLink> ProviderLink for Arc<T> {
-    fn create(
-        &self,
-        req: pb::CreateRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
-        (**self).create(req, timeout)
+    /// The session gateway's operator-facing calls.
+    trait GatewayLink {
+        /// Waits up to `timeout` for a bootstrap blob.
+        fn request_bootstrap(
+            &self,
+            req: mesh::RequestBootstrapRequest,
+            timeout: Duration
+        ) -> mesh::RequestBootstrapResponse;
+        /// Delivers a reclaim instruction to the cluster's operator.
+        fn send_reclaim(
+            &self,
+            req: mesh::SendReclaimRequest,
+            timeout: Duration
+        ) -> mesh::SendReclaimResponse;
     }
 
-    fn configure(
-        &self,
-        req: pb::ConfigureRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
-        (**self).configure(req, timeout)
-    }
-
-    fn drain(
-        &self,
-        req: pb::DrainRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
-        (**self).drain(req, timeout)
-    }
-
-    fn delete(
-        &self,
-        req: pb::DeleteRequest,
-        timeout: Duration,
-    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
-        (**self).delete(req, timeout)
+    /// The four fenced mutations of the public CapacityProvider contract.
+    trait ProviderLink {
+        fn create(&self, req: pb::CreateRequest, timeout: Duration) -> pb::TransitionAck;
+        fn configure(&self, req: pb::ConfigureRequest, timeout: Duration) -> pb::TransitionAck;
+        fn drain(&self, req: pb::DrainRequest, timeout: Duration) -> pb::TransitionAck;
+        fn delete(&self, req: pb::DeleteRequest, timeout: Duration) -> pb::TransitionAck;
     }
 }
 
@@ -193,30 +149,23 @@ impl GrpcGateway {
     }
 }
 
-impl GatewayLink for GrpcGateway {
-    async fn request_bootstrap(
-        &self,
-        req: mesh::RequestBootstrapRequest,
-        timeout: Duration,
-    ) -> Result<mesh::RequestBootstrapResponse, Status> {
-        let mut client = self.client.clone();
-        Ok(client
-            .request_bootstrap(traced(req, Some(timeout)))
-            .await?
-            .into_inner())
-    }
+/// Both relay calls are one traced unary call bounded by the caller's timeout.
+macro_rules! traced_relay_calls {
+    ($($method:ident($req:ty) -> $resp:ty;)*) => {
+        impl GatewayLink for GrpcGateway {
+            $(
+                async fn $method(&self, req: $req, timeout: Duration) -> Result<$resp, Status> {
+                    let mut client = self.client.clone();
+                    Ok(client.$method(traced(req, Some(timeout))).await?.into_inner())
+                }
+            )*
+        }
+    };
+}
 
-    async fn send_reclaim(
-        &self,
-        req: mesh::SendReclaimRequest,
-        timeout: Duration,
-    ) -> Result<mesh::SendReclaimResponse, Status> {
-        let mut client = self.client.clone();
-        Ok(client
-            .send_reclaim(traced(req, Some(timeout)))
-            .await?
-            .into_inner())
-    }
+traced_relay_calls! {
+    request_bootstrap(mesh::RequestBootstrapRequest) -> mesh::RequestBootstrapResponse;
+    send_reclaim(mesh::SendReclaimRequest) -> mesh::SendReclaimResponse;
 }
 
 /// A capacity provider over gRPC.

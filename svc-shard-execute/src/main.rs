@@ -4,10 +4,6 @@ use svc_shard_execute::{Args, run};
 #[tokio::main]
 async fn main() -> anyhow::Result<()> {
     let args = Args::parse();
-    let cfg = bigfleet_telemetry::TelemetryConfig::from_env(
-        "bigfleet-shard-execute",
-        args.log.log_format,
-    );
-    let _telemetry = bigfleet_telemetry::init(&cfg)?;
+    let _telemetry = args.service.init_telemetry("bigfleet-shard-execute")?;
     run(args).await
 }

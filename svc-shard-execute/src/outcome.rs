@@ -120,21 +120,13 @@ mod tests {
 
     #[test]
     fn transition_errors_map_per_the_decide_contract() {
-        assert_eq!(
-            Outcome::from_transition_error(Code::NotFound),
-            Outcome::InventoryMiss
-        );
-        assert_eq!(
-            Outcome::from_transition_error(Code::Aborted),
-            Outcome::StaleState
-        );
-        assert_eq!(
-            Outcome::from_transition_error(Code::InvalidArgument),
-            Outcome::TransitionError
-        );
-        assert_eq!(
-            Outcome::from_transition_error(Code::Unavailable),
-            Outcome::Other
-        );
+        for (code, outcome) in [
+            (Code::NotFound, Outcome::InventoryMiss),
+            (Code::Aborted, Outcome::StaleState),
+            (Code::InvalidArgument, Outcome::TransitionError),
+            (Code::Unavailable, Outcome::Other),
+        ] {
+            assert_eq!(Outcome::from_transition_error(code), outcome, "{code:?}");
+        }
     }
 }

@@ -10,10 +10,10 @@ use bigfleet_fake_provider::{Completion, Injection, Mark, OpKind, ProviderConfig
 use bigfleet_model::MachineState::*;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_testkit::wait_until;
+use bigfleet_testkit::{http_request, wait_until};
 use common::*;
 use svc_shard_execute::doubles::BlobScript;
-use svc_shard_execute::{StartError, start};
+use svc_shard_execute::{Running, StartError, start};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
@@ -24,6 +24,30 @@ async fn run_all(m: &Mesh, n: usize) -> Vec<svc_shard_execute::doubles::DoneReco
     m.wait_dones(n).await;
     running.shutdown().await;
     m.decide.dones()
+}
+
+/// Seeds `idle-1` and queues its bootstrap for `c1`.
+fn queue_bootstrap(m: &Mesh) {
+    m.seed(machine("idle-1", Idle, ""));
+    m.decide.enqueue(bootstrap("idle-1", "c1"));
+}
+
+/// Starts a worker on the queued bootstrap of `idle-1`, whose blob the operator hands over
+/// only after `delay`, and returns once the blob was asked for: the action is mid-flight.
+async fn start_mid_bootstrap(m: &Mesh, worker: &str, delay: Duration) -> Running {
+    m.gateway.script(
+        "c1",
+        BlobScript::Blob {
+            data: b"late".to_vec(),
+            delay,
+        },
+    );
+    let running = start(m.config(worker, 4)).await.unwrap();
+    wait_until(WAIT, "the bootstrap call", async || {
+        m.gateway.bootstraps().len() == 1
+    })
+    .await;
+    running
 }
 
 #[tokio::test]
@@ -123,33 +147,36 @@ async fn a_refused_provider_call_fails_the_machine() {
     }
 }
 
+/// No blob (the operator does not answer, or the cluster has no session) rolls the machine
+/// back to Idle without touching the provider.
 #[tokio::test]
-async fn a_blob_timeout_rolls_back_to_idle() {
-    let m = mesh(ProviderConfig::default()).await;
-    m.seed(machine("idle-1", Idle, ""));
-    m.gateway.script("c1", BlobScript::Timeout);
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
-    let dones = run_all(&m, 1).await;
-    assert_eq!(dones[0].outcome, "blob_error", "{:?}", dones[0]);
-    assert_eq!(m.decide_state("idle-1"), Idle);
-    assert_eq!(m.provider_state("idle-1"), pb::MachineState::Idle);
-    assert!(
-        m.provider.fence_mark(SHARD, "idle-1").is_none(),
-        "provider untouched"
-    );
-}
-
-#[tokio::test]
-async fn no_session_rolls_back_to_idle() {
-    let m = mesh(ProviderConfig::default()).await;
-    m.seed(machine("idle-1", Idle, ""));
-    m.gateway.script("c1", BlobScript::NoSession);
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
-    let dones = run_all(&m, 1).await;
-    assert_eq!(dones[0].outcome, "no_session");
-    assert_eq!(m.decide_state("idle-1"), Idle);
-    let edges: Vec<_> = m.decide.transitions().iter().map(|t| t.edge()).collect();
-    assert_eq!(edges, [(Idle, Configuring), (Configuring, Idle)]);
+async fn a_missing_blob_rolls_back_to_idle() {
+    for (script, outcome) in [
+        (BlobScript::Timeout, "blob_error"),
+        (BlobScript::NoSession, "no_session"),
+    ] {
+        let m = mesh(ProviderConfig::default()).await;
+        m.gateway.script("c1", script);
+        queue_bootstrap(&m);
+        let dones = run_all(&m, 1).await;
+        assert_eq!(dones[0].outcome, outcome, "{:?}", dones[0]);
+        assert_eq!(m.decide_state("idle-1"), Idle, "{outcome}");
+        let edges: Vec<_> = m.decide.transitions().iter().map(|t| t.edge()).collect();
+        assert_eq!(
+            edges,
+            [(Idle, Configuring), (Configuring, Idle)],
+            "{outcome}"
+        );
+        assert_eq!(
+            m.provider_state("idle-1"),
+            pb::MachineState::Idle,
+            "{outcome}"
+        );
+        assert!(
+            m.provider.fence_mark(SHARD, "idle-1").is_none(),
+            "{outcome}: provider untouched"
+        );
+    }
 }
 
 #[tokio::test]
@@ -291,21 +318,9 @@ async fn two_pools_on_one_decide_do_every_action_exactly_once() {
 async fn a_restarted_worker_picks_up_abandoned_work() {
     let m = mesh(ProviderConfig::default()).await;
     m.decide.set_reissue_abandoned(true);
-    m.seed(machine("idle-1", Idle, ""));
+    queue_bootstrap(&m);
     // The operator is slow: the action is mid-flight when the worker dies.
-    m.gateway.script(
-        "c1",
-        BlobScript::Blob {
-            data: b"slow".to_vec(),
-            delay: Duration::from_secs(30),
-        },
-    );
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
-    let first = start(m.config("w-old", 4)).await.unwrap();
-    wait_until(WAIT, "the bootstrap call", async || {
-        m.gateway.bootstraps().len() == 1
-    })
-    .await;
+    let first = start_mid_bootstrap(&m, "w-old", Duration::from_secs(30)).await;
     first.abort().await;
     // Decide sees the stream end and abandons the action.
     wait_until(WAIT, "the stream to end", async || {
@@ -347,8 +362,7 @@ async fn the_worker_reconnects_when_decide_goes_away_and_comes_back() {
         .decide
         .serve_uds(&m.dir.path().join("decide.sock"))
         .unwrap();
-    m.seed(machine("idle-1", Idle, ""));
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
+    queue_bootstrap(&m);
     m.wait_dones(1).await;
 
     // Decide ends the stream (e.g. restarting): the worker re-opens it.
@@ -375,21 +389,9 @@ async fn the_worker_reconnects_when_decide_goes_away_and_comes_back() {
 #[tokio::test]
 async fn graceful_shutdown_finishes_and_reports_running_actions() {
     let m = mesh(ProviderConfig::default()).await;
-    m.seed(machine("idle-1", Idle, ""));
-    m.gateway.script(
-        "c1",
-        BlobScript::Blob {
-            data: b"x".to_vec(),
-            // Under the 300 ms bootstrap timeout of the test config.
-            delay: Duration::from_millis(150),
-        },
-    );
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
-    let running = start(m.config("w1", 4)).await.unwrap();
-    wait_until(WAIT, "the bootstrap call", async || {
-        m.gateway.bootstraps().len() == 1
-    })
-    .await;
+    queue_bootstrap(&m);
+    // Under the 300 ms bootstrap timeout of the test config.
+    let running = start_mid_bootstrap(&m, "w1", Duration::from_millis(150)).await;
     running.shutdown().await;
     let dones = m.decide.dones();
     assert_eq!(dones.len(), 1);
@@ -406,14 +408,14 @@ async fn graceful_shutdown_finishes_and_reports_running_actions() {
 #[tokio::test]
 async fn metrics_endpoint_reports_outcomes_and_readiness() {
     let m = mesh(ProviderConfig::default()).await;
-    m.seed(machine("idle-1", Idle, ""));
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
+    queue_bootstrap(&m);
     let mut cfg = m.config("w1", 4);
     cfg.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
     let running = start(cfg).await.unwrap();
     m.wait_dones(1).await;
     let addr = running.metrics_addr().unwrap();
-    let text = http_get(addr, "/metrics").await;
+    let (code, text) = http_request(addr, "/metrics", &[]).await.unwrap();
+    assert_eq!(code, 200, "{text}");
     assert!(
         text.contains(
             "bigfleet_shard_action_execute_outcomes_total{kind=\"Bootstrap\",outcome=\"success\"} 1"
@@ -436,20 +438,9 @@ async fn metrics_endpoint_reports_outcomes_and_readiness() {
             "{method}: {client_calls:#?}"
         );
     }
-    assert!(http_get(addr, "/readyz").await.contains("200 OK"));
+    let ready = http_request(addr, "/readyz", &[]).await;
+    assert_eq!(ready.map(|(code, _)| code), Some(200));
     running.shutdown().await;
-}
-
-/// A bare HTTP/1.1 GET; returns the whole response (status line included).
-async fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut s = tokio::net::TcpStream::connect(addr).await.unwrap();
-    s.write_all(format!("GET {path} HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n").as_bytes())
-        .await
-        .unwrap();
-    let mut out = String::new();
-    s.read_to_string(&mut out).await.unwrap();
-    out
 }
 
 #[tokio::test]
@@ -487,8 +478,7 @@ async fn remote_worker_reaches_decide_over_mtls_as_shard_execute() {
     let mut cfg = m.config("remote", 4);
     cfg.decide_addr = format!("https://{addr}");
     cfg.tls = Some(bigfleet_identity::TlsContext::load(&files).unwrap());
-    m.seed(machine("idle-1", Idle, ""));
-    m.decide.enqueue(bootstrap("idle-1", "c1"));
+    queue_bootstrap(&m);
     let running = start(cfg.clone()).await.unwrap();
     m.wait_dones(1).await;
     assert_eq!(m.decide.dones()[0].outcome, "success");

@@ -64,32 +64,11 @@ async fn the_action_history_is_what_the_shard_did_in_order_with_reasons() {
     })
     .await;
     let op = sc.operator("cluster-h", gpu_units(4, 1000));
-    let configured: BTreeSet<String> =
-        wait_until(Duration::from_secs(60), "4 configured", || async {
-            let ids: BTreeSet<String> = sc
-                .machines()
-                .await
-                .into_iter()
-                .filter(|m| m.state == S::Configured as i32 && m.cluster == "cluster-h")
-                .map(|m| m.id)
-                .collect();
-            if ids.len() == 4 {
-                Ok(ids)
-            } else {
-                Err(format!("{ids:?}"))
-            }
-        })
+    let configured = sc
+        .wait_for(4, S::Configured, "cluster-h", Duration::from_secs(60))
         .await;
     sc.operators[op].set_demand(Demand::empty());
-    wait_until(Duration::from_secs(60), "all 16 idle", || async {
-        let by = bigfleet::up::local::count_by_state(&sc.machines().await);
-        if by.get("IDLE") == Some(&16) {
-            Ok(())
-        } else {
-            Err(format!("{by:?}"))
-        }
-    })
-    .await;
+    sc.wait_for(16, S::Idle, "", Duration::from_secs(60)).await;
 
     // The records are written when a worker reports; wait until all eight finished.
     let shard = wait_until(

@@ -2,15 +2,12 @@
 //! and the invariants proven from the summary and the fake provider's actuation log; and
 //! static stability with the coordinator killed through `bigfleet lab kill`.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bigfleet_fake_provider::actuation::{audit, read_actuation_log};
-use tokio::process::Command;
 
-use crate::harness::exe;
-use crate::up::{
-    READY_TIMEOUT, alive, child_running, metric_sum, output, up, up_with_context, wait_file,
-};
+use crate::harness::wait_until;
+use crate::up::{READY_TIMEOUT, UpDirs, alive, child_running, metric_sum, output};
 
 /// Epochs decide minted, in order, from its log (`fencing epoch advanced epoch=N`).
 fn minted_epochs(log: &str) -> Vec<u64> {
@@ -26,9 +23,8 @@ fn minted_epochs(log: &str) -> Vec<u64> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kills_components_and_the_invariants_hold() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let child = up(&[
+    let dirs = UpDirs::new();
+    let child = dirs.up(&[
         "--chaos",
         "--chaos-seed",
         "7",
@@ -43,8 +39,6 @@ async fn chaos_kills_components_and_the_invariants_hold() {
         "1s",
         "--cycle-interval",
         "500ms",
-        "--data-dir",
-        run.to_str().unwrap(),
     ]);
     // Start-up, 45 s, and a shutdown: generous for a loaded 2-core machine.
     let (status, stdout, stderr) = output(child, READY_TIMEOUT + Duration::from_secs(60)).await;
@@ -89,7 +83,7 @@ async fn chaos_kills_components_and_the_invariants_hold() {
     );
     // The decide's restart must have minted a higher epoch (ADR-0103).
     let decide_kills = chaos["kills"]["decide"].as_u64().unwrap();
-    let log = std::fs::read_to_string(run.join("logs/shard-0-decide.log")).unwrap();
+    let log = std::fs::read_to_string(dirs.run.join("logs/shard-0-decide.log")).unwrap();
     let epochs = minted_epochs(&log);
     assert_eq!(epochs.len() as u64, decide_kills + 1, "{epochs:?}");
     assert!(
@@ -106,7 +100,7 @@ async fn chaos_kills_components_and_the_invariants_hold() {
     assert_eq!(chaos["invariants_held"], true, "{chaos}");
 
     // The summary's audit is the provider's own log, read again here.
-    let log = read_actuation_log(&run.join("provider-0/actuations.jsonl")).unwrap();
+    let log = read_actuation_log(&dirs.run.join("provider-0/actuations.jsonl")).unwrap();
     assert!(!log.is_empty(), "the provider accepted no mutating call");
     let a = audit(&log);
     assert_eq!(a.accepted, chaos["actuations_accepted"].as_u64().unwrap());
@@ -126,39 +120,20 @@ async fn chaos_kills_components_and_the_invariants_hold() {
 /// grow — and the coordinator comes back on request.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn actions_keep_completing_while_lab_kill_holds_the_coordinator_down() {
-    let dir = tempfile::tempdir().unwrap();
-    let context = dir.path().join("context.json");
-    let ports = dir.path().join("ports.json");
-    let child = up_with_context(
-        &[
-            "--quiet",
-            "--rollup-interval",
-            "1s",
-            "--cycle-interval",
-            "200ms",
-            "--ports-file",
-            ports.to_str().unwrap(),
-            "--data-dir",
-            dir.path().join("run").to_str().unwrap(),
-        ],
-        &context,
-    );
-    let p = wait_file(&ports, READY_TIMEOUT).await;
+    let dirs = UpDirs::new();
+    let child = dirs.up(&[
+        "--quiet",
+        "--rollup-interval",
+        "1s",
+        "--cycle-interval",
+        "200ms",
+    ]);
+    let p = dirs.ready().await;
     let execute = p["shards"][0]["execute_http"].as_str().unwrap().to_owned();
     let admin = p["provider"]["admin_http"].as_str().unwrap().to_owned();
     let up_pid = child.id().unwrap();
-    let lab = |args: &[&str]| {
-        let mut c = Command::new(exe());
-        c.arg("lab").args(args).env("BIGFLEET_CONTEXT", &context);
-        c
-    };
     let coord = child_running(up_pid, "svc coordinator").expect("a coordinator child");
-    let out = lab(&["kill", "coordinator"]).output().await.unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    dirs.lab(&["kill", "coordinator"]).await;
     assert!(!alive(coord));
     let executed = || metric_sum(&execute, "bigfleet_shard_action_execute_outcomes_total");
     let operations = || async {
@@ -175,29 +150,27 @@ async fn actions_keep_completing_while_lab_kill_holds_the_coordinator_down() {
     };
     let (executed_at_kill, operations_at_kill) = (executed().await, operations().await);
     // Churning roll-ups every second keep decide busy; give a loaded machine time.
-    let deadline = Instant::now() + Duration::from_secs(60);
-    loop {
-        assert!(
-            child_running(up_pid, "svc coordinator").is_none(),
-            "the coordinator came back by itself"
-        );
-        let (x, o) = (executed().await, operations().await);
-        if x > executed_at_kill && o > operations_at_kill {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no action completed with the coordinator down: executed {executed_at_kill} → {x}, \
-             provider operations {operations_at_kill} → {o}"
-        );
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
-    let out = lab(&["restart", "coordinator"]).output().await.unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    wait_until(
+        Duration::from_secs(60),
+        "an action completed with the coordinator down",
+        async || {
+            assert!(
+                child_running(up_pid, "svc coordinator").is_none(),
+                "the coordinator came back by itself"
+            );
+            let (x, o) = (executed().await, operations().await);
+            if x > executed_at_kill && o > operations_at_kill {
+                Ok(())
+            } else {
+                Err(format!(
+                    "executed {executed_at_kill} → {x}, provider operations \
+                     {operations_at_kill} → {o}"
+                ))
+            }
+        },
+    )
+    .await;
+    dirs.lab(&["restart", "coordinator"]).await;
     assert!(child_running(up_pid, "svc coordinator").is_some());
     let mut child = child;
     child.kill().await.unwrap();
@@ -208,9 +181,8 @@ async fn actions_keep_completing_while_lab_kill_holds_the_coordinator_down() {
 /// comes back as a follower), the cluster keeps electing, and the shard keeps its needs met.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn chaos_kills_the_coordinator_leader_of_three_replicas() {
-    let dir = tempfile::tempdir().unwrap();
-    let run = dir.path().join("run");
-    let child = up(&[
+    let dirs = UpDirs::new();
+    let child = dirs.up(&[
         "--coordinators",
         "3",
         "--chaos",
@@ -227,8 +199,6 @@ async fn chaos_kills_the_coordinator_leader_of_three_replicas() {
         "--quiet",
         "--rollup-interval",
         "1s",
-        "--data-dir",
-        run.to_str().unwrap(),
     ]);
     let (status, stdout, stderr) = output(child, READY_TIMEOUT + Duration::from_secs(60)).await;
     assert!(status.success(), "{status}\n{stderr}");

@@ -2,7 +2,7 @@
 //! temp dir (the library's `bigfleet::up::local`), simulated operators, polling helpers,
 //! and the children's logs printed when a test fails.
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -93,11 +93,34 @@ impl Scenario {
 
     /// Machines in `state` bound to `cluster` (any cluster when empty).
     pub async fn count(&self, state: pb::MachineState, cluster: &str) -> usize {
-        self.machines()
-            .await
-            .iter()
-            .filter(|m| m.state == state as i32 && (cluster.is_empty() || m.cluster == cluster))
-            .count()
+        self.ids(state, cluster).await.len()
+    }
+
+    /// Ids of the machines in `state` bound to `cluster` (any cluster when empty).
+    pub async fn ids(&self, state: pb::MachineState, cluster: &str) -> BTreeSet<String> {
+        in_state(&self.machines().await, state, cluster)
+    }
+
+    /// Waits up to `within` until exactly `n` machines are in `state` for `cluster` (any
+    /// cluster when empty) and returns their ids; the panic shows every machine's state.
+    pub async fn wait_for(
+        &self,
+        n: usize,
+        state: pb::MachineState,
+        cluster: &str,
+        within: Duration,
+    ) -> BTreeSet<String> {
+        let what = format!("{n} {} in {cluster:?}", state_name(state as i32));
+        wait_until(within, &what, async || {
+            let m = self.machines().await;
+            let ids = in_state(&m, state, cluster);
+            if ids.len() == n {
+                Ok(ids)
+            } else {
+                Err(format!("{} of them: {:?}", ids.len(), states(&m)))
+            }
+        })
+        .await
     }
 
     /// `InspectNeeds` of `cluster` straight from shard 0's public port.
@@ -148,6 +171,19 @@ impl Drop for Scenario {
 }
 
 pub use bigfleet_testkit::wait_until;
+
+/// Ids of `machines` in `state` bound to `cluster` (any cluster when empty).
+pub fn in_state(
+    machines: &[pb::Machine],
+    state: pb::MachineState,
+    cluster: &str,
+) -> BTreeSet<String> {
+    machines
+        .iter()
+        .filter(|m| m.state == state as i32 && (cluster.is_empty() || m.cluster == cluster))
+        .map(|m| m.id.clone())
+        .collect()
+}
 
 /// `id → (STATE, cluster)` of a machine list.
 pub fn states(machines: &[pb::Machine]) -> BTreeMap<String, (String, String)> {

@@ -7,48 +7,24 @@
 
 use std::time::Duration;
 
+use bigfleet::up::demo::quick_rebalancer_flags;
 use bigfleet::up::local::{FakeSeed, ProviderSpec};
 
 use crate::harness::{Scenario, gpu_units, wait_until};
-use crate::ownership::{all_owned_by, assign_zones, owned_set, owners};
-
-/// Zone fake-1a (shard-0's) has CPU machines only; zone fake-1b (shard-1's) has the only
-/// GPU machines, all Idle.
-const CATALOG: &str = r#"{
-  "provider": "fake",
-  "instance_types": {
-    "bm.gpu.8": {"resources": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}},
-    "s.small.8": {"resources": {"cpu": "8", "memory": "32Gi"}}
-  },
-  "pools": [
-    {"name": "cpu", "instance_type": "s.small.8", "capacity_type": "reserved",
-     "zones": ["fake-1a"], "price_per_hour": 0.2, "counts": {"idle": 2}},
-    {"name": "gpu", "instance_type": "bm.gpu.8", "capacity_type": "bare_metal",
-     "zones": ["fake-1b"], "counts": {"idle": 4}}
-  ]
-}"#;
+use crate::ownership::{
+    all_owned_by, assign_zones, cpu_pool, gpu_pool, owned_set, owners, zoned_catalog,
+};
 
 /// Two shards, one provider, a rebalancer that acts within a few report intervals.
 async fn two_shards() -> Scenario {
-    let catalog = bigfleet_fake_provider::Catalog::from_json(CATALOG).expect("catalog");
+    // Zone fake-1a (shard-0's) has CPU machines only; zone fake-1b (shard-1's) has the only
+    // GPU machines, all Idle.
+    let catalog = zoned_catalog(&[cpu_pool("cpu", "fake-1a"), gpu_pool("fake-1b")]);
     Scenario::start("small-gpu.json", |spec| {
         spec.shards = 2;
         spec.shared_provider = true;
         spec.provider = ProviderSpec::Fake(vec![FakeSeed::Catalog(Box::new(catalog))]);
-        spec.coordinator_flags = [
-            "--rebalance-interval",
-            "500ms",
-            "--rebalance-min-age-cycles",
-            "1",
-            "--rebalance-min-persist",
-            "1s",
-            "--rebalance-settle",
-            "10m",
-            "--rebalance-report-max-age",
-            "1m",
-        ]
-        .map(String::from)
-        .to_vec();
+        spec.coordinator_flags = quick_rebalancer_flags(&["--rebalance-settle", "10m"]);
     })
     .await
 }

@@ -14,6 +14,32 @@ use crate::harness::{Scenario, wait_until};
 /// The topology key the tests assign domains by.
 pub const ZONE: &str = "topology.kubernetes.io/zone";
 
+/// The multi-shard tests' fake-provider catalog: the GPU type `bm.gpu.8` (8 GPUs) and the
+/// CPU type `s.small.8`, stocked by `pools` ([`cpu_pool`], [`gpu_pool`]).
+pub fn zoned_catalog(pools: &[serde_json::Value]) -> bigfleet_fake_provider::Catalog {
+    let catalog = serde_json::json!({
+        "provider": "fake",
+        "instance_types": {
+            "bm.gpu.8": {"resources": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}},
+            "s.small.8": {"resources": {"cpu": "8", "memory": "32Gi"}}
+        },
+        "pools": pools,
+    });
+    bigfleet_fake_provider::Catalog::from_json(&catalog.to_string()).expect("catalog")
+}
+
+/// Two Idle reserved CPU machines in `zone`.
+pub fn cpu_pool(name: &str, zone: &str) -> serde_json::Value {
+    serde_json::json!({"name": name, "instance_type": "s.small.8", "capacity_type": "reserved",
+        "zones": [zone], "price_per_hour": 0.2, "counts": {"idle": 2}})
+}
+
+/// Four Idle bare-metal GPU machines in `zone`.
+pub fn gpu_pool(zone: &str) -> serde_json::Value {
+    serde_json::json!({"name": "gpu", "instance_type": "bm.gpu.8", "capacity_type": "bare_metal",
+        "zones": [zone], "counts": {"idle": 4}})
+}
+
 /// An admin client of the mesh's coordinator.
 pub fn coordinator(sc: &Scenario) -> CoordinatorClient {
     let c = sc.mesh().ports().coordinator.clone().expect("coordinator");

@@ -20,19 +20,8 @@ async fn capacity_stockout_configures_what_exists_and_reports_one_shortfall() {
     let mut sc = Scenario::start("stockout.json", |_| {}).await;
     sc.operator("cluster-a", gpu_units(64, 1000));
 
-    wait_until(
-        Duration::from_secs(30),
-        "32 machines configured",
-        || async {
-            let n = sc.count(S::Configured, "cluster-a").await;
-            if n == 32 {
-                Ok(())
-            } else {
-                Err(format!("{n} configured"))
-            }
-        },
-    )
-    .await;
+    sc.wait_for(32, S::Configured, "cluster-a", Duration::from_secs(30))
+        .await;
     let need = wait_until(
         Duration::from_secs(15),
         "one unmet need of 256 GPU",
@@ -83,11 +72,8 @@ async fn capacity_stockout_configures_what_exists_and_reports_one_shortfall() {
 async fn priority_inversion_hands_the_machines_to_the_higher_priority_cluster() {
     let mut sc = Scenario::start("priority.json", |_| {}).await;
     sc.operator("batch", gpu_units(4, 100_000));
-    wait_until(Duration::from_secs(30), "batch holds 4", || async {
-        let n = sc.count(S::Configured, "batch").await;
-        if n == 4 { Ok(()) } else { Err(format!("{n}")) }
-    })
-    .await;
+    sc.wait_for(4, S::Configured, "batch", Duration::from_secs(30))
+        .await;
 
     sc.operator("train", gpu_units(4, 1_000_000));
     wait_until(
@@ -95,10 +81,7 @@ async fn priority_inversion_hands_the_machines_to_the_higher_priority_cluster() 
         "train holds all 4, batch none",
         || async {
             let m = sc.machines().await;
-            let train = m
-                .iter()
-                .filter(|x| x.state == S::Configured as i32 && x.cluster == "train")
-                .count();
+            let train = in_state(&m, S::Configured, "train").len();
             let batch = m.iter().filter(|x| x.cluster == "batch").count();
             if train == 4 && batch == 0 {
                 Ok(())
@@ -172,11 +155,8 @@ async fn withdrawal_drains_back_to_idle_within_the_reclaim_cap() {
     })
     .await;
     let op = sc.operator("cluster-w", gpu_units(32, 1000));
-    wait_until(Duration::from_secs(30), "32 configured", || async {
-        let n = sc.count(S::Configured, "cluster-w").await;
-        if n == 32 { Ok(()) } else { Err(format!("{n}")) }
-    })
-    .await;
+    sc.wait_for(32, S::Configured, "cluster-w", Duration::from_secs(30))
+        .await;
     let t0 = Instant::now();
     sc.operators[op].set_demand(Demand::empty());
 
@@ -200,15 +180,7 @@ async fn withdrawal_drains_back_to_idle_within_the_reclaim_cap() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     assert!(seen.len() >= 4, "reclaim was gradual, saw {seen:?}");
-    wait_until(Duration::from_secs(10), "all 32 idle", || async {
-        let by = bigfleet::up::local::count_by_state(&sc.machines().await);
-        if by["IDLE"] == 32 {
-            Ok(())
-        } else {
-            Err(format!("{by:?}"))
-        }
-    })
-    .await;
+    sc.wait_for(32, S::Idle, "", Duration::from_secs(10)).await;
     assert!(
         sc.metric(
             "shard-0-decide",
@@ -297,20 +269,9 @@ async fn provider_failures_fail_only_the_machines_they_hit() {
 async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_first_rollup() {
     let mut sc = Scenario::start("small-gpu.json", |_| {}).await;
     let op = sc.operator("cluster-a", gpu_units(4, 1000));
-    let before = wait_until(Duration::from_secs(30), "4 configured", || async {
-        let m = sc.machines().await;
-        let ids: BTreeSet<String> = m
-            .iter()
-            .filter(|x| x.state == S::Configured as i32 && x.cluster == "cluster-a")
-            .map(|x| x.id.clone())
-            .collect();
-        if ids.len() == 4 {
-            Ok(ids)
-        } else {
-            Err(format!("{ids:?}"))
-        }
-    })
-    .await;
+    let before = sc
+        .wait_for(4, S::Configured, "cluster-a", Duration::from_secs(30))
+        .await;
     let op = sc.operators.remove(op);
     op.shutdown().await;
 
@@ -341,11 +302,7 @@ async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_firs
     )
     .await;
     let m = sc.machines().await;
-    let still: BTreeSet<String> = m
-        .iter()
-        .filter(|x| x.state == S::Configured as i32 && x.cluster == "cluster-a")
-        .map(|x| x.id.clone())
-        .collect();
+    let still = in_state(&m, S::Configured, "cluster-a");
     assert_eq!(
         still,
         before,
@@ -375,11 +332,7 @@ async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_firs
     );
     tokio::time::sleep(Duration::from_secs(1)).await;
     let m = sc.machines().await;
-    let after: BTreeSet<String> = m
-        .iter()
-        .filter(|x| x.state == S::Configured as i32)
-        .map(|x| x.id.clone())
-        .collect();
+    let after = in_state(&m, S::Configured, "");
     assert_eq!(after, before, "{:?}", states(&m));
     sc.finish().await;
 }
@@ -388,22 +341,12 @@ async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_firs
 async fn provisioning_continues_while_the_coordinator_is_down() {
     let mut sc = Scenario::start("small-gpu.json", |_| {}).await;
     let op = sc.operator("cluster-a", gpu_units(2, 1000));
-    wait_until(Duration::from_secs(30), "2 configured", || async {
-        let n = sc.count(S::Configured, "cluster-a").await;
-        if n == 2 { Ok(()) } else { Err(format!("{n}")) }
-    })
-    .await;
+    sc.wait_for(2, S::Configured, "cluster-a", Duration::from_secs(30))
+        .await;
     sc.mesh_mut().kill("coordinator").await.unwrap();
     sc.operators[op].set_demand(gpu_units(6, 1000));
-    wait_until(
-        Duration::from_secs(30),
-        "6 configured without a coordinator",
-        || async {
-            let n = sc.count(S::Configured, "cluster-a").await;
-            if n == 6 { Ok(()) } else { Err(format!("{n}")) }
-        },
-    )
-    .await;
+    sc.wait_for(6, S::Configured, "cluster-a", Duration::from_secs(30))
+        .await;
     let needs = sc.needs("cluster-a").await;
     assert!(needs.len() == 1 && needs[0].satisfied, "{needs:?}");
     let decide = sc.mesh().ports().shards[0].decide_http.parse().unwrap();
@@ -428,24 +371,9 @@ async fn a_zombie_shards_old_epoch_execute_is_fenced() {
     })
     .await;
     sc.operator("cluster-a", gpu_units(4, 1000));
-    let ids = wait_until(
-        Duration::from_secs(30),
-        "4 configured by the first incarnation",
-        || async {
-            let m = sc.machines().await;
-            let ids: Vec<String> = m
-                .iter()
-                .filter(|x| x.state == S::Configured as i32 && x.cluster == "cluster-a")
-                .map(|x| x.id.clone())
-                .collect();
-            if ids.len() == 4 {
-                Ok(ids)
-            } else {
-                Err(format!("{ids:?}"))
-            }
-        },
-    )
-    .await;
+    let ids = sc
+        .wait_for(4, S::Configured, "cluster-a", Duration::from_secs(30))
+        .await;
 
     // A second incarnation of shard-0 (same data dir ⇒ a higher epoch) while the first
     // keeps running: the first is now a zombie. The cluster withdraws its demand at the new
@@ -456,20 +384,8 @@ async fn a_zombie_shards_old_epoch_execute_is_fenced() {
         &second.gateway_grpc,
     );
     sc.operator_at("cluster-a", &target, Demand::empty());
-    wait_until(
-        Duration::from_secs(30),
-        "the new incarnation drained all 4",
-        || async {
-            let m = sc.machines().await;
-            let idle = m.iter().filter(|x| x.state == S::Idle as i32).count();
-            if idle == 4 {
-                Ok(())
-            } else {
-                Err(format!("{:?}", states(&m)))
-            }
-        },
-    )
-    .await;
+    // The new incarnation drains all 4.
+    sc.wait_for(4, S::Idle, "", Duration::from_secs(30)).await;
 
     // The zombie still wants 4 machines and keeps trying: every attempt is fenced.
     wait_until(

@@ -10,44 +10,38 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
+use bigfleet::up::demo::quick_rebalancer_flags;
 use bigfleet::up::local::{FakeSeed, ProviderSpec};
+use bigfleet_fake_provider::Catalog;
 use bigfleet_fake_provider::actuation::read_actuation_log;
 use bigfleet_proto::mesh::v1 as meshpb;
 use bigfleet_proto::v1alpha1 as pb;
 
 use crate::harness::{Scenario, gpu_units, wait_until};
-use crate::ownership::{all_owned_by, assign_zones, owned_set, owners};
+use crate::ownership::{
+    all_owned_by, assign_zones, cpu_pool, gpu_pool, owned_set, owners, zoned_catalog,
+};
 
 const GPU_TYPE: &str = "bm.gpu.8";
 const ZONES: [(&str, usize); 3] = [("fake-1a", 0), ("fake-1b", 1), ("fake-1c", 2)];
 
 /// CPU machines in fake-1a and fake-1c, the only GPU machines (all Idle) in fake-1b.
-const CATALOG: &str = r#"{
-  "provider": "fake",
-  "instance_types": {
-    "bm.gpu.8": {"resources": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}},
-    "s.small.8": {"resources": {"cpu": "8", "memory": "32Gi"}}
-  },
-  "pools": [
-    {"name": "cpu-a", "instance_type": "s.small.8", "capacity_type": "reserved",
-     "zones": ["fake-1a"], "price_per_hour": 0.2, "counts": {"idle": 2}},
-    {"name": "gpu", "instance_type": "bm.gpu.8", "capacity_type": "bare_metal",
-     "zones": ["fake-1b"], "counts": {"idle": 4}},
-    {"name": "cpu-c", "instance_type": "s.small.8", "capacity_type": "reserved",
-     "zones": ["fake-1c"], "price_per_hour": 0.2, "counts": {"idle": 2}}
-  ]
-}"#;
+fn catalog() -> Catalog {
+    zoned_catalog(&[
+        cpu_pool("cpu-a", "fake-1a"),
+        gpu_pool("fake-1b"),
+        cpu_pool("cpu-c", "fake-1c"),
+    ])
+}
 
 /// Three shards over one audited provider seeded from `catalog`, zones assigned, and a
 /// rebalancer that acts within a few report intervals (plus `coordinator_flags`).
 async fn three_shards(
-    catalog: &str,
+    catalog: Catalog,
     coordinator_flags: &[&str],
     decide_flags: &[&str],
 ) -> Scenario {
-    let catalog = bigfleet_fake_provider::Catalog::from_json(catalog).expect("catalog");
-    let coordinator_flags: Vec<String> =
-        coordinator_flags.iter().map(|s| (*s).to_owned()).collect();
+    let coordinator_flags = quick_rebalancer_flags(coordinator_flags);
     let decide_flags: Vec<String> = decide_flags.iter().map(|s| (*s).to_owned()).collect();
     let sc = Scenario::start("small-gpu.json", move |spec| {
         spec.shards = 3;
@@ -55,19 +49,7 @@ async fn three_shards(
         spec.provider_audit = true;
         spec.provider = ProviderSpec::Fake(vec![FakeSeed::Catalog(Box::new(catalog))]);
         spec.decide_flags.extend(decide_flags);
-        spec.coordinator_flags = [
-            "--rebalance-interval",
-            "500ms",
-            "--rebalance-min-age-cycles",
-            "1",
-            "--rebalance-min-persist",
-            "1s",
-            "--rebalance-report-max-age",
-            "1m",
-        ]
-        .map(String::from)
-        .to_vec();
-        spec.coordinator_flags.extend(coordinator_flags);
+        spec.coordinator_flags = coordinator_flags;
     })
     .await;
     assign_zones(&sc, &ZONES).await;
@@ -143,7 +125,7 @@ async fn gpus_on_shard0(sc: &Scenario) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn threeshard_transfer_clears_a_shortfall_and_survives_a_coordinator_kill_mid_transfer() {
-    let mut sc = three_shards(CATALOG, &["--rebalance-settle", "3s"], &[]).await;
+    let mut sc = three_shards(catalog(), &["--rebalance-settle", "3s"], &[]).await;
     let before = owners(&sc).await;
     assert!(
         before.iter().all(|(m, who)| who == &[zone_owner(m)]),
@@ -302,16 +284,9 @@ async fn configured_in(sc: &Scenario, cluster: &str) -> usize {
 
 /// Only the four GPU machines, in shard-1's zone: once shard-1's cluster holds them all, no
 /// shard has anything free (the other zones are empty), so only a drain can help shard-0.
-const GPU_ONLY_CATALOG: &str = r#"{
-  "provider": "fake",
-  "instance_types": {
-    "bm.gpu.8": {"resources": {"cpu": "4", "memory": "16Gi", "nvidia.com/gpu": "8"}}
-  },
-  "pools": [
-    {"name": "gpu", "instance_type": "bm.gpu.8", "capacity_type": "bare_metal",
-     "zones": ["fake-1b"], "counts": {"idle": 4}}
-  ]
-}"#;
+fn gpu_only_catalog() -> Catalog {
+    zoned_catalog(&[gpu_pool("fake-1b")])
+}
 
 #[tokio::test(flavor = "multi_thread")]
 async fn threeshard_cross_shard_drain_honours_the_donors_grace_and_reclaim_budget() {
@@ -319,7 +294,7 @@ async fn threeshard_cross_shard_drain_honours_the_donors_grace_and_reclaim_budge
     // this test shard-1 may reclaim at most one of c1's machines, however often it is asked;
     // a 1 s cool-down lets the coordinator ask again and again.
     let mut sc = three_shards(
-        GPU_ONLY_CATALOG,
+        gpu_only_catalog(),
         &["--rebalance-settle", "1s", "--rebalance-cooldown", "1s"],
         &[
             "--reclaim-budget-fraction=0.05",

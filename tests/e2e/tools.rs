@@ -14,6 +14,18 @@ use std::time::{Duration, Instant};
 use crate::harness::exe;
 use bigfleet_testkit::tools::{dump_and_shoot, run, tool};
 
+/// Renders `url` with Chromium (a screenshot into the target dir as `png`) and asserts the
+/// page's text holds every `expected`; returns the text.
+async fn page_shows(bin: &Path, url: &str, png: &str, expected: &[&str]) -> String {
+    let target = target_dir();
+    std::fs::create_dir_all(&target).unwrap();
+    let page = dump_and_shoot(bin, url, &target.join(png)).await;
+    for want in expected {
+        assert!(page.contains(want), "{url} lacks {want:?}: {page}");
+    }
+    page
+}
+
 /// `bigfleet up` with its ports file written; stopped with SIGTERM (or killed on drop).
 struct Up {
     child: tokio::process::Child,
@@ -169,44 +181,32 @@ async fn dashboard_and_grpcurl_against_a_running_mesh() {
 
     if let Some(bin) = &chromium_bin {
         let base = format!("http://{}", up.inspect_http());
-        let target = target_dir();
-        std::fs::create_dir_all(&target).unwrap();
-        let overview = dump_and_shoot(
+        page_shows(
             bin,
             &format!("{base}/"),
-            &target.join("e2e-dashboard-overview.png"),
+            "e2e-dashboard-overview.png",
+            &[
+                "Fleet overview",
+                "1 / 1 shards reachable",
+                "shard-0",
+                "Machines by state",
+            ],
         )
         .await;
-        for expected in [
-            "Fleet overview",
-            "1 / 1 shards reachable",
-            "shard-0",
-            "Machines by state",
-        ] {
-            assert!(
-                overview.contains(expected),
-                "overview lacks {expected:?}: {overview}"
-            );
-        }
-        let cluster = dump_and_shoot(
+        let cluster = page_shows(
             bin,
             &format!("{base}/clusters/cluster-0"),
-            &target.join("e2e-dashboard-cluster.png"),
+            "e2e-dashboard-cluster.png",
+            &[
+                "Cluster cluster-0",
+                // The needs table's header and a row's shard column.
+                "Unmet reason",
+                "Residual deficit",
+                "Matching supply",
+                "shard-0",
+            ],
         )
         .await;
-        for expected in [
-            "Cluster cluster-0",
-            // The needs table's header and a row's shard column.
-            "Unmet reason",
-            "Residual deficit",
-            "Matching supply",
-            "shard-0",
-        ] {
-            assert!(
-                cluster.contains(expected),
-                "cluster page lacks {expected:?}: {cluster}"
-            );
-        }
         assert!(
             !cluster.contains("No reachable shard holds demand"),
             "{cluster}"

@@ -90,11 +90,8 @@ async fn a_rollup_to_bootstrap_is_one_trace_across_gateway_decide_execute_and_pr
     })
     .await;
     sc.operator("traced", gpu_units(1, 1000));
-    wait_until(Duration::from_secs(30), "the bootstrap", || async {
-        let n = sc.count(S::Configured, "traced").await;
-        if n == 1 { Ok(()) } else { Err(format!("{n}")) }
-    })
-    .await;
+    sc.wait_for(1, S::Configured, "traced", Duration::from_secs(30))
+        .await;
 
     let wanted = [
         "bigfleet-session-gateway",

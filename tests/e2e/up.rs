@@ -10,7 +10,7 @@ use tokio::io::AsyncReadExt;
 use tokio::process::{Child, Command};
 use tonic_reflection::pb::v1 as refl;
 
-use crate::harness::exe;
+use crate::harness::{exe, wait_until};
 
 /// Pids of the direct children of `parent`.
 fn children_of(parent: u32) -> Vec<u32> {
@@ -45,6 +45,16 @@ pub(crate) fn alive(pid: u32) -> bool {
         .unwrap_or(false)
 }
 
+/// The processes of `pids` that are still alive.
+fn still_alive(pids: &[u32]) -> Vec<u32> {
+    pids.iter().copied().filter(|p| alive(*p)).collect()
+}
+
+fn assert_none_alive(pids: &[u32]) {
+    let left = still_alive(pids);
+    assert!(left.is_empty(), "children left running: {left:?}");
+}
+
 fn cmdline(pid: u32) -> String {
     std::fs::read(format!("/proc/{pid}/cmdline"))
         .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
@@ -76,13 +86,16 @@ pub(crate) fn up_with_context(args: &[&str], context: &Path) -> Child {
         .expect("spawn bigfleet up")
 }
 
-/// A scratch directory for one `bigfleet up`: its data dir and its ports file.
+/// A scratch directory for one `bigfleet up`: its data dir, its ports file and its CLI
+/// context file.
 pub(crate) struct UpDirs {
     _dir: tempfile::TempDir,
     /// `--data-dir`: child logs, TLS material, state.
     pub(crate) run: PathBuf,
     /// `--ports-file`: written once every child is ready.
     pub(crate) ports: PathBuf,
+    /// `BIGFLEET_CONTEXT`: where `up` writes the context the CLI finds it by.
+    pub(crate) context: PathBuf,
 }
 
 impl UpDirs {
@@ -91,6 +104,7 @@ impl UpDirs {
         UpDirs {
             run: dir.path().join("run"),
             ports: dir.path().join("ports.json"),
+            context: dir.path().join("context.json"),
             _dir: dir,
         }
     }
@@ -104,7 +118,30 @@ impl UpDirs {
             "--data-dir",
             self.run.to_str().unwrap(),
         ]);
-        up(&all)
+        up_with_context(&all, &self.context)
+    }
+
+    /// `bigfleet lab <args>` against this `up` (found through its context file), which
+    /// must succeed; its stdout.
+    pub(crate) async fn lab(&self, args: &[&str]) -> String {
+        let out = self.lab_output(args).await;
+        assert!(
+            out.status.success(),
+            "lab {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    }
+
+    /// `bigfleet lab <args>` against this `up`, however it ends.
+    pub(crate) async fn lab_output(&self, args: &[&str]) -> std::process::Output {
+        Command::new(exe())
+            .arg("lab")
+            .args(args)
+            .env("BIGFLEET_CONTEXT", &self.context)
+            .output()
+            .await
+            .unwrap()
     }
 
     /// Waits for the ports file: every child is ready. Its document.
@@ -124,20 +161,12 @@ pub(crate) fn signal(pid: u32, signal: rustix::process::Signal) {
 pub(crate) const READY_TIMEOUT: Duration = Duration::from_secs(180);
 
 pub(crate) async fn wait_file(path: &Path, timeout: Duration) -> serde_json::Value {
-    let deadline = Instant::now() + timeout;
-    loop {
-        if let Ok(text) = std::fs::read_to_string(path)
-            && let Ok(v) = serde_json::from_str(&text)
-        {
-            return v;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "no ports file at {}",
-            path.display()
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    let what = format!("a ports file at {}", path.display());
+    wait_until(timeout, &what, async || {
+        let text = std::fs::read_to_string(path).map_err(|e| e.to_string())?;
+        serde_json::from_str(&text).map_err(|e| e.to_string())
+    })
+    .await
 }
 
 pub(crate) async fn output(
@@ -264,18 +293,11 @@ async fn up_brings_the_mesh_up_satisfies_demand_and_prints_a_summary() {
         assert!(summary.get(key).is_some(), "{key} missing: {summary}");
     }
     assert_eq!(summary["errors"], 0, "{summary}\n{stderr}");
-    assert!(summary["configured"].as_u64().unwrap() > 0, "{summary}");
-    assert!(
-        summary["actions_executed"].as_u64().unwrap() > 0,
-        "{summary}"
-    );
-    assert!(
-        summary["needs_satisfied"].as_u64().unwrap() > 0,
-        "{summary}"
-    );
+    for key in ["configured", "actions_executed", "needs_satisfied"] {
+        assert!(summary[key].as_u64().unwrap() > 0, "{key}: {summary}");
+    }
     assert!(stderr.contains("dashboard"), "{stderr}");
-    let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
-    assert!(left.is_empty(), "children left running: {left:?}");
+    assert_none_alive(&children);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -292,8 +314,7 @@ async fn sigterm_stops_every_child_and_leaves_nothing_running() {
     let (status, _, stderr) = output(child, Duration::from_secs(60)).await;
     assert!(status.success(), "{status}\n{stderr}");
     assert!(stderr.contains("stopped"), "{stderr}");
-    let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
-    assert!(left.is_empty(), "left running: {left:?}");
+    assert_none_alive(&children);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -316,8 +337,7 @@ async fn a_crashed_child_is_reported_with_its_last_log_lines() {
     assert!(stderr.contains("  | "), "the log tail is shown: {stderr}");
     assert!(stderr.contains("logs kept in") || dirs.run.join("logs/shard-0-decide.log").exists());
     assert!(stderr.contains("stays down"), "{stderr}");
-    let left: Vec<u32> = children.into_iter().filter(|p| alive(*p)).collect();
-    assert!(left.is_empty(), "left running: {left:?}");
+    assert_none_alive(&children);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -391,42 +411,24 @@ async fn a_sigkilled_up_takes_its_children_along() {
     let children = children_of(child.id().unwrap());
     assert_eq!(children.len(), 6, "{children:?}");
     child.kill().await.unwrap();
-    let deadline = Instant::now() + Duration::from_secs(20);
-    loop {
-        let left: Vec<u32> = children.iter().copied().filter(|p| alive(*p)).collect();
+    wait_until(Duration::from_secs(20), "the orphans to exit", async || {
+        let left = still_alive(&children);
         if left.is_empty() {
-            break;
+            Ok(())
+        } else {
+            Err(format!("still running: {left:?}"))
         }
-        assert!(Instant::now() < deadline, "orphans still running: {left:?}");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-}
-
-/// A ready `up` with no operators and a context file of its own (`<dir>/context.json`).
-async fn quiet_up_with_context() -> (tempfile::TempDir, Child) {
-    let dir = tempfile::tempdir().unwrap();
-    let ports = dir.path().join("ports.json");
-    let child = up_with_context(
-        &[
-            "--quiet",
-            "--operators",
-            "0",
-            "--ports-file",
-            ports.to_str().unwrap(),
-            "--data-dir",
-            dir.path().join("run").to_str().unwrap(),
-        ],
-        &dir.path().join("context.json"),
-    );
-    wait_file(&ports, READY_TIMEOUT).await;
-    (dir, child)
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_cli_finds_a_running_up_with_no_flags() {
-    let (dir, mut child) = quiet_up_with_context().await;
-    let context = dir.path().join("context.json");
-    let ctx: serde_json::Value = serde_json::from_slice(&std::fs::read(&context).unwrap()).unwrap();
+    let dirs = UpDirs::new();
+    let mut child = dirs.up(&["--quiet", "--operators", "0"]);
+    dirs.ready().await;
+    let context = &dirs.context;
+    let ctx: serde_json::Value = serde_json::from_slice(&std::fs::read(context).unwrap()).unwrap();
     assert!(
         ctx["coordinator"]
             .as_str()
@@ -438,7 +440,7 @@ async fn the_cli_finds_a_running_up_with_no_flags() {
         .arg("shards")
         .env_remove("BIGFLEET_COORDINATOR")
         .env_remove("BIGFLEET_INSPECT")
-        .env("BIGFLEET_CONTEXT", &context)
+        .env("BIGFLEET_CONTEXT", context)
         .output()
         .await
         .unwrap();
@@ -452,7 +454,7 @@ async fn the_cli_finds_a_running_up_with_no_flags() {
     // A flag still wins over the context: a dead address fails, naming it.
     let out = Command::new(exe())
         .args(["shards", "--coordinator", "http://127.0.0.1:9"])
-        .env("BIGFLEET_CONTEXT", &context)
+        .env("BIGFLEET_CONTEXT", context)
         .output()
         .await
         .unwrap();
@@ -507,11 +509,12 @@ async fn with_the_coordinator_down_the_shard_keeps_working() {
     signal(coord, rustix::process::Signal::KILL);
     // SIGKILL is delivered at once but a process with many threads takes a moment to exit:
     // wait for that before asserting it stays gone (read at once, it could still be alive).
-    let dying = Instant::now() + Duration::from_secs(10);
-    while alive(coord) {
-        assert!(Instant::now() < dying, "the coordinator survived SIGKILL");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(
+        Duration::from_secs(10),
+        "the coordinator to exit after SIGKILL",
+        async || !alive(coord),
+    )
+    .await;
     let killed_at = metric_sum(&execute, "bigfleet_shard_action_execute_outcomes_total").await;
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
@@ -545,36 +548,21 @@ async fn with_the_coordinator_down_the_shard_keeps_working() {
 /// found through the CLI context.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn lab_kills_and_restarts_a_named_child() {
-    let (dir, mut child) = quiet_up_with_context().await;
-    let context = dir.path().join("context.json");
+    let dirs = UpDirs::new();
+    let mut child = dirs.up(&["--quiet", "--operators", "0"]);
+    dirs.ready().await;
     let up_pid = child.id().unwrap();
-    let lab = |args: &[&str]| {
-        let mut c = Command::new(exe());
-        c.arg("lab").args(args).env("BIGFLEET_CONTEXT", &context);
-        c
-    };
     let before = child_running(up_pid, "svc coordinator").expect("a coordinator child");
-    let out = lab(&["kill", "coordinator"]).output().await.unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
     assert_eq!(
-        String::from_utf8_lossy(&out.stdout).trim(),
+        dirs.lab(&["kill", "coordinator"]).await.trim(),
         "killed coordinator"
     );
     assert!(!alive(before), "the coordinator is gone");
-    let out = lab(&["restart", "coordinator"]).output().await.unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    dirs.lab(&["restart", "coordinator"]).await;
     let after = child_running(up_pid, "svc coordinator").expect("a new coordinator child");
     assert_ne!(after, before);
     // An unknown child is an error naming it.
-    let out = lab(&["kill", "nope"]).output().await.unwrap();
+    let out = dirs.lab_output(&["kill", "nope"]).await;
     assert!(!out.status.success());
     assert!(String::from_utf8_lossy(&out.stderr).contains("nope"));
     child.kill().await.unwrap();

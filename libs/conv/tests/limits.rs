@@ -71,20 +71,20 @@ fn with_needs(
     rollup(needs)
 }
 
-/// `at` passes under `limits`; `over` is rejected with exactly the limit error.
+/// `build(max)` passes under `limits`; `build(max + 1)` is rejected with exactly the limit
+/// error, naming `path` and the value `max + 1`.
 fn assert_bound(
     limits: &RollupLimits,
-    at: &pb::ClusterCapacityNeeds,
-    over: &pb::ClusterCapacityNeeds,
+    build: impl Fn(usize) -> pb::ClusterCapacityNeeds,
     limit: Limit,
     path: &str,
-    value: usize,
     max: usize,
 ) -> Result<(), TestCaseError> {
-    if let Err(e) = rollup_from_proto_with(at, limits) {
+    let value = max + 1;
+    if let Err(e) = rollup_from_proto_with(&build(max), limits) {
         return Err(TestCaseError::fail(format!("at the bound: {e}")));
     }
-    let err = match rollup_from_proto_with(over, limits) {
+    let err = match rollup_from_proto_with(&build(value), limits) {
         Ok(_) => return Err(TestCaseError::fail("over the bound was accepted")),
         Err(e) => e,
     };
@@ -137,60 +137,31 @@ proptest! {
     #[test]
     fn needs_per_rollup(max in 0usize..40) {
         let l = limits(|l| l.max_needs = max);
-        assert_bound(
-            &l,
-            &rollup(vec![plain_need(); max]),
-            &rollup(vec![plain_need(); max + 1]),
-            Limit::Needs,
-            "needs",
-            max + 1,
-            max,
-        )?;
+        assert_bound(&l, |m| rollup(vec![plain_need(); m]), Limit::Needs, "needs", max)?;
     }
 
     #[test]
     fn requirements_per_need(max in 0usize..24, k in 0usize..3) {
         let l = limits(|l| l.max_requirements = max);
         let reqs = |n: usize| (0..n).map(|i| exists(format!("k{i}"))).collect::<Vec<_>>();
-        assert_bound(
-            &l,
-            &with_needs(k, |n| n.requirements.clear(), |n| n.requirements = reqs(max)),
-            &with_needs(k, |n| n.requirements.clear(), |n| n.requirements = reqs(max + 1)),
-            Limit::Requirements,
-            &format!("needs[{k}].requirements"),
-            max + 1,
-            max,
-        )?;
+        let build = |m| with_needs(k, |n| n.requirements.clear(), |n| n.requirements = reqs(m));
+        assert_bound(&l, build, Limit::Requirements, &format!("needs[{k}].requirements"), max)?;
     }
 
     #[test]
     fn values_per_requirement(max in 1usize..64, k in 0usize..3) {
         let l = limits(|l| l.max_values = max);
         let vals = |n: usize| (0..n).map(|i| format!("v{i}")).collect::<Vec<_>>();
-        assert_bound(
-            &l,
-            &with_need(k, |n| n.requirements.push(in_values("model", vals(max)))),
-            &with_need(k, |n| n.requirements.push(in_values("model", vals(max + 1)))),
-            Limit::Values,
-            &format!("needs[{k}].requirements[1].values"),
-            max + 1,
-            max,
-        )?;
+        let build = |m| with_need(k, |n| n.requirements.push(in_values("model", vals(m))));
+        assert_bound(&l, build, Limit::Values, &format!("needs[{k}].requirements[1].values"), max)?;
     }
 
     #[test]
     fn spreads_per_need(max in 0usize..20, k in 0usize..3) {
         let l = limits(|l| l.max_spreads = max);
         let spreads = |n: usize| (0..n).map(|i| spread(format!("t{i}"))).collect::<Vec<_>>();
-        assert_bound(
-            &l,
-            &with_needs(k, |n| n.spread.clear(), |n| n.spread = spreads(max)),
-            &with_needs(k, |n| n.spread.clear(), |n| n.spread = spreads(max + 1)),
-            Limit::Spreads,
-            &format!("needs[{k}].spread"),
-            max + 1,
-            max,
-        )?;
+        let build = |m| with_needs(k, |n| n.spread.clear(), |n| n.spread = spreads(m));
+        assert_bound(&l, build, Limit::Spreads, &format!("needs[{k}].spread"), max)?;
     }
 
     #[test]
@@ -207,15 +178,8 @@ proptest! {
             n.aggregate_resources.clear();
             n.min_unit.clear();
         };
-        assert_bound(
-            &l,
-            &with_needs(k, empty, |n| set(n, map(max))),
-            &with_needs(k, empty, |n| set(n, map(max + 1))),
-            Limit::ResourceEntries,
-            &format!("needs[{k}].{field}"),
-            max + 1,
-            max,
-        )?;
+        let build = |m| with_needs(k, empty, |n| set(n, map(m)));
+        assert_bound(&l, build, Limit::ResourceEntries, &format!("needs[{k}].{field}"), max)?;
     }
 
     /// Every string of a roll-up: cluster id, requirement key and value, topology key,
@@ -245,9 +209,8 @@ proptest! {
                       format!("needs[{k}].min_unit[\"cpu\"]")),
             }
         };
-        let (at, _) = build(max);
-        let (over, path) = build(max + 1);
-        assert_bound(&l, &at, &over, Limit::StringBytes, &path, max + 1, max)?;
+        let (_, path) = build(max + 1);
+        assert_bound(&l, |m| build(m).0, Limit::StringBytes, &path, max)?;
     }
 
     /// Distinct resource names over the whole roll-up: names repeated across needs count
@@ -273,15 +236,8 @@ proptest! {
             }
             rollup(needs)
         };
-        assert_bound(
-            &l,
-            &build(max),
-            &build(max + 1),
-            Limit::Dimensions,
-            &format!("needs[{}].aggregate_resources[{:?}]", max / per_need, name(max)),
-            max + 1,
-            max,
-        )?;
+        let path = format!("needs[{}].aggregate_resources[{:?}]", max / per_need, name(max));
+        assert_bound(&l, build, Limit::Dimensions, &path, max)?;
     }
 
     #[test]

@@ -6,15 +6,15 @@
 use bigfleet_coordclient::{ClientConfig, CoordClient, Redial, ShardView, leader_hint};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
-use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServer};
+use bigfleet_proto::v1alpha1::coordinator_server::Coordinator;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 mod common;
+use common::serve;
 
 /// A coordinator replica: a follower hints at `leader`, the leader answers
 /// (or fails with UNAVAILABLE while `down`).
@@ -81,17 +81,6 @@ impl ShardView for View {
     }
 }
 
-async fn serve(r: Replica) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(CoordinatorServer::new(r))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    addr
-}
-
 fn channel(addr: &str) -> Result<bigfleet_mesh::MeshChannel, String> {
     let endpoint = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
         .map_err(|e| e.to_string())?
@@ -123,13 +112,19 @@ fn client(home: &str, view: Arc<View>, dialled: Arc<Mutex<Vec<String>>>) -> Coor
     .with_redial(redial)
 }
 
-#[tokio::test]
-async fn a_follower_hint_is_followed_at_once_and_kept() {
+/// A leader replica and a follower hinting at it, both served, with their addresses.
+async fn leader_and_follower() -> (Replica, String, Replica, String) {
     let leader = Replica::default();
     let leader_addr = serve(leader.clone()).await.to_string();
     let follower = Replica::default();
     *follower.leader.lock() = Some(leader_addr.clone());
     let follower_addr = serve(follower.clone()).await.to_string();
+    (leader, leader_addr, follower, follower_addr)
+}
+
+#[tokio::test]
+async fn a_follower_hint_is_followed_at_once_and_kept() {
+    let (leader, leader_addr, follower, follower_addr) = leader_and_follower().await;
 
     let view = Arc::new(View::default());
     let dialled = Arc::new(Mutex::new(Vec::new()));
@@ -158,11 +153,7 @@ async fn a_follower_hint_is_followed_at_once_and_kept() {
 
 #[tokio::test]
 async fn a_failing_hinted_leader_sends_reports_home_again() {
-    let leader = Replica::default();
-    let leader_addr = serve(leader.clone()).await.to_string();
-    let follower = Replica::default();
-    *follower.leader.lock() = Some(leader_addr.clone());
-    let follower_addr = serve(follower.clone()).await.to_string();
+    let (leader, _, follower, follower_addr) = leader_and_follower().await;
     let dialled = Arc::new(Mutex::new(Vec::new()));
     let c = client(&follower_addr, Arc::new(View::default()), dialled.clone());
     c.report_once().await.unwrap();

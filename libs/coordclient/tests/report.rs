@@ -3,17 +3,17 @@
 use bigfleet_coordclient::{ClientConfig, CoordClient, ShardView};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
-use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServer};
+use bigfleet_proto::v1alpha1::coordinator_server::Coordinator;
 use bigfleet_proto::v1alpha1::instruct_ack::Outcome;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::{BTreeSet, VecDeque};
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 mod common;
+use common::serve;
 
 /// Answers ReportShard from a script and records every report.
 #[derive(Default, Clone)]
@@ -80,17 +80,6 @@ impl ShardView for View {
         self.domains.lock().remove(&(key.into(), value.into()));
         Ok(())
     }
-}
-
-async fn serve(c: ScriptedCoordinator) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(CoordinatorServer::new(c))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    addr
 }
 
 fn client_for(addr: &str, view: Arc<View>) -> CoordClient<View> {

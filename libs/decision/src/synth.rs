@@ -206,8 +206,13 @@ pub fn churn(s: &mut Scenario, fraction: f64, seed: u64) {
 pub struct Rng(u64);
 
 impl Rng {
+    /// A generator for `seed`, mixed so that neighbouring seeds start far apart.
     pub fn new(seed: u64) -> Rng {
-        Rng(seed ^ 0x9E37_79B9_7F4A_7C15)
+        Rng::from_state(seed ^ 0x9E37_79B9_7F4A_7C15)
+    }
+    /// A generator whose raw SplitMix64 state is `state` (no seed mixing).
+    pub fn from_state(state: u64) -> Rng {
+        Rng(state)
     }
     pub fn next_u64(&mut self) -> u64 {
         self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
@@ -220,9 +225,13 @@ impl Rng {
     pub fn below(&mut self, n: usize) -> usize {
         (self.next_u64() % n as u64) as usize
     }
+    /// Uniform in `[0, 1)`.
+    pub fn unit(&mut self) -> f64 {
+        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
+    }
     /// True with probability `p`.
     pub fn chance(&mut self, p: f64) -> bool {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64 > 1.0 - p
+        self.unit() > 1.0 - p
     }
 }
 
@@ -651,6 +660,23 @@ pub fn realistic(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_rng_is_splitmix64_over_its_state() {
+        // SplitMix64's published first output from state 0.
+        assert_eq!(Rng::from_state(0).next_u64(), 0xE220_A839_7B1D_CDAF);
+        let (mut seeded, mut raw) = (Rng::new(7), Rng::from_state(7 ^ 0x9E37_79B9_7F4A_7C15));
+        for _ in 0..4 {
+            assert_eq!(seeded.next_u64(), raw.next_u64());
+        }
+        let mut a = Rng::from_state(42);
+        let mut b = Rng::from_state(42);
+        for _ in 0..1000 {
+            let u = a.unit();
+            assert!((0.0..1.0).contains(&u), "{u}");
+            assert_eq!(b.chance(0.25), u > 0.75);
+        }
+    }
 
     #[test]
     fn small_scenarios_are_valid_and_deterministic() {

@@ -72,7 +72,7 @@ fn creating_credit_needs_the_same_fingerprint() {
 
 #[test]
 fn creating_credits_a_gang_only_with_its_group() {
-    let g = need("c1", cpu(2)).req(same_zone()).group("g1").build();
+    let g = same_zone_gang("c1", cpu(2), "g1").build();
     let ms = vec![
         machine("creating", Creating).serving(&g).build(),
         machine("spec-a", Speculative).build(),
@@ -82,7 +82,7 @@ fn creating_credits_a_gang_only_with_its_group() {
     let out = with_destinations(&ms, std::slice::from_ref(&g), &dest);
     assert_eq!(ids(&out, Provision), ["spec-a"]);
     assert_eq!(out.verdicts[0].same_domain, "zone-a");
-    let other_group = need("c1", cpu(2)).req(same_zone()).group("g2").build();
+    let other_group = same_zone_gang("c1", cpu(2), "g2").build();
     let out = with_destinations(&ms, std::slice::from_ref(&other_group), &dest);
     assert_eq!(id_set(&out, Provision), ["spec-a", "spec-b"]);
 }
@@ -144,7 +144,7 @@ fn reason_priority_starved_with_capped_supply() {
 fn reason_topology_unsatisfiable() {
     let mut ms = fleet("a", 2, Idle, |m| m.zone("zone-a"));
     ms.extend(fleet("b", 2, Idle, |m| m.zone("zone-b")));
-    let g = need("c1", cpu(3)).req(same_zone()).group("g").build();
+    let g = same_zone_gang("c1", cpu(3), "g").build();
     let out = run_verdicts(&ms, &[g]);
     let v = &out.verdicts[0];
     assert_eq!(v.unmet_reason, UnmetReason::TopologyUnsatisfiable);
@@ -161,11 +161,7 @@ fn verdicts_do_not_change_actions() {
         m.zone("zone-b").cluster("c2").prio(3)
     }));
     let demand = vec![
-        need("c1", cpu(3))
-            .req(same_zone())
-            .group("g")
-            .prio(9)
-            .build(),
+        same_zone_gang("c1", cpu(3), "g").prio(9).build(),
         need("c2", cpu(2)).prio(3).build(),
         need("c3", cpu(2)).prio(5).build(),
     ];
@@ -182,8 +178,8 @@ fn verdicts_do_not_change_actions() {
 #[test]
 fn shortfalls_are_summed_per_fingerprint() {
     let ms = fleet("a", 1, Idle, |m| m.zone("zone-a"));
-    let g1 = need("c1", cpu(3)).req(same_zone()).group("g1").build();
-    let g2 = need("c1", cpu(2)).req(same_zone()).group("g2").build();
+    let g1 = same_zone_gang("c1", cpu(3), "g1").build();
+    let g2 = same_zone_gang("c1", cpu(2), "g2").build();
     let other = need("c2", cpu(4)).prio(1).build();
     let out = run(&ms, &[other, g1, g2]);
     assert_eq!(out.shortfalls.len(), 2);
@@ -207,7 +203,7 @@ fn shortfalls_are_summed_per_fingerprint() {
 
 #[test]
 fn structurally_unsatisfiable_gang_parks_after_eight_and_reprobes() {
-    let g = need("c1", cpu(5)).req(same_zone()).group("g").build();
+    let g = same_zone_gang("c1", cpu(5), "g").build();
     let key = parking_key("c1", "g", g.fingerprint());
     // No machine can ever hold the gang in one zone and none is free: the
     // bound assembly (2 in zone-a) is all there is.
@@ -242,7 +238,7 @@ fn structurally_unsatisfiable_gang_parks_after_eight_and_reprobes() {
 
 #[test]
 fn progress_keeps_a_gang_unparked() {
-    let g = need("c1", cpu(5)).req(same_zone()).group("g").build();
+    let g = same_zone_gang("c1", cpu(5), "g").build();
     let ms = fleet("a", 2, Idle, |m| m.zone("zone-a"));
     let out = run(&ms, std::slice::from_ref(&g));
     assert_eq!(out.parking.len(), 1);

@@ -226,12 +226,17 @@ fn gpu_machine(id: &str, state: MachineState) -> M {
         .price(30.0)
 }
 
-#[test]
-fn capacity_stockout() {
+/// A sim over 32 Idle 8-GPU machines, `gpu-00` to `gpu-31`.
+fn idle_gpu_sim() -> Sim {
     let ms = (0..32)
         .map(|i| gpu_machine(&format!("gpu-{i:02}"), MachineState::Idle).build())
         .collect();
-    let mut sim = Sim::new(ms);
+    Sim::new(ms)
+}
+
+#[test]
+fn capacity_stockout() {
+    let mut sim = idle_gpu_sim();
     sim.rollup(
         "c1",
         vec![need("c1", units(GPU, 512)).mu(units(GPU, 8)).build()],
@@ -405,28 +410,11 @@ fn stockout_claimed_supply() {
     // Train takes all 32 and is still short: the matching supply exists (its
     // own `matching_supply.idle` says 32), held by train itself. Batch finds
     // the same 32 held by a more important need. Neither is NO_MATCHING_SUPPLY.
-    let ms = (0..32)
-        .map(|i| gpu_machine(&format!("gpu-{i:02}"), MachineState::Idle).build())
-        .collect();
-    let mut sim = Sim::new(ms);
-    sim.rollup(
-        "train",
-        vec![
-            need("train", units(GPU, 320))
-                .mu(units(GPU, 8))
-                .prio(1000)
-                .build(),
-        ],
-    );
-    sim.rollup(
-        "batch",
-        vec![
-            need("batch", units(GPU, 64))
-                .mu(units(GPU, 8))
-                .prio(10)
-                .build(),
-        ],
-    );
+    let mut sim = idle_gpu_sim();
+    for (cluster, gpus, prio) in [("train", 320, 1000), ("batch", 64, 10)] {
+        let n = need(cluster, units(GPU, gpus)).mu(units(GPU, 8)).prio(prio);
+        sim.rollup(cluster, vec![n.build()]);
+    }
     for _ in 0..2 {
         let d = demand_of(&sim);
         let out = sim.step();
@@ -451,10 +439,7 @@ fn same_gang_unsatisfiable() {
         .map(|i| machine(&format!("a-{i}"), MachineState::Idle).build())
         .collect();
     let mut sim = Sim::new(ms);
-    let gang = need("c1", units("cpu", 4))
-        .req(same_zone())
-        .group("job-1")
-        .build();
+    let gang = same_zone_gang("c1", units("cpu", 4), "job-1").build();
     sim.rollup("c1", vec![gang]);
     let mut parked = false;
     for _ in 0..10 {

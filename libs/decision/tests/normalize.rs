@@ -28,16 +28,29 @@ fn gang(cluster: &str, group: &str, pods: i64, arrival: i64) -> Need {
     .build()
 }
 
+/// Normalizes `demand` over a single [`big_idle`] machine.
+fn normalize_on_big_idle(demand: &[Need]) -> Vec<Need> {
+    normalize_demand(&[big_idle("m")], demand).unwrap()
+}
+
+/// Gangs `(group, pods, arrival)` of cluster `c1`, and what normalizing them gives.
+fn normalize_c1_gangs(gangs: &[(&str, i64, i64)]) -> (Vec<Need>, Vec<Need>) {
+    let demand: Vec<Need> = gangs
+        .iter()
+        .map(|&(group, pods, arrival)| gang("c1", group, pods, arrival))
+        .collect();
+    let out = normalize_on_big_idle(&demand);
+    (demand, out)
+}
+
 #[test]
 fn folds_same_size_gangs() {
-    let ms = vec![big_idle("m")];
-    let demand = vec![
-        gang("c1", "g1", 4, 300),
-        gang("c1", "g2", 4, 100),
-        gang("c1", "g3", 4, 200),
-        gang("c1", "big", 12, 50),
-    ];
-    let out = normalize_demand(&ms, &demand).unwrap();
+    let (demand, out) = normalize_c1_gangs(&[
+        ("g1", 4, 300),
+        ("g2", 4, 100),
+        ("g3", 4, 200),
+        ("big", 12, 50),
+    ]);
     assert_eq!(out.len(), 2);
     // Pass-through first: the 12-pod gang (24 cpu) cannot fit one machine.
     assert_eq!(out[0], demand[3]);
@@ -58,14 +71,7 @@ fn folds_same_size_gangs() {
 
 #[test]
 fn different_sizes_fold_separately() {
-    let ms = vec![big_idle("m")];
-    let demand = vec![
-        gang("c1", "g1", 4, 1),
-        gang("c1", "g2", 2, 1),
-        gang("c1", "g3", 4, 1),
-        gang("c1", "g4", 2, 1),
-    ];
-    let out = normalize_demand(&ms, &demand).unwrap();
+    let (_, out) = normalize_c1_gangs(&[("g1", 4, 1), ("g2", 2, 1), ("g3", 4, 1), ("g4", 2, 1)]);
     assert_eq!(out.len(), 2);
     let mut aggs: Vec<_> = out.iter().map(|n| n.aggregate_resources.clone()).collect();
     aggs.sort_by_key(|a| a.get("cpu"));
@@ -77,20 +83,17 @@ fn different_sizes_fold_separately() {
 
 #[test]
 fn unfoldable_passes_through_with_same() {
-    let ms = vec![big_idle("m")];
-    let demand = vec![gang("c1", "g", 12, 1)];
-    let out = normalize_demand(&ms, &demand).unwrap();
+    let (demand, out) = normalize_c1_gangs(&[("g", 12, 1)]);
     assert_eq!(out, demand);
 }
 
 #[test]
 fn no_same_passthrough() {
-    let ms = vec![big_idle("m")];
     let demand = vec![
         need("c1", units("cpu", 2)).build(),
         need("c2", units("cpu", 3)).build(),
     ];
-    assert_eq!(normalize_demand(&ms, &demand).unwrap(), demand);
+    assert_eq!(normalize_on_big_idle(&demand), demand);
 }
 
 #[test]
@@ -141,7 +144,6 @@ fn foldability_tiers() {
 
 #[test]
 fn ordering_and_cluster_separation() {
-    let ms = vec![big_idle("m")];
     let plain = need("c9", units("cpu", 1)).build();
     let demand = vec![
         gang("c2", "x", 4, 1),
@@ -150,7 +152,7 @@ fn ordering_and_cluster_separation() {
         gang("c2", "z", 4, 1),
         gang("c1", "w", 2, 1),
     ];
-    let out = normalize_demand(&ms, &demand).unwrap();
+    let out = normalize_on_big_idle(&demand);
     assert_eq!(out[0], plain);
     let keys: Vec<(String, i64)> = out[1..]
         .iter()
@@ -165,11 +167,7 @@ fn ordering_and_cluster_separation() {
             ("c2".to_owned(), 16000),
         ]
     );
-    assert_eq!(
-        normalize_demand(&ms, &demand).unwrap(),
-        out,
-        "deterministic"
-    );
+    assert_eq!(normalize_on_big_idle(&demand), out, "deterministic");
 }
 
 #[test]

@@ -213,14 +213,19 @@ fn zoned(prefix: &str, zone: &str, n: usize, price: f64) -> Vec<bigfleet_model::
     fleet(prefix, n, Idle, |m| m.zone(zone).price(price))
 }
 
+/// Idle machines over zones `zone-a`, `zone-b`, …: entry `i` of `spec` is `(count, price)` for
+/// the `i`-th zone, whose machines are named `a-0`, `a-1`, … (`b-…` for the second zone).
+fn zones(spec: &[(usize, f64)]) -> Vec<bigfleet_model::Machine> {
+    spec.iter()
+        .zip('a'..)
+        .flat_map(|(&(n, price), z)| zoned(&z.to_string(), &format!("zone-{z}"), n, price))
+        .collect()
+}
+
 #[test]
 fn same_picks_one_zone() {
-    let mut ms = zoned("a", "zone-a", 3, 1.0);
-    ms.extend(zoned("b", "zone-b", 3, 1.0));
-    let out = run(
-        &ms,
-        &[need("c1", cpu(3)).req(same_zone()).group("g").build()],
-    );
+    let ms = zones(&[(3, 1.0), (3, 1.0)]);
+    let out = run(&ms, &[same_zone_gang("c1", cpu(3), "g").build()]);
     let got = id_set(&out, Bootstrap);
     assert_eq!(got.len(), 3);
     let first = got[0].chars().next().unwrap();
@@ -229,23 +234,15 @@ fn same_picks_one_zone() {
 
 #[test]
 fn same_picks_atomic_satisfiable_zone() {
-    let mut ms = zoned("a", "zone-a", 2, 1.0);
-    ms.extend(zoned("b", "zone-b", 4, 5.0));
-    let out = run(
-        &ms,
-        &[need("c1", cpu(4)).req(same_zone()).group("g").build()],
-    );
+    let ms = zones(&[(2, 1.0), (4, 5.0)]);
+    let out = run(&ms, &[same_zone_gang("c1", cpu(4), "g").build()]);
     assert_eq!(id_set(&out, Bootstrap), ["b-0", "b-1", "b-2", "b-3"]);
 }
 
 #[test]
 fn same_falls_back_to_largest_bucket_with_shortfall() {
-    let mut ms = zoned("a", "zone-a", 3, 1.0);
-    ms.extend(zoned("b", "zone-b", 3, 1.0));
-    let out = run_verdicts(
-        &ms,
-        &[need("c1", cpu(5)).req(same_zone()).group("g").build()],
-    );
+    let ms = zones(&[(3, 1.0), (3, 1.0)]);
+    let out = run_verdicts(&ms, &[same_zone_gang("c1", cpu(5), "g").build()]);
     let got = id_set(&out, Bootstrap);
     // Equal coverage and count: the lexicographically smaller domain.
     assert_eq!(got, ["a-0", "a-1", "a-2"]);
@@ -261,19 +258,11 @@ fn same_density_aware_machine_count() {
     // 8 pods of 1 cpu on machines with room for 100 pods: one machine, not 8.
     let mut ms = fleet("a", 3, Idle, |m| m.zone("zone-a").res(cpu(100)));
     ms.extend(fleet("b", 3, Idle, |m| m.zone("zone-b").res(cpu(100))));
-    let n = need("c1", cpu(8))
-        .req(same_zone())
-        .mu(cpu(1))
-        .group("g")
-        .build();
+    let n = same_zone_gang("c1", cpu(8), "g").mu(cpu(1)).build();
     // A foldable gang (fits one machine) becomes a plain need; either way one machine.
     assert_eq!(ids(&run(&ms, &[n]), Bootstrap).len(), 1);
     // A gang too big to fold still counts by vector, not by pod: 150 cpu -> 2 machines.
-    let n = need("c1", cpu(150))
-        .req(same_zone())
-        .mu(cpu(1))
-        .group("g")
-        .build();
+    let n = same_zone_gang("c1", cpu(150), "g").mu(cpu(1)).build();
     let got = id_set(&run(&ms, &[n]), Bootstrap);
     assert_eq!(got, ["a-0", "a-1"]);
 }
@@ -282,18 +271,9 @@ fn same_density_aware_machine_count() {
 fn same_two_needs_land_in_different_zones() {
     // Acquirable consumption: the first gang consumes zone-a's Idle supply, so
     // the second ranks what is left and anchors to zone-b in the same cycle.
-    let mut ms = zoned("a", "zone-a", 3, 1.0);
-    ms.extend(zoned("b", "zone-b", 3, 1.0));
-    let hi = need("c1", cpu(3))
-        .req(same_zone())
-        .prio(2_000_000)
-        .group("hi")
-        .build();
-    let lo = need("c1", cpu(3))
-        .req(same_zone())
-        .prio(1_000_000)
-        .group("lo")
-        .build();
+    let ms = zones(&[(3, 1.0), (3, 1.0)]);
+    let hi = same_zone_gang("c1", cpu(3), "hi").prio(2_000_000).build();
+    let lo = same_zone_gang("c1", cpu(3), "lo").prio(1_000_000).build();
     let out = run_verdicts(&ms, &[hi, lo]);
     let bs = actions_of(&out, Bootstrap);
     assert_eq!(bs.len(), 6);
@@ -314,11 +294,7 @@ fn same_two_needs_land_in_different_zones() {
 fn same_parked_need_acquires_nothing_but_keeps_its_assembly() {
     let mut ms = fleet("cfg", 2, Configured, |m| m.cluster("c1").zone("zone-a"));
     ms.extend(zoned("i", "zone-a", 3, 1.0));
-    let n = need("c1", cpu(4))
-        .req(same_zone())
-        .group("g")
-        .parked()
-        .build();
+    let n = same_zone_gang("c1", cpu(4), "g").parked().build();
     let out = run_verdicts(&ms, &[n]);
     assert!(ids(&out, Bootstrap).is_empty());
     assert!(
@@ -352,18 +328,14 @@ fn per_zone(out: &bigfleet_decision::CycleOutput) -> [usize; 3] {
 
 #[test]
 fn spread_even_across_three_zones() {
-    let mut ms = zoned("a", "zone-a", 4, 1.0);
-    ms.extend(zoned("b", "zone-b", 4, 1.0));
-    ms.extend(zoned("c", "zone-c", 4, 1.0));
+    let ms = zones(&[(4, 1.0), (4, 1.0), (4, 1.0)]);
     let out = run(&ms, &[spread_need(6, 1, WhenUnsatisfiable::DoNotSchedule)]);
     assert_eq!(per_zone(&out), [2, 2, 2]);
 }
 
 #[test]
 fn spread_short_zone_caps_the_picks() {
-    let mut ms = zoned("a", "zone-a", 1, 1.0);
-    ms.extend(zoned("b", "zone-b", 5, 1.0));
-    ms.extend(zoned("c", "zone-c", 5, 1.0));
+    let ms = zones(&[(1, 1.0), (5, 1.0), (5, 1.0)]);
     let out = run_verdicts(&ms, &[spread_need(6, 1, WhenUnsatisfiable::DoNotSchedule)]);
     assert_eq!(per_zone(&out), [1, 2, 2]);
     assert_eq!(out.verdicts[0].residual_deficit, cpu(1));
@@ -371,8 +343,7 @@ fn spread_short_zone_caps_the_picks() {
 
 #[test]
 fn spread_max_skew_two() {
-    let mut ms = zoned("a", "zone-a", 5, 1.0);
-    ms.extend(zoned("b", "zone-b", 5, 2.0));
+    let ms = zones(&[(5, 1.0), (5, 2.0)]);
     let out = run(&ms, &[spread_need(8, 2, WhenUnsatisfiable::DoNotSchedule)]);
     let [a, b, _] = per_zone(&out);
     assert_eq!(a + b, 8);
@@ -381,16 +352,14 @@ fn spread_max_skew_two() {
 
 #[test]
 fn spread_schedule_anyway_is_not_enforced() {
-    let mut ms = zoned("a", "zone-a", 5, 1.0);
-    ms.extend(zoned("b", "zone-b", 5, 9.0));
+    let ms = zones(&[(5, 1.0), (5, 9.0)]);
     let out = run(&ms, &[spread_need(4, 1, WhenUnsatisfiable::ScheduleAnyway)]);
     assert_eq!(per_zone(&out), [4, 0, 0]);
 }
 
 #[test]
 fn spread_cheap_zone_does_not_take_everything() {
-    let mut ms = zoned("a", "zone-a", 4, 1.0);
-    ms.extend(zoned("b", "zone-b", 4, 9.0));
+    let ms = zones(&[(4, 1.0), (4, 9.0)]);
     let out = run(&ms, &[spread_need(4, 1, WhenUnsatisfiable::DoNotSchedule)]);
     assert_eq!(per_zone(&out), [2, 2, 0]);
 }

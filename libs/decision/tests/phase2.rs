@@ -15,15 +15,18 @@ fn gpu_box(id: &str, state: bigfleet_model::MachineState, gpus: i64) -> M {
     machine(id, state).itype("gpu8").res(gpu(gpus))
 }
 
-/// `n` Configured 8-GPU machines in `cluster` at assigned priority `prio`.
+/// A Configured 8-GPU machine in `cluster` at assigned priority `prio`.
+fn victim(id: &str, cluster: &str, prio: i32) -> Machine {
+    gpu_box(id, Configured, 8)
+        .cluster(cluster)
+        .prio(prio)
+        .build()
+}
+
+/// `n` `victim`s named `<prefix>-<i>`.
 fn victims(prefix: &str, cluster: &str, n: usize, prio: i32) -> Vec<Machine> {
     (0..n)
-        .map(|i| {
-            gpu_box(&format!("{prefix}-{i}"), Configured, 8)
-                .cluster(cluster)
-                .prio(prio)
-                .build()
-        })
+        .map(|i| victim(&format!("{prefix}-{i}"), cluster, prio))
         .collect()
 }
 
@@ -109,16 +112,7 @@ fn prefers_lower_interruption_penalty() {
 
 #[test]
 fn prefers_lower_priority_victim() {
-    let ms = vec![
-        gpu_box("a", Configured, 8)
-            .cluster("batch")
-            .prio(50)
-            .build(),
-        gpu_box("b", Configured, 8)
-            .cluster("batch")
-            .prio(10)
-            .build(),
-    ];
+    let ms = vec![victim("a", "batch", 50), victim("b", "batch", 10)];
     let out = run(&ms, &[need("train", gpu(8)).prio(100).build()]);
     assert_eq!(ids(&out, Preempt), ["b"]);
 }
@@ -126,19 +120,10 @@ fn prefers_lower_priority_victim() {
 #[test]
 fn grace_period_matches_gap() {
     let ms = vec![
-        gpu_box("v-a", Configured, 8).cluster("b").prio(0).build(),
-        gpu_box("v-b", Configured, 8)
-            .cluster("b")
-            .prio(400_000)
-            .build(),
-        gpu_box("v-c", Configured, 8)
-            .cluster("b")
-            .prio(800_000)
-            .build(),
-        gpu_box("v-d", Configured, 8)
-            .cluster("b")
-            .prio(950_000)
-            .build(),
+        victim("v-a", "b", 0),
+        victim("v-b", "b", 400_000),
+        victim("v-c", "b", 800_000),
+        victim("v-d", "b", 950_000),
     ];
     let out = run(&ms, &[need("train", gpu(32)).prio(1_000_000).build()]);
     let mut graces: Vec<(String, u64)> = preempts(&out)
@@ -194,11 +179,7 @@ fn zoned_victims(zone: &str, n: usize) -> Vec<Machine> {
 fn same_confined_to_chosen_domain() {
     let mut ms = zoned_victims("zone-b", 4);
     ms.push(gpu_box("i-a", Idle, 8).zone("zone-a").build());
-    let g = need("train", gpu(16))
-        .req(same_zone())
-        .prio(100)
-        .group("g")
-        .build();
+    let g = same_zone_gang("train", gpu(16), "g").prio(100).build();
     let out = run_verdicts(&ms, &[g]);
     assert_eq!(out.verdicts[0].same_domain, "zone-a");
     assert_eq!(ids(&out, Bootstrap), ["i-a"]);
@@ -208,11 +189,7 @@ fn same_confined_to_chosen_domain() {
 #[test]
 fn same_no_domain_choice_skips_preemption() {
     let ms = zoned_victims("zone-a", 4);
-    let g = need("train", gpu(16))
-        .req(same_zone())
-        .prio(100)
-        .group("g")
-        .build();
+    let g = same_zone_gang("train", gpu(16), "g").prio(100).build();
     let out = run_verdicts(&ms, &[g]);
     assert_eq!(out.verdicts[0].same_domain, "");
     assert!(out.actions.iter().all(|a| a.kind() == Reclaim));
@@ -223,10 +200,8 @@ fn same_no_domain_choice_skips_preemption() {
 fn parked_need_no_preempt() {
     let mut ms = zoned_victims("zone-a", 4);
     ms.push(gpu_box("i-a", Idle, 8).zone("zone-a").build());
-    let g = need("train", gpu(16))
-        .req(same_zone())
+    let g = same_zone_gang("train", gpu(16), "g")
         .prio(100)
-        .group("g")
         .parked()
         .build();
     let out = run(&ms, &[g]);
@@ -242,10 +217,8 @@ fn same_gang_behind_lower_priority_holders_preempts_in_domain() {
     ms.push(gpu_box("i-a1", Idle, 8).zone("zone-a").build());
     ms.push(gpu_box("i-b0", Idle, 8).zone("zone-b").build());
     let batch = need("batch", gpu(64)).prio(10).build();
-    let g = need("train", gpu(32))
-        .req(same_zone())
+    let g = same_zone_gang("train", gpu(32), "g")
         .prio(1_000_000)
-        .group("g")
         .build();
     let out = run_verdicts(&ms, &[g, batch]);
     assert_eq!(out.verdicts[0].same_domain, "zone-a");
@@ -284,14 +257,7 @@ fn victim_credited_to_a_need_at_least_as_important_is_spared() {
 
 #[test]
 fn pinned_short_circuit_finds_no_victims() {
-    let ms: Vec<Machine> = (0..3)
-        .map(|i| {
-            gpu_box(&format!("v-{i}"), Configured, 8)
-                .cluster("b")
-                .prio(5_000_000)
-                .build()
-        })
-        .collect();
+    let ms = victims("v", "b", 3, 5_000_000);
     let n = need("train", gpu(8)).req(pin("gpu8")).prio(100).build();
     let out = run_verdicts(&ms, std::slice::from_ref(&n));
     assert!(preempts(&out).is_empty());

@@ -133,7 +133,7 @@ fn dense_machine_one_covers_many() {
 }
 
 fn gang(n: i64) -> bigfleet_model::Need {
-    need("c1", cpu(n)).req(same_zone()).group("g").build()
+    same_zone_gang("c1", cpu(n), "g").build()
 }
 
 fn zcfg(prefix: &str, zone: &str, n: usize) -> Vec<Machine> {

@@ -168,26 +168,36 @@ fn arb_world() -> impl Strategy<Value = World> {
         })
 }
 
-fn cycle(w: &World, opts: &CycleOptions) -> CycleOutput {
-    // Creating machines are provisioned for the cluster of the need they carry.
-    let dest: HashMap<String, String> = w
-        .machines
-        .iter()
-        .filter(|m| m.state == MachineState::Creating)
-        .filter_map(|m| {
-            w.demand
-                .iter()
-                .find(|n| n.fingerprint() == m.assigned_need_fingerprint)
-                .map(|n| (m.id.clone(), n.cluster.clone()))
-        })
-        .collect();
-    let not_ready = w.not_ready.clone();
-    let ready = move |c: &str| {
-        CLUSTERS
+impl World {
+    /// Creating machines are provisioned for the cluster of the need they carry.
+    fn creating_destinations(&self) -> HashMap<String, String> {
+        self.machines
             .iter()
-            .position(|x| *x == c)
-            .is_none_or(|i| !not_ready[i])
-    };
+            .filter(|m| m.state == MachineState::Creating)
+            .filter_map(|m| {
+                self.demand
+                    .iter()
+                    .find(|n| n.fingerprint() == m.assigned_need_fingerprint)
+                    .map(|n| (m.id.clone(), n.cluster.clone()))
+            })
+            .collect()
+    }
+
+    /// The world's cluster readiness; clusters it does not know are ready.
+    fn cluster_ready(&self) -> impl Fn(&str) -> bool + use<> {
+        let not_ready = self.not_ready.clone();
+        move |c: &str| {
+            CLUSTERS
+                .iter()
+                .position(|x| *x == c)
+                .is_none_or(|i| !not_ready[i])
+        }
+    }
+}
+
+fn cycle(w: &World, opts: &CycleOptions) -> CycleOutput {
+    let dest = w.creating_destinations();
+    let ready = w.cluster_ready();
     let input = CycleInput {
         idle_since: &w.idle_since,
         now_unix_nanos: w.now,
@@ -401,21 +411,8 @@ proptest! {
             fleet.upsert_with_idle_since(m, w.idle_since[i]);
             fleet.remove(&format!("{}-extra", m.id));
         }
-        let not_ready = w.not_ready.clone();
-        let ready = move |c: &str| {
-            CLUSTERS.iter().position(|x| *x == c).is_none_or(|i| !not_ready[i])
-        };
-        let dest: HashMap<String, String> = w
-            .machines
-            .iter()
-            .filter(|m| m.state == MachineState::Creating)
-            .filter_map(|m| {
-                w.demand
-                    .iter()
-                    .find(|n| n.fingerprint() == m.assigned_need_fingerprint)
-                    .map(|n| (m.id.clone(), n.cluster.clone()))
-            })
-            .collect();
+        let ready = w.cluster_ready();
+        let dest = w.creating_destinations();
         let input = CycleInput {
             now_unix_nanos: w.now,
             cluster_ready: Some(&ready),

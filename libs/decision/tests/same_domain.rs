@@ -10,7 +10,7 @@ fn cpu(n: i64) -> bigfleet_model::ResourceVector {
 }
 
 fn gang(group: &str, n: i64) -> Need {
-    need("c1", cpu(n)).req(same_zone()).group(group).build()
+    same_zone_gang("c1", cpu(n), group).build()
 }
 
 fn bound(prefix: &str, zone: &str, n: usize, stamp: Option<&Need>) -> Vec<Machine> {
@@ -156,23 +156,22 @@ fn same_candidates_are_scored_best_first() {
 
 // ---- precedence outcomes (the reference broker's pins, engine level) ----
 
+/// Whether every Bootstrap in `out` is for `cluster`.
+fn bootstraps_only_for(out: &bigfleet_decision::CycleOutput, cluster: &str) -> bool {
+    actions_of(out, Bootstrap)
+        .iter()
+        .all(|a| a.cluster() == cluster)
+}
+
 #[test]
 fn equal_precedence_first_mover_wins() {
     let ms = idle("i", "zone-a", 2);
     let a = need("ca", cpu(2)).prio(5).build();
     let b = need("cb", cpu(2)).prio(5).build();
     let out = run(&ms, &[a.clone(), b.clone()]);
-    assert!(
-        actions_of(&out, Bootstrap)
-            .iter()
-            .all(|x| x.cluster() == "ca")
-    );
+    assert!(bootstraps_only_for(&out, "ca"));
     let out = run(&ms, &[b, a]);
-    assert!(
-        actions_of(&out, Bootstrap)
-            .iter()
-            .all(|x| x.cluster() == "cb")
-    );
+    assert!(bootstraps_only_for(&out, "cb"));
 }
 
 #[test]
@@ -181,20 +180,12 @@ fn penalty_bucket_breaks_priority_tie() {
     let low_ipb = need("ca", cpu(2)).prio(5).ipb(PenaltyBucket::B2).build();
     let high_ipb = need("cb", cpu(2)).prio(5).ipb(PenaltyBucket::B8).build();
     let out = run(&ms, &[low_ipb.clone(), high_ipb.clone()]);
-    assert!(
-        actions_of(&out, Bootstrap)
-            .iter()
-            .all(|x| x.cluster() == "cb")
-    );
+    assert!(bootstraps_only_for(&out, "cb"));
     // The reclamation bucket breaks a tie of both.
     let low_rpb = need("ca", cpu(2)).prio(5).rpb(PenaltyBucket::B2).build();
     let high_rpb = need("cb", cpu(2)).prio(5).rpb(PenaltyBucket::B4).build();
     let out = run(&ms, &[low_rpb, high_rpb]);
-    assert!(
-        actions_of(&out, Bootstrap)
-            .iter()
-            .all(|x| x.cluster() == "cb")
-    );
+    assert!(bootstraps_only_for(&out, "cb"));
 }
 
 #[test]
@@ -202,11 +193,7 @@ fn gang_takes_its_whole_domain_before_a_lower_plain_need() {
     let mut ms = fleet("a", 3, Idle, |m| m.zone("zone-a").price(1.0));
     ms.extend(fleet("b", 2, Idle, |m| m.zone("zone-b").price(5.0)));
     let plain = need("c2", cpu(2)).prio(10).build();
-    let g = need("c1", cpu(3))
-        .req(same_zone())
-        .prio(100)
-        .group("g")
-        .build();
+    let g = same_zone_gang("c1", cpu(3), "g").prio(100).build();
     let out = run(&ms, &[plain, g]);
     let to = |c: &str| -> Vec<String> {
         let mut v: Vec<String> = actions_of(&out, Bootstrap)
@@ -227,11 +214,7 @@ fn gang_commits_partially_behind_a_higher_incumbent() {
     // gang still takes what is left of its domain (ambiguity 9).
     let ms = fleet("a", 3, Idle, |m| m.zone("zone-a"));
     let high = need("c2", cpu(1)).prio(100).build();
-    let g = need("c1", cpu(3))
-        .req(same_zone())
-        .prio(10)
-        .group("g")
-        .build();
+    let g = same_zone_gang("c1", cpu(3), "g").prio(10).build();
     let out = run_verdicts(&ms, &[high, g]);
     assert_eq!(ids(&out, Bootstrap).len(), 3);
     let v = &out.verdicts[1];

@@ -91,14 +91,7 @@ impl CertificateAuthority {
     /// for `validity`. It may sign leaves only (path length 0).
     pub fn create(common_name: &str, validity: Duration) -> Result<Self, CaError> {
         let (not_before, not_after) = validity_window(validity)?;
-        let mut params = CertificateParams::default();
-        params.distinguished_name = common_name_dn(common_name);
-        params.is_ca = IsCa::Ca(BasicConstraints::Constrained(0));
-        params.key_usages = vec![
-            KeyUsagePurpose::KeyCertSign,
-            KeyUsagePurpose::CrlSign,
-            KeyUsagePurpose::DigitalSignature,
-        ];
+        let mut params = ca_params(common_name, BasicConstraints::Constrained(0));
         set_validity(&mut params, not_before, not_after);
         let key = KeyPair::generate_for(&PKCS_ECDSA_P256_SHA256)?;
         let cert = params.self_signed(&key)?;
@@ -173,15 +166,7 @@ impl CertificateAuthority {
     pub fn issue(&self, request: &LeafRequest) -> Result<IssuedLeaf, CaError> {
         let (not_before, mut not_after) = validity_window(request.validity)?;
         not_after = not_after.min(self.not_after);
-        let mut params = CertificateParams::default();
-        params.distinguished_name = common_name_dn(&request.uri);
-        params.is_ca = IsCa::ExplicitNoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
+        let mut params = leaf_params(&request.uri);
         set_validity(&mut params, not_before, not_after);
         let uri = request
             .uri
@@ -453,6 +438,36 @@ impl CertInfo {
             .map_err(|e| CaError::BadCert(e.to_string()))?;
         Self::from_der(&der)
     }
+}
+
+/// The profile of a bigfleet CA certificate named `common_name`: it signs certificates and
+/// CRLs; `constraints` bounds the chain below it. Callers add the validity.
+pub fn ca_params(common_name: &str, constraints: BasicConstraints) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = common_name_dn(common_name);
+    params.is_ca = IsCa::Ca(constraints);
+    params.key_usages = vec![
+        KeyUsagePurpose::KeyCertSign,
+        KeyUsagePurpose::CrlSign,
+        KeyUsagePurpose::DigitalSignature,
+    ];
+    params
+}
+
+/// The profile of every bigfleet leaf certificate named `common_name`: explicitly not a CA,
+/// with both ServerAuth and ClientAuth because a process uses one certificate for its server
+/// and its client edges. Callers add the SANs and the validity.
+pub fn leaf_params(common_name: &str) -> CertificateParams {
+    let mut params = CertificateParams::default();
+    params.distinguished_name = common_name_dn(common_name);
+    params.is_ca = IsCa::ExplicitNoCa;
+    params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
+    params.extended_key_usages = vec![
+        ExtendedKeyUsagePurpose::ServerAuth,
+        ExtendedKeyUsagePurpose::ClientAuth,
+    ];
+    params.use_authority_key_identifier_extension = true;
+    params
 }
 
 /// Whether the PKCS#8 PEM private key `key_pem` belongs to the certificate `cert_der`

@@ -24,6 +24,7 @@
 
 mod authz;
 pub mod backoff;
+pub mod binary;
 mod channel;
 mod client;
 mod conn;

@@ -6,11 +6,12 @@ mod common;
 use std::time::Duration;
 
 use bigfleet_mesh::{
-    ChannelConfig, ClientStackConfig, GrpcMetrics, RateLimit, RetryPolicy, ServerStackConfig, dial,
-    dial_lazy,
+    ChannelConfig, ClientStackConfig, GrpcMetrics, RetryPolicy, ServerStackConfig, dial, dial_lazy,
 };
 use bigfleet_telemetry::MetricsRegistry;
-use common::{Echo, code, dial_once, say, serve_echo, tcp_target};
+use common::{
+    Echo, code, dial_once, dial_with, no_retry, rate_limited, retrying, say, serve_echo, tcp_target,
+};
 use tonic::Code;
 
 fn fast_retry(max_attempts: u32) -> RetryPolicy {
@@ -24,10 +25,7 @@ fn fast_retry(max_attempts: u32) -> RetryPolicy {
 
 #[tokio::test]
 async fn unavailable_is_retried_until_success_and_counted() {
-    let echo = Echo {
-        fail_first: 2,
-        ..Echo::default()
-    };
+    let echo = Echo::failing_first(2);
     let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
     let registry = MetricsRegistry::new();
     let stack = ClientStackConfig {
@@ -35,9 +33,7 @@ async fn unavailable_is_retried_until_success_and_counted() {
         retry: fast_retry(4),
         attempt_timeout: None,
     };
-    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
-        .await
-        .unwrap();
+    let ch = dial_with(&server, &stack).await;
     assert_eq!(say(&ch, "flaky").await.unwrap().text, "flaky");
     assert_eq!(echo.calls(), 3);
     let text = registry.encode_text().unwrap();
@@ -57,13 +53,8 @@ async fn unavailable_is_retried_until_success_and_counted() {
 async fn failed_precondition_is_never_retried() {
     let echo = Echo::default();
     let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
-    let stack = ClientStackConfig {
-        retry: fast_retry(5),
-        ..ClientStackConfig::default()
-    };
-    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
-        .await
-        .unwrap();
+    let stack = retrying(fast_retry(5));
+    let ch = dial_with(&server, &stack).await;
     assert_eq!(code(&say(&ch, "fenced").await), Code::FailedPrecondition);
     assert_eq!(echo.calls(), 1);
     server.shutdown().await.unwrap();
@@ -71,27 +62,14 @@ async fn failed_precondition_is_never_retried() {
 
 #[tokio::test]
 async fn attempts_are_bounded() {
-    let echo = Echo {
-        fail_first: 100,
-        ..Echo::default()
-    };
+    let echo = Echo::failing_first(100);
     let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
-    let stack = ClientStackConfig {
-        retry: fast_retry(3),
-        ..ClientStackConfig::default()
-    };
-    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
-        .await
-        .unwrap();
+    let stack = retrying(fast_retry(3));
+    let ch = dial_with(&server, &stack).await;
     assert_eq!(code(&say(&ch, "flaky").await), Code::Unavailable);
     assert_eq!(echo.calls(), 3);
-    let none = ClientStackConfig {
-        retry: RetryPolicy::none(),
-        ..ClientStackConfig::default()
-    };
-    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &none)
-        .await
-        .unwrap();
+    let none = no_retry();
+    let ch = dial_with(&server, &none).await;
     assert_eq!(code(&say(&ch, "flaky").await), Code::Unavailable);
     assert_eq!(echo.calls(), 4);
     server.shutdown().await.unwrap();
@@ -113,9 +91,7 @@ async fn a_hung_attempt_times_out_and_the_retry_is_stamped() {
         attempt_timeout: Some(Duration::from_millis(150)),
         ..ClientStackConfig::default()
     };
-    let ch = dial(&tcp_target(&server), &ChannelConfig::default(), &stack)
-        .await
-        .unwrap();
+    let ch = dial_with(&server, &stack).await;
     let started = std::time::Instant::now();
     let reply = say(&ch, "sleep:5000").await.unwrap();
     assert!(started.elapsed() < Duration::from_secs(2));
@@ -134,53 +110,29 @@ async fn a_hung_attempt_times_out_and_the_retry_is_stamped() {
         attempt_timeout: Some(Duration::from_millis(100)),
         ..ClientStackConfig::default()
     };
-    let ch = dial(&tcp_target(&always_slow), &ChannelConfig::default(), &once)
-        .await
-        .unwrap();
+    let ch = dial_with(&always_slow, &once).await;
     assert_eq!(code(&say(&ch, "sleep:1000").await), Code::DeadlineExceeded);
     always_slow.shutdown().await.unwrap();
 }
 
 #[tokio::test]
 async fn resource_exhausted_is_retried_only_when_asked() {
-    let cfg = ServerStackConfig {
-        rate_limit: Some(RateLimit {
-            per_second: 10.0,
-            burst: 1,
-        }),
-        ..ServerStackConfig::default()
-    };
     let echo = Echo::default();
-    let server = serve_echo(cfg, echo.clone()).await;
-    let plain = dial(
-        &tcp_target(&server),
-        &ChannelConfig::default(),
-        &ClientStackConfig {
-            retry: fast_retry(4),
-            ..ClientStackConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let server = serve_echo(rate_limited(10.0, 1), echo.clone()).await;
+    let plain = dial_with(&server, &retrying(fast_retry(4))).await;
     assert_eq!(code(&say(&plain, "ok").await), Code::Ok);
     assert_eq!(code(&say(&plain, "ok").await), Code::ResourceExhausted);
 
-    let patient = dial(
-        &tcp_target(&server),
-        &ChannelConfig::default(),
-        &ClientStackConfig {
-            retry: RetryPolicy {
-                max_attempts: 5,
-                initial_backoff: Duration::from_millis(100),
-                max_backoff: Duration::from_millis(200),
-                ..RetryPolicy::default()
-            }
-            .retry_resource_exhausted(),
-            ..ClientStackConfig::default()
-        },
-    )
-    .await
-    .unwrap();
+    let patient = retrying(
+        RetryPolicy {
+            max_attempts: 5,
+            initial_backoff: Duration::from_millis(100),
+            max_backoff: Duration::from_millis(200),
+            ..RetryPolicy::default()
+        }
+        .retry_resource_exhausted(),
+    );
+    let patient = dial_with(&server, &patient).await;
     tokio::time::sleep(Duration::from_millis(150)).await;
     assert_eq!(code(&say(&patient, "ok").await), Code::Ok);
     assert_eq!(
@@ -222,10 +174,7 @@ async fn an_unreachable_server_is_unavailable_after_bounded_retries() {
 
 #[tokio::test]
 async fn the_typed_retry_helper_restamps_each_attempt() {
-    let echo = Echo {
-        fail_first: 2,
-        ..Echo::default()
-    };
+    let echo = Echo::failing_first(2);
     let server = serve_echo(ServerStackConfig::default(), echo.clone()).await;
     let ch = dial_once(&tcp_target(&server)).await;
     // What a provider call does: the request body differs per attempt (base + attempt).

@@ -8,11 +8,11 @@ use std::sync::Arc;
 
 use bigfleet_identity::{TlsContext, TlsFiles};
 use bigfleet_mesh::{
-    AuthzPolicy, ChannelConfig, MeshChannel, MeshServer, RateLimit, Role, RunningServer,
-    ServerStackConfig, dial,
+    AuthzPolicy, ChannelConfig, MeshChannel, MeshServer, Role, RunningServer, ServerStackConfig,
+    dial,
 };
 use bigfleet_testkit::{LeafSpec, TestCa};
-use common::{Echo, SAY, code, dial_once, no_retry, say};
+use common::{Echo, SAY, assert_refused, code, dial_once, no_retry, rate_limited, say};
 use tonic::Code;
 
 fn ctx_for(ca: &TestCa, dir: &Path, stem: &str, spec: &LeafSpec) -> TlsContext {
@@ -53,11 +53,7 @@ async fn fixture() -> Fixture {
         authz: Arc::new(
             AuthzPolicy::deny_by_default().allow_method(SAY, &[Role::Readonly, Role::Admin]),
         ),
-        rate_limit: Some(RateLimit {
-            per_second: 0.01,
-            burst: 2,
-        }),
-        ..ServerStackConfig::default()
+        ..rate_limited(0.01, 2)
     };
     let sock = dir.path().join("echo.sock");
     let server = MeshServer::new("echo", cfg)
@@ -93,13 +89,7 @@ async fn allowed_roles_are_identified_and_others_denied() {
     assert_eq!(reply.peer, "bigfleet://readonly");
 
     let cluster = client(&f.https, &f.ctx("cl", &LeafSpec::role("cluster/a"))).await;
-    let denied = say(&cluster, "ok").await.unwrap_err();
-    assert_eq!(denied.code(), Code::PermissionDenied);
-    assert!(
-        denied.message().contains("bigfleet://cluster/a"),
-        "{}",
-        denied.message()
-    );
+    assert_refused(&cluster, Code::PermissionDenied, "bigfleet://cluster/a").await;
     // Health stays open to any verified caller.
     assert!(health_ok(&cluster).await);
 
@@ -114,9 +104,7 @@ async fn allowed_roles_are_identified_and_others_denied() {
 async fn certificates_with_zero_or_two_identities_are_denied_but_connect() {
     let f = fixture().await;
     let none = client(&f.https, &f.ctx("none", &LeafSpec::loopback("no identity"))).await;
-    let err = say(&none, "ok").await.unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied);
-    assert!(err.message().contains("found 0"), "{}", err.message());
+    assert_refused(&none, Code::PermissionDenied, "found 0").await;
     assert!(health_ok(&none).await, "transport succeeded");
 
     let two = client(
@@ -127,9 +115,7 @@ async fn certificates_with_zero_or_two_identities_are_denied_but_connect() {
         ),
     )
     .await;
-    let err = say(&two, "ok").await.unwrap_err();
-    assert_eq!(err.code(), Code::PermissionDenied);
-    assert!(err.message().contains("found 2"), "{}", err.message());
+    assert_refused(&two, Code::PermissionDenied, "found 2").await;
     f.server.shutdown().await.unwrap();
 }
 
@@ -178,13 +164,7 @@ async fn the_rate_limit_is_per_identity() {
     let readonly = client(&f.https, &f.ctx("ro", &LeafSpec::role("readonly"))).await;
     assert_eq!(code(&say(&admin, "ok").await), Code::Ok);
     assert_eq!(code(&say(&admin, "ok").await), Code::Ok);
-    let limited = say(&admin, "ok").await.unwrap_err();
-    assert_eq!(limited.code(), Code::ResourceExhausted);
-    assert!(
-        limited.message().contains("bigfleet://admin"),
-        "{}",
-        limited.message()
-    );
+    assert_refused(&admin, Code::ResourceExhausted, "bigfleet://admin").await;
     // Another identity is unaffected.
     assert_eq!(code(&say(&readonly, "ok").await), Code::Ok);
     // A second connection with the same identity shares the bucket.

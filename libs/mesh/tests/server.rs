@@ -6,7 +6,7 @@ mod common;
 use std::time::{Duration, Instant};
 
 use bigfleet_mesh::{MeshChannel, MeshServer, ServerStackConfig, ServingStatus};
-use common::{Echo, dial_once, echo_descriptor_set, say};
+use common::{Echo, dial_once, echo_descriptor_set, say, serve_echo_unix};
 use tokio_stream::StreamExt;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_check_response::ServingStatus as Wire;
@@ -138,12 +138,7 @@ async fn a_stale_socket_file_is_replaced() {
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("decide.sock");
     std::fs::write(&sock, b"stale").unwrap();
-    let running = MeshServer::new("echo", ServerStackConfig::default())
-        .unix(&sock)
-        .add_service(Echo::default())
-        .start()
-        .await
-        .unwrap();
+    let running = serve_echo_unix(&sock, Echo::default()).await;
     let ch = dial_once(&format!("unix://{}", sock.display())).await;
     assert!(say(&ch, "ok").await.is_ok());
     running.shutdown().await.unwrap();

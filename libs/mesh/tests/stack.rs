@@ -8,11 +8,13 @@ use std::time::Duration;
 
 use bigfleet_identity::PeerIdentity;
 use bigfleet_mesh::{
-    AuthzPolicy, ConnInfo, GrpcMetrics, MeshChannel, PeerCert, RateLimit, Role, RunningServer,
+    AuthzPolicy, ConnInfo, GrpcMetrics, MeshChannel, PeerCert, Role, RunningServer,
     ServerStackConfig, Transport, server_stack,
 };
 use bigfleet_telemetry::MetricsRegistry;
-use common::{Echo, SAY, code, dial_once, say, serve_echo, tcp_target};
+use common::{
+    Echo, SAY, assert_refused, code, dial_once, rate_limited, say, serve_echo, tcp_target,
+};
 use tonic::Code;
 use tower::ServiceExt;
 
@@ -25,23 +27,10 @@ async fn serve(cfg: ServerStackConfig, echo: Echo) -> (RunningServer, MeshChanne
 
 #[tokio::test]
 async fn the_rate_limit_answers_resource_exhausted_but_spares_health() {
-    let cfg = ServerStackConfig {
-        rate_limit: Some(RateLimit {
-            per_second: 0.01,
-            burst: 2,
-        }),
-        ..ServerStackConfig::default()
-    };
-    let (running, ch) = serve(cfg, Echo::default()).await;
+    let (running, ch) = serve(rate_limited(0.01, 2), Echo::default()).await;
     assert_eq!(code(&say(&ch, "ok").await), Code::Ok);
     assert_eq!(code(&say(&ch, "ok").await), Code::Ok);
-    let third = say(&ch, "ok").await.unwrap_err();
-    assert_eq!(third.code(), Code::ResourceExhausted);
-    assert!(
-        third.message().contains("rate limit"),
-        "{}",
-        third.message()
-    );
+    assert_refused(&ch, Code::ResourceExhausted, "rate limit").await;
     // Health is exempt: probes neither consume nor get refused.
     for _ in 0..5 {
         let r = tonic_health::pb::health_client::HealthClient::new(ch.clone())
@@ -132,11 +121,7 @@ async fn server_metrics_count_every_outcome() {
     let registry = MetricsRegistry::new();
     let cfg = ServerStackConfig {
         metrics: Some(GrpcMetrics::server(&registry).unwrap()),
-        rate_limit: Some(RateLimit {
-            per_second: 0.01,
-            burst: 2,
-        }),
-        ..ServerStackConfig::default()
+        ..rate_limited(0.01, 2)
     };
     let (running, ch) = serve(cfg, Echo::default()).await;
     let _ = say(&ch, "ok").await;

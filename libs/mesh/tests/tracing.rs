@@ -3,9 +3,9 @@
 
 mod common;
 
-use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshServer, ServerStackConfig, dial};
+use bigfleet_mesh::{ChannelConfig, ClientStackConfig, dial};
 use bigfleet_testkit::SpanCollector;
-use common::{Echo, say};
+use common::{Echo, say, serve_echo_unix};
 use opentelemetry::trace::{SpanKind, TracerProvider as _};
 use opentelemetry_sdk::trace::SdkTracerProvider;
 use tracing::Instrument;
@@ -25,12 +25,7 @@ async fn the_server_span_is_a_child_of_the_callers_span() {
 
     let dir = tempfile::tempdir().unwrap();
     let sock = dir.path().join("echo.sock");
-    let server = MeshServer::new("echo", ServerStackConfig::default())
-        .unix(&sock)
-        .add_service(Echo::default())
-        .start()
-        .await
-        .unwrap();
+    let server = serve_echo_unix(&sock, Echo::default()).await;
     let ch = dial(
         &format!("unix://{}", sock.display()),
         &ChannelConfig::default(),

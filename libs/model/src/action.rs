@@ -4,39 +4,29 @@ use crate::machine::{ClusterId, MachineId};
 use crate::profile::Profile;
 use crate::requirement::Requirement;
 use crate::state::MachineState;
+use crate::wire::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;
 
-/// Action kind. Discriminants are the reference ordinals.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[repr(u8)]
-pub enum ActionKind {
-    /// Phase 1 claim of an Idle machine: Idle → Configuring → Configured.
-    Bootstrap = 1,
-    /// Phase 1 claim of a Speculative slot: Speculative → Creating → Idle, then Bootstrap.
-    Provision = 2,
-    /// Phase 3 voluntary reclaim of excess: Configured → Draining → Idle.
-    Reclaim = 3,
-    /// Phase 2 preemption for a higher-priority need: Configured → Draining → Idle.
-    Preempt = 4,
-    /// Phase 3 idle release: Idle → Deleting → Speculative (the reference's `Delete`).
-    Release = 5,
+wire_enum! {
+    /// Action kind. Discriminants are the reference ordinals.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    pub enum ActionKind {
+        /// Phase 1 claim of an Idle machine: Idle → Configuring → Configured.
+        Bootstrap = 1,
+        /// Phase 1 claim of a Speculative slot: Speculative → Creating → Idle, then Bootstrap.
+        Provision = 2,
+        /// Phase 3 voluntary reclaim of excess: Configured → Draining → Idle.
+        Reclaim = 3,
+        /// Phase 2 preemption for a higher-priority need: Configured → Draining → Idle.
+        Preempt = 4,
+        /// Phase 3 idle release: Idle → Deleting → Speculative (the reference's `Delete`).
+        Release = 5,
+    }
 }
 
 impl ActionKind {
-    pub const ALL: [ActionKind; 5] = [
-        ActionKind::Bootstrap,
-        ActionKind::Provision,
-        ActionKind::Reclaim,
-        ActionKind::Preempt,
-        ActionKind::Release,
-    ];
-
-    pub const fn ordinal(self) -> u8 {
-        self as u8
-    }
-
     /// The stable audit/log tag of actions of this kind.
     pub const fn reason(self) -> &'static str {
         match self {

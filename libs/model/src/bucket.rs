@@ -1,99 +1,54 @@
 //! Penalty buckets: the dollar ladder both penalties use.
 
+use crate::wire::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// A penalty bucket. Discriminants are the wire ordinals
-/// (`bigfleet.v1alpha1.PenaltyBucket`). Ordinal `b` in `3..=26` covers
-/// `(2^(b-4), 2^(b-3)]` dollars.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
-#[repr(u8)]
-pub enum PenaltyBucket {
-    /// Not produced by [`PenaltyBucket::for_dollars`]; on the wire it means $0 (§12.15).
-    #[default]
-    Unspecified = 0,
-    Zero = 1,
-    HalfDollar = 2,
-    B1 = 3,
-    B2 = 4,
-    B4 = 5,
-    B8 = 6,
-    B16 = 7,
-    B32 = 8,
-    B64 = 9,
-    B128 = 10,
-    B256 = 11,
-    B512 = 12,
-    B1024 = 13,
-    B2048 = 14,
-    B4096 = 15,
-    B8192 = 16,
-    B16384 = 17,
-    B32768 = 18,
-    B65536 = 19,
-    B131072 = 20,
-    B262144 = 21,
-    B524288 = 22,
-    B1048576 = 23,
-    B2097152 = 24,
-    B4194304 = 25,
-    B8388608 = 26,
-    /// More than $8,388,608: effectively never interrupt/reclaim.
-    Pinned = 27,
+wire_enum! {
+    /// A penalty bucket. Discriminants are the wire ordinals
+    /// (`bigfleet.v1alpha1.PenaltyBucket`). Ordinal `b` in `3..=26` covers
+    /// `(2^(b-4), 2^(b-3)]` dollars.
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+    )]
+    pub enum PenaltyBucket {
+        /// Not produced by [`PenaltyBucket::for_dollars`]; on the wire it means $0 (§12.15).
+        #[default]
+        Unspecified = 0,
+        Zero = 1,
+        HalfDollar = 2,
+        B1 = 3,
+        B2 = 4,
+        B4 = 5,
+        B8 = 6,
+        B16 = 7,
+        B32 = 8,
+        B64 = 9,
+        B128 = 10,
+        B256 = 11,
+        B512 = 12,
+        B1024 = 13,
+        B2048 = 14,
+        B4096 = 15,
+        B8192 = 16,
+        B16384 = 17,
+        B32768 = 18,
+        B65536 = 19,
+        B131072 = 20,
+        B262144 = 21,
+        B524288 = 22,
+        B1048576 = 23,
+        B2097152 = 24,
+        B4194304 = 25,
+        B8388608 = 26,
+        /// More than $8,388,608: effectively never interrupt/reclaim.
+        Pinned = 27,
+    }
 }
 
 impl PenaltyBucket {
-    /// Every bucket, in ordinal order.
-    pub const ALL: [PenaltyBucket; 28] = {
-        use PenaltyBucket::*;
-        [
-            Unspecified,
-            Zero,
-            HalfDollar,
-            B1,
-            B2,
-            B4,
-            B8,
-            B16,
-            B32,
-            B64,
-            B128,
-            B256,
-            B512,
-            B1024,
-            B2048,
-            B4096,
-            B8192,
-            B16384,
-            B32768,
-            B65536,
-            B131072,
-            B262144,
-            B524288,
-            B1048576,
-            B2097152,
-            B4194304,
-            B8388608,
-            Pinned,
-        ]
-    };
-
     /// The largest finite upper bound on the ladder.
     pub const MAX_FINITE_DOLLARS: f64 = 8_388_608.0;
-
-    /// The wire ordinal.
-    pub const fn ordinal(self) -> u8 {
-        self as u8
-    }
-
-    /// The bucket with this wire ordinal, or `None` when out of range.
-    pub fn from_ordinal(ordinal: i32) -> Option<PenaltyBucket> {
-        usize::try_from(ordinal)
-            .ok()
-            .and_then(|i| Self::ALL.get(i).copied())
-    }
 
     /// The dollars the engine assumes for this bucket: the bucket's upper bound
     /// (a deliberate over-estimate). Unspecified and Zero are 0, Pinned is +∞.

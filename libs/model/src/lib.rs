@@ -16,6 +16,7 @@ pub mod quantity;
 pub mod requirement;
 pub mod resources;
 pub mod state;
+mod wire;
 
 pub use action::{Action, ActionKind, Assignment};
 pub use bucket::{PenaltyBucket, bucket_for_dollars};

@@ -1,6 +1,7 @@
 //! Requirements, topology spread and matching against machines.
 
 use crate::machine::{Machine, MachineProfile};
+use crate::wire::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 use std::fmt;
@@ -10,72 +11,35 @@ pub const INSTANCE_TYPE_KEY: &str = "node.kubernetes.io/instance-type";
 /// Label key matched against [`MachineProfile::zone`].
 pub const ZONE_KEY: &str = "topology.kubernetes.io/zone";
 
-/// Node-selector operator. Discriminants are the wire ordinals.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
-#[repr(u8)]
-pub enum Operator {
-    /// Never matches anything (and conv rejects it at ingest).
-    Unspecified = 0,
-    In = 1,
-    NotIn = 2,
-    Exists = 3,
-    DoesNotExist = 4,
-    /// Wire-only co-location: every machine of the need shares one value of the key.
-    /// Per machine it means "present (and in `values` if any are given)".
-    Same = 5,
-}
-
-impl Operator {
-    /// The wire ordinal.
-    pub const fn ordinal(self) -> u8 {
-        self as u8
-    }
-
-    /// The operator with this wire ordinal, or `None` when out of range.
-    pub const fn from_ordinal(ordinal: i32) -> Option<Operator> {
-        Some(match ordinal {
-            0 => Operator::Unspecified,
-            1 => Operator::In,
-            2 => Operator::NotIn,
-            3 => Operator::Exists,
-            4 => Operator::DoesNotExist,
-            5 => Operator::Same,
-            _ => return None,
-        })
+wire_enum! {
+    /// Node-selector operator. Discriminants are the wire ordinals.
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
+    pub enum Operator {
+        /// Never matches anything (and conv rejects it at ingest).
+        Unspecified = 0,
+        In = 1,
+        NotIn = 2,
+        Exists = 3,
+        DoesNotExist = 4,
+        /// Wire-only co-location: every machine of the need shares one value of the key.
+        /// Per machine it means "present (and in `values` if any are given)".
+        Same = 5,
     }
 }
 
-/// Capacity type of a machine. Discriminants are the wire ordinals. It only
-/// drives the idle-release hold (Phase 3).
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
-#[repr(u8)]
-pub enum CapacityType {
-    #[default]
-    Unspecified = 0,
-    BareMetal = 1,
-    Reserved = 2,
-    OnDemand = 3,
-    Spot = 4,
-}
-
-impl CapacityType {
-    /// The wire ordinal.
-    pub const fn ordinal(self) -> u8 {
-        self as u8
-    }
-
-    /// The capacity type with this wire ordinal, or `None` when out of range.
-    pub const fn from_ordinal(ordinal: i32) -> Option<CapacityType> {
-        Some(match ordinal {
-            0 => CapacityType::Unspecified,
-            1 => CapacityType::BareMetal,
-            2 => CapacityType::Reserved,
-            3 => CapacityType::OnDemand,
-            4 => CapacityType::Spot,
-            _ => return None,
-        })
+wire_enum! {
+    /// Capacity type of a machine. Discriminants are the wire ordinals. It only
+    /// drives the idle-release hold (Phase 3).
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+    )]
+    pub enum CapacityType {
+        #[default]
+        Unspecified = 0,
+        BareMetal = 1,
+        Reserved = 2,
+        OnDemand = 3,
+        Spot = 4,
     }
 }
 
@@ -171,33 +135,17 @@ impl fmt::Display for Requirement {
     }
 }
 
-/// `TopologySpread.WhenUnsatisfiable`. Discriminants are the wire ordinals.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
-#[repr(u8)]
-pub enum WhenUnsatisfiable {
-    #[default]
-    Unspecified = 0,
-    /// The only mode the engine enforces.
-    DoNotSchedule = 1,
-    ScheduleAnyway = 2,
-}
-
-impl WhenUnsatisfiable {
-    /// The wire ordinal.
-    pub const fn ordinal(self) -> u8 {
-        self as u8
-    }
-
-    /// The value with this wire ordinal, or `None` when out of range.
-    pub const fn from_ordinal(ordinal: i32) -> Option<WhenUnsatisfiable> {
-        Some(match ordinal {
-            0 => WhenUnsatisfiable::Unspecified,
-            1 => WhenUnsatisfiable::DoNotSchedule,
-            2 => WhenUnsatisfiable::ScheduleAnyway,
-            _ => return None,
-        })
+wire_enum! {
+    /// `TopologySpread.WhenUnsatisfiable`. Discriminants are the wire ordinals.
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+    )]
+    pub enum WhenUnsatisfiable {
+        #[default]
+        Unspecified = 0,
+        /// The only mode the engine enforces.
+        DoNotSchedule = 1,
+        ScheduleAnyway = 2,
     }
 }
 

@@ -1,71 +1,39 @@
 //! Machine lifecycle states and the legal-transition table.
 
+use crate::wire::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 
-/// Lifecycle state of a machine. The discriminants are the wire ordinals
-/// (`bigfleet.v1alpha1.MachineState`) and also the sort/bucket key order.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
-)]
-#[repr(u8)]
-pub enum MachineState {
-    /// Guard value: never legal at rest ([`crate::Machine::invariant`] rejects it).
-    #[default]
-    Unspecified = 0,
-    /// A quota slot: no host, no cluster.
-    Speculative = 1,
-    /// Provider `Create` in progress (Speculative → Idle).
-    Creating = 2,
-    /// Real hardware, unbound.
-    Idle = 3,
-    /// Being joined to a cluster (Idle → Configured).
-    Configuring = 4,
-    /// Joined to a cluster.
-    Configured = 5,
-    /// Leaving a cluster (Configured → Idle).
-    Draining = 6,
-    /// Returning hardware to the provider (Idle → Speculative, cloud only).
-    Deleting = 7,
-    /// The last transition failed; waits for cleanup. `last_error` is set.
-    Failed = 8,
+wire_enum! {
+    /// Lifecycle state of a machine. The discriminants are the wire ordinals
+    /// (`bigfleet.v1alpha1.MachineState`) and also the sort/bucket key order.
+    #[derive(
+        Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
+    )]
+    pub enum MachineState {
+        /// Guard value: never legal at rest ([`crate::Machine::invariant`] rejects it).
+        #[default]
+        Unspecified = 0,
+        /// A quota slot: no host, no cluster.
+        Speculative = 1,
+        /// Provider `Create` in progress (Speculative → Idle).
+        Creating = 2,
+        /// Real hardware, unbound.
+        Idle = 3,
+        /// Being joined to a cluster (Idle → Configured).
+        Configuring = 4,
+        /// Joined to a cluster.
+        Configured = 5,
+        /// Leaving a cluster (Configured → Idle).
+        Draining = 6,
+        /// Returning hardware to the provider (Idle → Speculative, cloud only).
+        Deleting = 7,
+        /// The last transition failed; waits for cleanup. `last_error` is set.
+        Failed = 8,
+    }
 }
 
 impl MachineState {
-    /// Every state, in ordinal order.
-    pub const ALL: [MachineState; 9] = [
-        MachineState::Unspecified,
-        MachineState::Speculative,
-        MachineState::Creating,
-        MachineState::Idle,
-        MachineState::Configuring,
-        MachineState::Configured,
-        MachineState::Draining,
-        MachineState::Deleting,
-        MachineState::Failed,
-    ];
-
-    /// The wire ordinal.
-    pub const fn ordinal(self) -> u8 {
-        self as u8
-    }
-
-    /// The state with this wire ordinal, or `None` when out of range.
-    pub const fn from_ordinal(ordinal: i32) -> Option<MachineState> {
-        Some(match ordinal {
-            0 => MachineState::Unspecified,
-            1 => MachineState::Speculative,
-            2 => MachineState::Creating,
-            3 => MachineState::Idle,
-            4 => MachineState::Configuring,
-            5 => MachineState::Configured,
-            6 => MachineState::Draining,
-            7 => MachineState::Deleting,
-            8 => MachineState::Failed,
-            _ => return None,
-        })
-    }
-
     /// Stable states are the only ones the engine allocates from and the only
     /// ones its actions start in. Failed is deliberately not stable.
     pub const fn is_stable(self) -> bool {

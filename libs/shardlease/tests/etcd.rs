@@ -7,6 +7,13 @@ use std::time::{Duration, Instant};
 use bigfleet_shardlease::testing::EtcdServer;
 use bigfleet_shardlease::{Campaign, EtcdConfig, EtcdShards, LeaderGate, ShardLeaseError, Term};
 
+/// A fresh etcd for one test (with test logging on), or `None` when etcd is not installed
+/// and the test skips.
+async fn etcd_or_skip() -> Option<EtcdServer> {
+    init_tracing();
+    EtcdServer::start_or_skip().await
+}
+
 fn init_tracing() {
     let _ = tracing_subscriber::fmt()
         .with_env_filter(
@@ -43,8 +50,7 @@ async fn not_actuating_within(gate: &LeaderGate, within: Duration) {
 
 #[tokio::test]
 async fn epoch_strictly_increases_across_50_restarts() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let mut last = 0;
@@ -71,8 +77,7 @@ async fn epoch_strictly_increases_across_50_restarts() {
 
 #[tokio::test]
 async fn racing_starts_never_share_an_epoch() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     // Eight "processes" (own connections) mint at once, three times each.
@@ -112,8 +117,7 @@ async fn racing_starts_never_share_an_epoch() {
 
 #[tokio::test]
 async fn racing_campaigners_elect_exactly_one() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let mut gates = Vec::new();
@@ -135,8 +139,7 @@ async fn racing_campaigners_elect_exactly_one() {
 
 #[tokio::test]
 async fn floor_and_corrupt_epoch() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let s = shards(etcd.endpoints(), 2).await;
@@ -161,8 +164,7 @@ async fn floor_and_corrupt_epoch() {
 
 #[tokio::test]
 async fn standby_takes_over_within_ttl_plus_2s_with_a_higher_epoch() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let ttl = 2;
@@ -194,8 +196,7 @@ async fn standby_takes_over_within_ttl_plus_2s_with_a_higher_epoch() {
 
 #[tokio::test]
 async fn resign_hands_over_at_once() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let a = shards(etcd.endpoints(), 10)
@@ -215,8 +216,7 @@ async fn resign_hands_over_at_once() {
 
 #[tokio::test]
 async fn etcd_frozen_longer_than_the_ttl_pauses_then_resumes_with_a_higher_epoch() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let ttl = 2;
@@ -265,8 +265,7 @@ async fn etcd_frozen_longer_than_the_ttl_pauses_then_resumes_with_a_higher_epoch
 
 #[tokio::test]
 async fn etcd_killed_and_restarted_resumes_with_a_higher_epoch() {
-    init_tracing();
-    let Some(mut etcd) = EtcdServer::start_or_skip().await else {
+    let Some(mut etcd) = etcd_or_skip().await else {
         return;
     };
     let ttl = 2;
@@ -287,8 +286,7 @@ async fn etcd_killed_and_restarted_resumes_with_a_higher_epoch() {
 
 #[tokio::test]
 async fn a_short_blip_changes_nothing() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let s = shards(etcd.endpoints(), 3).await;
@@ -313,8 +311,7 @@ async fn a_short_blip_changes_nothing() {
 
 #[tokio::test]
 async fn work_endpoint_watcher_follows_a_failover() {
-    init_tracing();
-    let Some(etcd) = EtcdServer::start_or_skip().await else {
+    let Some(etcd) = etcd_or_skip().await else {
         return;
     };
     let ttl = 2;

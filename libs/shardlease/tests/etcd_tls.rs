@@ -10,20 +10,13 @@ use bigfleet_testkit::{LeafSpec, TestCa};
 async fn epochs_over_mutual_tls() {
     let dir = tempfile::tempdir().unwrap();
     let ca = TestCa::new("etcd-ca").unwrap();
-    let server = ca
-        .write_bundle(
-            dir.path(),
-            "server",
-            &ca.issue(&LeafSpec::loopback("etcd")).unwrap(),
-        )
-        .unwrap();
-    let client = ca
-        .write_bundle(
-            dir.path(),
-            "client",
-            &ca.issue(&LeafSpec::loopback("decide")).unwrap(),
-        )
-        .unwrap();
+    // A loopback leaf for `common_name`, written as `<stem>.crt`/`.key` next to the CA.
+    let bundle = |stem: &str, common_name: &str| {
+        let leaf = ca.issue(&LeafSpec::loopback(common_name)).unwrap();
+        ca.write_bundle(dir.path(), stem, &leaf).unwrap()
+    };
+    let server = bundle("server", "etcd");
+    let client = bundle("client", "decide");
     let client_tls = EtcdTls {
         ca: client.ca.clone(),
         cert: Some(client.cert.clone()),

@@ -4,10 +4,7 @@ use std::fs;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr};
 use std::path::{Path, PathBuf};
 
-use rcgen::{
-    BasicConstraints, CertificateParams, CertifiedIssuer, DistinguishedName, DnType,
-    ExtendedKeyUsagePurpose, IsCa, KeyPair, KeyUsagePurpose, SanType,
-};
+use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, KeyPair, SanType};
 
 use crate::TestkitError;
 
@@ -89,15 +86,7 @@ impl LeafSpec {
     /// The certificate parameters of this leaf (for a CA that keeps its own key elsewhere,
     /// like the load tester's on-disk CA).
     pub fn params(&self) -> Result<CertificateParams, rcgen::Error> {
-        let mut params = CertificateParams::default();
-        params.distinguished_name = name(&self.common_name);
-        params.is_ca = IsCa::NoCa;
-        params.key_usages = vec![KeyUsagePurpose::DigitalSignature];
-        params.extended_key_usages = vec![
-            ExtendedKeyUsagePurpose::ServerAuth,
-            ExtendedKeyUsagePurpose::ClientAuth,
-        ];
-        params.use_authority_key_identifier_extension = true;
+        let mut params = bigfleet_identity::ca::leaf_params(&self.common_name);
         let mut sans = Vec::new();
         for uri in &self.uris {
             sans.push(SanType::URI(uri.as_str().try_into()?));
@@ -113,15 +102,7 @@ impl LeafSpec {
 
 /// The parameters of a self-signed bigfleet CA named `common_name`.
 pub fn ca_params(common_name: &str) -> CertificateParams {
-    let mut params = CertificateParams::default();
-    params.distinguished_name = name(common_name);
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.key_usages = vec![
-        KeyUsagePurpose::KeyCertSign,
-        KeyUsagePurpose::CrlSign,
-        KeyUsagePurpose::DigitalSignature,
-    ];
-    params
+    bigfleet_identity::ca::ca_params(common_name, BasicConstraints::Unconstrained)
 }
 
 /// A self-signed CA that lives as long as the value (nothing is persisted except the PEM
@@ -208,12 +189,6 @@ fn role_uri(role: &str) -> String {
     }
 }
 
-fn name(common_name: &str) -> DistinguishedName {
-    let mut dn = DistinguishedName::new();
-    dn.push(DnType::CommonName, common_name);
-    dn
-}
-
 fn write_file(path: &Path, content: &str, mode: u32) -> Result<(), TestkitError> {
     use std::os::unix::fs::PermissionsExt;
     let io = |source| TestkitError::Io {
@@ -260,6 +235,12 @@ mod tests {
         let eku = parsed.extended_key_usage().unwrap().unwrap().value;
         assert!(eku.server_auth && eku.client_auth);
         assert!(!parsed.is_ca());
+        // The production leaf profile: "not a CA" is stated, not just implied.
+        let constraints = parsed
+            .basic_constraints()
+            .unwrap()
+            .expect("basicConstraints");
+        assert!(!constraints.value.ca);
         let ca_der = ca.ca_der();
         let (_, ca_cert) = X509Certificate::from_der(&ca_der).unwrap();
         assert!(ca_cert.is_ca());

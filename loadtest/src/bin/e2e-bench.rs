@@ -53,7 +53,7 @@ async fn execute_worker(argv: Vec<std::ffi::OsString>) -> anyhow::Result<()> {
     let args = svc_shard_execute::Args::parse_from(argv);
     let cfg = bigfleet_telemetry::TelemetryConfig::from_env(
         "bigfleet-shard-execute",
-        args.log.log_format,
+        args.service.log.log_format,
     );
     let _telemetry = bigfleet_telemetry::init(&cfg)?;
     svc_shard_execute::run(args).await

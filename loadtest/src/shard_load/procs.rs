@@ -360,22 +360,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut c = Children::new(&dir.path().join("logs")).unwrap();
         let ops: SocketAddr = "127.0.0.1:9".parse().unwrap();
-        c.spawn(
-            "sleeper",
-            Role::Execute,
-            Path::new("/bin/sh"),
-            &["-c".into(), "sleep 60".into()],
-            ops,
-        )
-        .unwrap();
-        c.spawn(
-            "quitter",
-            Role::Decide,
-            Path::new("/bin/sh"),
-            &["-c".into(), "echo boom; exit 3".into()],
-            ops,
-        )
-        .unwrap();
+        let mut sh = |name: &str, role: Role, script: &str| {
+            c.spawn(
+                name,
+                role,
+                Path::new("/bin/sh"),
+                &["-c".into(), script.into()],
+                ops,
+            )
+            .unwrap();
+        };
+        sh("sleeper", Role::Execute, "sleep 60");
+        sh("quitter", Role::Decide, "echo boom; exit 3");
         let sleeper = c.of(Role::Execute)[0].0;
         let err = c
             .wait_ready(&["sleeper", "quitter"], Duration::from_secs(10))

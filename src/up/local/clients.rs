@@ -64,28 +64,28 @@ impl Mesh {
         inspect_needs(ch, cluster).await
     }
 
+    /// A read-only channel to svc-inspect's gRPC port.
+    async fn inspect_channel(&self) -> Result<MeshChannel, UpError> {
+        let p = self
+            .ports
+            .inspect
+            .as_ref()
+            .ok_or_else(|| UpError::Config("no inspect in this mesh".into()))?;
+        self.channel(&self.tcp_target(&p.grpc), "readonly").await
+    }
+
     /// `ShardRead.InspectNeeds` fleet-wide through svc-inspect.
     pub async fn fleet_inspect_needs(
         &self,
         cluster: &str,
     ) -> Result<(pb::InspectNeedsHeader, Vec<pb::NeedView>), UpError> {
-        let p = self
-            .ports
-            .inspect
-            .as_ref()
-            .ok_or_else(|| UpError::Config("no inspect in this mesh".into()))?;
-        let ch = self.channel(&self.tcp_target(&p.grpc), "readonly").await?;
+        let ch = self.inspect_channel().await?;
         inspect_needs(ch, cluster).await
     }
 
     /// `Inspect.FleetSummary` through svc-inspect.
     pub async fn fleet_summary(&self) -> Result<meshpb::FleetSummaryResponse, UpError> {
-        let p = self
-            .ports
-            .inspect
-            .as_ref()
-            .ok_or_else(|| UpError::Config("no inspect in this mesh".into()))?;
-        let ch = self.channel(&self.tcp_target(&p.grpc), "readonly").await?;
+        let ch = self.inspect_channel().await?;
         let mut c =
             bigfleet_mesh::with_message_limits!(meshpb::inspect_client::InspectClient::new(ch));
         c.fleet_summary(meshpb::FleetSummaryRequest { max_shortfalls: 0 })

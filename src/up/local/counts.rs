@@ -3,22 +3,14 @@
 use std::collections::BTreeMap;
 
 use bigfleet_proto::v1alpha1 as pb;
+use svc_inspect::view::{MACHINE_STATES, short_state};
 
 /// Machines per state name (`CONFIGURED`, `IDLE`, ...), every state present.
 pub fn count_by_state(machines: &[pb::Machine]) -> BTreeMap<String, u64> {
-    let mut m: BTreeMap<String, u64> = [
-        pb::MachineState::Speculative,
-        pb::MachineState::Creating,
-        pb::MachineState::Idle,
-        pb::MachineState::Configuring,
-        pb::MachineState::Configured,
-        pb::MachineState::Draining,
-        pb::MachineState::Deleting,
-        pb::MachineState::Failed,
-    ]
-    .into_iter()
-    .map(|s| (state_name(s as i32), 0))
-    .collect();
+    let mut m: BTreeMap<String, u64> = MACHINE_STATES
+        .into_iter()
+        .map(|s| (state_name(s as i32), 0))
+        .collect();
     for machine in machines {
         *m.entry(state_name(machine.state)).or_default() += 1;
     }
@@ -28,11 +20,7 @@ pub fn count_by_state(machines: &[pb::Machine]) -> BTreeMap<String, u64> {
 /// `MACHINE_STATE_CONFIGURED` ⇒ `CONFIGURED`.
 pub fn state_name(state: i32) -> String {
     pb::MachineState::try_from(state)
-        .map(|s| {
-            s.as_str_name()
-                .trim_start_matches("MACHINE_STATE_")
-                .to_owned()
-        })
+        .map(|s| short_state(s.as_str_name()).to_owned())
         .unwrap_or_else(|_| format!("STATE_{state}"))
 }
 

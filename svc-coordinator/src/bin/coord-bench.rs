@@ -14,7 +14,6 @@ use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};
 use clap::Parser;
 use hdrhistogram::Histogram;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tonic::transport::Channel;
 
 #[derive(Debug, Parser)]
@@ -97,20 +96,10 @@ impl Drop for Proc {
     }
 }
 
-fn free_port() -> anyhow::Result<u16> {
-    Ok(std::net::TcpListener::bind("127.0.0.1:0")?
-        .local_addr()?
-        .port())
-}
-
 async fn metric(port: u16, name: &str) -> Option<f64> {
-    let mut s = tokio::net::TcpStream::connect(("127.0.0.1", port))
-        .await
-        .ok()?;
-    s.write_all(b"GET /metrics HTTP/1.0\r\n\r\n").await.ok()?;
-    let mut buf = String::new();
-    s.read_to_string(&mut buf).await.ok()?;
-    buf.lines().find_map(|l| {
+    let (_, body) =
+        bigfleet_testkit::http_request(([127, 0, 0, 1], port).into(), "/metrics", &[]).await?;
+    body.lines().find_map(|l| {
         let (k, v) = l.rsplit_once(' ')?;
         (k == name).then(|| v.parse().ok()).flatten()
     })
@@ -183,9 +172,9 @@ async fn main() -> anyhow::Result<()> {
     for i in 0..3 {
         procs.push(Proc {
             name: format!("coord-{i}"),
-            api: free_port()?,
-            raft: free_port()?,
-            metrics: free_port()?,
+            api: bigfleet_testkit::free_tcp_port()?,
+            raft: bigfleet_testkit::free_tcp_port()?,
+            metrics: bigfleet_testkit::free_tcp_port()?,
             data: dir.path().join(format!("coord-{i}")),
             child: None,
         });

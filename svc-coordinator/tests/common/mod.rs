@@ -560,6 +560,11 @@ pub async fn solo_over_mtls(dir: &Path, ca: &bigfleet_testkit::TestCa) -> svc_co
     running
 }
 
+/// A call's status code, `Ok` for an answer.
+pub fn code<T>(r: Result<tonic::Response<T>, tonic::Status>) -> tonic::Code {
+    r.map_or_else(|s| s.code(), |_| tonic::Code::Ok)
+}
+
 /// A channel to the replica at `addr` over mTLS as the identity in `paths`.
 pub async fn mtls_channel(
     addr: std::net::SocketAddr,

@@ -4,7 +4,7 @@
 pub mod cdp;
 
 use std::net::SocketAddr;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -59,6 +59,13 @@ pub fn dead_addr() -> SocketAddr {
     bigfleet_testkit::reserve_tcp_port().unwrap().release()
 }
 
+/// svc-inspect pointed at a coordinator that never answers, with no shard known.
+pub async fn start_without_coordinator() -> Running {
+    svc_inspect::start(Config::local(&format!("http://{}", dead_addr())))
+        .await
+        .unwrap()
+}
+
 /// Shard s1: clusters c-a and c-b; s2: c-a and c-c (with every unmet reason); s3: down.
 pub fn shard_doubles() -> Vec<ShardDouble> {
     let desc = |id: &str, configured: i32, idle: i32, sessions: u32, needs: i32, unmet: i32| {
@@ -79,37 +86,33 @@ pub fn shard_doubles() -> Vec<ShardDouble> {
     };
     vec![
         ShardDouble {
-            shard_id: "s1".into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 41,
-                computed_at_unix_nanos: 2_000,
-                total_needs: 0,
-            },
-            needs: vec![
-                need("c-a", 10, 5, None),
-                need("c-b", 1, 1, Some(UnmetReason::NoMatchingSupply)),
-                need("c-a", 100, 7, Some(UnmetReason::PriorityStarved)),
-            ],
             description: Some(desc("s1", 7, 2, 2, 3, 1)),
             delay: None,
-            ..Default::default()
+            ..ShardDouble::with_verdicts(
+                "s1",
+                41,
+                2_000,
+                vec![
+                    need("c-a", 10, 5, None),
+                    need("c-b", 1, 1, Some(UnmetReason::NoMatchingSupply)),
+                    need("c-a", 100, 7, Some(UnmetReason::PriorityStarved)),
+                ],
+            )
         },
         ShardDouble {
-            shard_id: "s2".into(),
-            header: pb::InspectNeedsHeader {
-                cycle: 17,
-                computed_at_unix_nanos: 1_000,
-                total_needs: 0,
-            },
-            needs: vec![
-                need("c-c", 50, 9, Some(UnmetReason::TopologyUnsatisfiable)),
-                need("c-a", 10, 2, Some(UnmetReason::PreemptionExhausted)),
-                need("c-c", 10, 5, None),
-            ],
             // A gateway without ShardInfo: only the InspectNeeds header is known.
             description: None,
             delay: None,
-            ..Default::default()
+            ..ShardDouble::with_verdicts(
+                "s2",
+                17,
+                1_000,
+                vec![
+                    need("c-c", 50, 9, Some(UnmetReason::TopologyUnsatisfiable)),
+                    need("c-a", 10, 2, Some(UnmetReason::PreemptionExhausted)),
+                    need("c-c", 10, 5, None),
+                ],
+            )
         },
     ]
 }
@@ -165,29 +168,25 @@ impl Harness {
         if opts.with_dead_shard {
             registry.push(registry_entry("s3", dead_addr()));
         }
+        let report = |shard_id: &str, cycle, (total, free), shortfalls| pb::ShardReportSnapshot {
+            shard_id: shard_id.into(),
+            cycle,
+            received_at_unix_ns: 1,
+            summary: Some(pb::ShardSummary {
+                total_machines: total,
+                free_machines: free,
+                ..Default::default()
+            }),
+            shortfalls,
+        };
         let reports = vec![
-            pb::ShardReportSnapshot {
-                shard_id: "s1".into(),
-                cycle: 9,
-                received_at_unix_ns: 1,
-                summary: Some(pb::ShardSummary {
-                    total_machines: 9,
-                    free_machines: 2,
-                    ..Default::default()
-                }),
-                shortfalls: vec![shortfall(1, 100, 3), shortfall(1, 5, 40)],
-            },
-            pb::ShardReportSnapshot {
-                shard_id: "s3".into(),
-                cycle: 4,
-                received_at_unix_ns: 1,
-                summary: Some(pb::ShardSummary {
-                    total_machines: 11,
-                    free_machines: 0,
-                    ..Default::default()
-                }),
-                shortfalls: vec![shortfall(3, 50, 12)],
-            },
+            report(
+                "s1",
+                9,
+                (9, 2),
+                vec![shortfall(1, 100, 3), shortfall(1, 5, 40)],
+            ),
+            report("s3", 4, (11, 0), vec![shortfall(3, 50, 12)]),
         ];
         let coordinator = CoordinatorDouble::new(CoordinatorState {
             shards: registry,
@@ -261,6 +260,21 @@ pub fn shortfall(cpu: i32, priority: i32, age: i32) -> pb::Shortfall {
     }
 }
 
+/// A GET of inspect's JSON API: (status, decoded body); fails unless the answer is JSON.
+pub async fn get_json<T: serde::de::DeserializeOwned>(h: &Harness, path: &str) -> (u16, T) {
+    let (status, headers, body) = http_get(h.inspect().http_addr(), path).await;
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k == "content-type" && v.starts_with("application/json")),
+        "{path}: {headers:?}"
+    );
+    (
+        status,
+        serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}")),
+    )
+}
+
 /// A raw HTTP/1.1 GET: (status, headers lowercased, body).
 pub async fn http_get(addr: SocketAddr, path: &str) -> (u16, Vec<(String, String)>, String) {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -309,6 +323,18 @@ fn dechunk(mut s: &str) -> String {
         s = &rest[n + 2..];
     }
     out
+}
+
+/// Renders `url` in headless Chromium (`bin`), saves a screenshot as `shot` in the target
+/// directory, and returns the page's DOM; fails unless it contains every one of `expected`.
+pub async fn shoot_and_expect(bin: &Path, url: &str, shot: &str, expected: &[&str]) -> String {
+    let target = target_dir();
+    std::fs::create_dir_all(&target).unwrap();
+    let dom = bigfleet_testkit::tools::dump_and_shoot(bin, url, &target.join(shot)).await;
+    for e in expected {
+        assert!(dom.contains(e), "{url} lacks {e:?}: {dom}");
+    }
+    dom
 }
 
 /// The workspace's target directory (screenshots go there).

@@ -173,6 +173,33 @@ pub async fn open_with(channel: Channel, first: OperatorMessage) -> Result<RawSe
     })
 }
 
+/// Opens a session that must be refused (`why` names the case), checks the refusal's
+/// `code` and that its message contains `says`, and returns it.
+pub async fn refused_open(
+    channel: Channel,
+    first: OperatorMessage,
+    why: &str,
+    code: tonic::Code,
+    says: &str,
+) -> Status {
+    let Err(err) = open_with(channel, first).await else {
+        panic!("{why}: the session was opened");
+    };
+    assert_eq!(err.code(), code, "{why}: {err:?}");
+    assert!(err.message().contains(says), "{why}: {}", err.message());
+    err
+}
+
+/// A RequestBootstrap for `cluster` that waits up to `timeout_ms` (0: the gateway's
+/// default).
+pub fn ask_bootstrap(cluster: &str, timeout_ms: u32) -> meshpb::RequestBootstrapRequest {
+    meshpb::RequestBootstrapRequest {
+        cluster_id: cluster.into(),
+        timeout_ms,
+        ..Default::default()
+    }
+}
+
 /// Opens a plaintext session for `cluster` and reads the hello ack.
 pub async fn open(target: &str, cluster: &str) -> RawSession {
     let mut s = open_with(channel(target, None).await, hello(cluster))

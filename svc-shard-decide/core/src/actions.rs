@@ -230,6 +230,11 @@ mod tests {
         }
     }
 
+    /// Replaces the queue with `actions`, all applicable, under no trace.
+    fn enqueue(l: &mut ActionLedger, actions: Vec<Action>, cycle: u64) -> EnqueueStats {
+        l.replace_queue(actions, cycle, TraceContext::default(), |_| true)
+    }
+
     #[test]
     fn each_enqueued_action_gets_its_own_trace_and_skipped_ones_ask_for_none() {
         let mut l = ActionLedger::new(1, "e1");
@@ -256,12 +261,7 @@ mod tests {
     #[test]
     fn one_action_per_machine_in_flight() {
         let mut l = ActionLedger::new(10, "e1");
-        let s = l.replace_queue(
-            vec![release("a"), release("a"), release("b")],
-            1,
-            TraceContext::default(),
-            |_| true,
-        );
+        let s = enqueue(&mut l, vec![release("a"), release("a"), release("b")], 1);
         assert_eq!(
             s,
             EnqueueStats {
@@ -275,12 +275,7 @@ mod tests {
         assert_eq!(a.action.machine_id(), "a");
         assert!(l.is_in_flight("a"));
         // The next cycle re-derives "a": deduped while in flight.
-        let s = l.replace_queue(
-            vec![release("a"), release("b")],
-            2,
-            TraceContext::default(),
-            |_| true,
-        );
+        let s = enqueue(&mut l, vec![release("a"), release("b")], 2);
         assert_eq!(
             s,
             EnqueueStats {
@@ -300,12 +295,7 @@ mod tests {
     #[test]
     fn bounded_queue_drops_overflow() {
         let mut l = ActionLedger::new(2, "e1");
-        let s = l.replace_queue(
-            vec![release("a"), release("b"), release("c")],
-            1,
-            TraceContext::default(),
-            |_| true,
-        );
+        let s = enqueue(&mut l, vec![release("a"), release("b"), release("c")], 1);
         assert_eq!(s.dropped, 1);
         assert_eq!(l.queue_len(), 2);
     }
@@ -313,12 +303,7 @@ mod tests {
     #[test]
     fn hand_out_rechecks_and_skips_moot() {
         let mut l = ActionLedger::new(10, "e1");
-        l.replace_queue(
-            vec![release("a"), release("b")],
-            1,
-            TraceContext::default(),
-            |_| true,
-        );
+        enqueue(&mut l, vec![release("a"), release("b")], 1);
         let (f, moot) = l.hand_out(1, |a| a.machine_id() != "a");
         assert_eq!(f.unwrap().action.machine_id(), "b");
         assert_eq!(moot, 1);
@@ -328,12 +313,7 @@ mod tests {
     #[test]
     fn abandoning_a_stream_frees_only_its_machines() {
         let mut l = ActionLedger::new(10, "e1");
-        l.replace_queue(
-            vec![release("a"), release("b"), release("c")],
-            1,
-            TraceContext::default(),
-            |_| true,
-        );
+        enqueue(&mut l, vec![release("a"), release("b"), release("c")], 1);
         let a = l.hand_out(1, |_| true).0.unwrap();
         let b = l.hand_out(2, |_| true).0.unwrap();
         let c = l.hand_out(1, |_| true).0.unwrap();
@@ -364,7 +344,8 @@ mod tests {
             reclamation_penalty_dollars: 0.0,
             requirements: vec![],
         };
-        l.replace_queue(
+        enqueue(
+            &mut l,
             vec![
                 Action::Provision {
                     machine_id: "s1".into(),
@@ -374,8 +355,6 @@ mod tests {
                 release("x"),
             ],
             1,
-            TraceContext::default(),
-            |_| true,
         );
         l.hand_out(1, |_| true);
         l.hand_out(1, |_| true);

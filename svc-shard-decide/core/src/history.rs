@@ -308,18 +308,12 @@ mod tests {
             h.push(rec("a", t));
         }
         assert_eq!((h.len(), h.recorded()), (3, 5));
-        let got: Vec<i64> = h
+        let got: Vec<(i64, u64)> = h
             .query(&HistoryQuery::default())
             .iter()
-            .map(|r| r.finished_at_unix_nanos)
+            .map(|r| (r.finished_at_unix_nanos, r.seq))
             .collect();
-        assert_eq!(got, vec![5, 4, 3]);
-        let seqs: Vec<u64> = h
-            .query(&HistoryQuery::default())
-            .iter()
-            .map(|r| r.seq)
-            .collect();
-        assert_eq!(seqs, vec![5, 4, 3]);
+        assert_eq!(got, vec![(5, 5), (4, 4), (3, 3)]);
     }
 
     #[test]

@@ -1030,14 +1030,24 @@ pub(crate) mod tests {
         check_counters(&inv);
     }
 
+    /// An inventory of `machine`s, each in the zone given with it.
+    fn zoned(machines: &[(&str, MachineState, &str)]) -> Inventory {
+        let mut inv = Inventory::new();
+        for &(id, state, zone) in machines {
+            let mut m = machine(id, state);
+            m.profile.zone = zone.into();
+            inv.upsert(m, 0);
+        }
+        inv
+    }
+
     #[test]
     fn summary_counts_free_and_dimensions() {
-        let mut inv = Inventory::new();
-        inv.upsert(machine("a", MachineState::Idle), 0);
-        inv.upsert(machine("b", MachineState::Speculative), 0);
-        let mut c = machine("c", MachineState::Configured);
-        c.profile.zone = "z2".into();
-        inv.upsert(c, 0);
+        let inv = zoned(&[
+            ("a", MachineState::Idle, "z1"),
+            ("b", MachineState::Speculative, "z1"),
+            ("c", MachineState::Configured, "z2"),
+        ]);
         let s = inv.summary();
         assert_eq!((s.total, s.free), (3, 2));
         assert_eq!(s.by_zone["z1"], 2);
@@ -1049,15 +1059,12 @@ pub(crate) mod tests {
 
     #[test]
     fn owned_summary_counts_only_what_the_shard_may_act_on() {
-        let mut inv = Inventory::new();
-        inv.upsert(machine("a", MachineState::Idle), 0);
-        inv.upsert(machine("b", MachineState::Idle), 0);
-        let mut c = machine("c", MachineState::Idle);
-        c.profile.zone = "z2".into();
-        inv.upsert(c, 0);
-        let mut d = machine("d", MachineState::Configured);
-        d.profile.zone = "z2".into();
-        inv.upsert(d, 0);
+        let inv = zoned(&[
+            ("a", MachineState::Idle, "z1"),
+            ("b", MachineState::Idle, "z1"),
+            ("c", MachineState::Idle, "z2"),
+            ("d", MachineState::Configured, "z2"),
+        ]);
         let everything = bigfleet_decision::Ownership::default();
         assert_eq!(inv.summary_owned(&everything), inv.summary());
         let mut owned = bigfleet_decision::Ownership::default();

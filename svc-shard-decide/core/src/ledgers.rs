@@ -515,22 +515,15 @@ mod tests {
         let mut b = Need::new("b", profile(1, "y"));
         b.arrival_unix_nanos = 2;
         let demand = Arc::new(vec![a, b]);
-        let t1 = VerdictTable::build(
+        let t1 = build_cycle(
             &VerdictTable::default(),
             1,
-            10,
             &demand,
             vec![verdict(1, false), verdict(0, true)],
         );
         // Snapshot order, not verdict order.
         assert_eq!(t1.rows[0].need().cluster, "a");
-        let t2 = VerdictTable::build(
-            &t1,
-            2,
-            20,
-            &demand,
-            vec![verdict(0, true), verdict(1, false)],
-        );
+        let t2 = build_cycle(&t1, 2, &demand, vec![verdict(0, true), verdict(1, false)]);
         assert_eq!(t2.rows[1].age_cycles_unmet, 2);
         assert_eq!(t2.rows[0].age_cycles_unmet, 0);
         assert_eq!(t2.unmet(), 1);
@@ -538,6 +531,16 @@ mod tests {
         assert_eq!((total, rows.len()), (1, 1));
         let (total, rows) = t2.select("", 1);
         assert_eq!((total, rows.len()), (2, 1));
+    }
+
+    /// Cycle `n`'s table, built at `10 * n` nanoseconds.
+    fn build_cycle(
+        prev: &VerdictTable,
+        n: u64,
+        demand: &Arc<Vec<Need>>,
+        verdicts: Vec<NeedVerdict>,
+    ) -> VerdictTable {
+        VerdictTable::build(prev, n, 10 * n as i64, demand, verdicts)
     }
 
     fn folded(cluster: &str, p: &Arc<Profile>, member_cpu: i64, count: i64) -> NeedVerdict {
@@ -582,58 +585,47 @@ mod tests {
             unmet_reason: UnmetReason::Unspecified,
             ..v
         };
-        // Cycle 1: only the 1-cpu class is unmet.
-        let t1 = VerdictTable::build(
-            &VerdictTable::default(),
-            1,
-            10,
-            &demand,
-            vec![
-                plain_met.clone(),
-                folded("a", &p, 1, 3),
-                met(folded("a", &p, 2, 2)),
-            ],
-        );
-        // Cycle 2: both classes unmet, the plain need too; the 1-cpu class grew.
-        let t2 = VerdictTable::build(
-            &t1,
-            2,
-            20,
-            &demand,
-            vec![
-                verdict(0, false),
-                folded("a", &p, 1, 5),
-                folded("a", &p, 2, 2),
-            ],
-        );
-        assert_eq!(
-            ages(&t2),
-            [
-                ("folded {cpu: 1}".to_owned(), 2),
-                ("folded {cpu: 2}".to_owned(), 1),
-                ("need {}".to_owned(), 1),
-            ]
-        );
-        // Cycle 3: the 1-cpu class is met: back to 0; the others keep counting.
-        let t3 = VerdictTable::build(
-            &t2,
-            3,
-            30,
-            &demand,
-            vec![
-                verdict(0, false),
-                met(folded("a", &p, 1, 5)),
-                folded("a", &p, 2, 2),
-            ],
-        );
-        assert_eq!(
-            ages(&t3),
-            [
-                ("folded {cpu: 1}".to_owned(), 0),
-                ("folded {cpu: 2}".to_owned(), 2),
-                ("need {}".to_owned(), 2),
-            ]
-        );
+        // Per cycle: the verdicts, then the ages of the 1-cpu class, the 2-cpu class and
+        // the plain need.
+        let cycles = [
+            // Only the 1-cpu class is unmet.
+            (
+                vec![
+                    plain_met.clone(),
+                    folded("a", &p, 1, 3),
+                    met(folded("a", &p, 2, 2)),
+                ],
+                [1, 0, 0],
+            ),
+            // Both classes unmet, the plain need too; the 1-cpu class grew.
+            (
+                vec![
+                    verdict(0, false),
+                    folded("a", &p, 1, 5),
+                    folded("a", &p, 2, 2),
+                ],
+                [2, 1, 1],
+            ),
+            // The 1-cpu class is met: back to 0; the others keep counting.
+            (
+                vec![
+                    verdict(0, false),
+                    met(folded("a", &p, 1, 5)),
+                    folded("a", &p, 2, 2),
+                ],
+                [0, 2, 2],
+            ),
+        ];
+        let mut table = VerdictTable::default();
+        for (n, (verdicts, [one_cpu, two_cpu, plain])) in (1..).zip(cycles) {
+            table = build_cycle(&table, n, &demand, verdicts);
+            let want = [
+                ("folded {cpu: 1}".to_owned(), one_cpu),
+                ("folded {cpu: 2}".to_owned(), two_cpu),
+                ("need {}".to_owned(), plain),
+            ];
+            assert_eq!(ages(&table), want, "cycle {n}");
+        }
     }
 
     #[test]
@@ -641,20 +633,13 @@ mod tests {
         // A roll-up that repeats one (fingerprint, group): two rows, two ages.
         let p = profile(1, "x");
         let demand = Arc::new(vec![Need::new("a", Arc::clone(&p)), Need::new("a", p)]);
-        let t1 = VerdictTable::build(
+        let t1 = build_cycle(
             &VerdictTable::default(),
             1,
-            10,
             &demand,
             vec![verdict(0, false), verdict(1, true)],
         );
-        let t2 = VerdictTable::build(
-            &t1,
-            2,
-            20,
-            &demand,
-            vec![verdict(0, false), verdict(1, false)],
-        );
+        let t2 = build_cycle(&t1, 2, &demand, vec![verdict(0, false), verdict(1, false)]);
         let got: Vec<u32> = t2.rows.iter().map(|r| r.age_cycles_unmet).collect();
         assert_eq!(got, [2, 1]);
     }

@@ -21,6 +21,8 @@
 //!   binary's etcd leader lease); only the hand-out pauses between terms.
 //! * Session frames leave through a [`Publisher`] to the gateway's `Publish`
 //!   stream ([`publish::forward_to_gateway`]).
+//! * `testing` (feature `testing`, dev-dependencies only): a valid provider record
+//!   and a Work-stream worker, shared by this crate's tests and the decide binary's.
 
 pub mod actions;
 pub mod actuation;
@@ -45,6 +47,8 @@ pub mod reconcile;
 pub mod service;
 pub mod shard;
 mod sync;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod trace;
 mod work;
 
@@ -55,7 +59,7 @@ pub use metrics::ShardMetrics;
 pub use ownership::TransferVerdict;
 pub use publish::{Events, Publisher, SessionSink, forward_to_gateway};
 pub use rails::RailsConfig;
-pub use reconcile::{MachineSource, ProviderClient};
+pub use reconcile::{MachineSource, MergeCounts, ProviderClient};
 pub use service::DecideService;
 pub use shard::{
     CycleError, CycleReport, DEFAULT_AVAILABLE_CAPACITY_MIN_CHANGE, DEFAULT_WAKE_INTERVAL_MS,

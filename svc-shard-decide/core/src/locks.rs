@@ -110,36 +110,7 @@ impl<T> Ordered<T> {
     }
 
     pub fn lock(&self) -> Guard<'_, T> {
-        check::acquire(self.level, self.name);
-        Guard {
-            name: self.name,
-            inner: self.inner.lock(),
-        }
-    }
-}
-
-/// The guard of an [`Ordered`] lock.
-pub struct Guard<'a, T> {
-    name: &'static str,
-    inner: MutexGuard<'a, T>,
-}
-
-impl<T> Drop for Guard<'_, T> {
-    fn drop(&mut self) {
-        check::release(self.name);
-    }
-}
-
-impl<T> Deref for Guard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.inner
-    }
-}
-
-impl<T> DerefMut for Guard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
-        &mut self.inner
+        Tracked::acquire(self.level, self.name, || self.inner.lock())
     }
 }
 
@@ -160,60 +131,53 @@ impl<T> OrderedRw<T> {
     }
 
     pub fn read(&self) -> ReadGuard<'_, T> {
-        check::acquire(self.level, self.name);
-        ReadGuard {
-            name: self.name,
-            inner: self.inner.read(),
-        }
+        Tracked::acquire(self.level, self.name, || self.inner.read())
     }
 
     pub fn write(&self) -> WriteGuard<'_, T> {
-        check::acquire(self.level, self.name);
-        WriteGuard {
-            name: self.name,
-            inner: self.inner.write(),
+        Tracked::acquire(self.level, self.name, || self.inner.write())
+    }
+}
+
+/// The guard of an [`Ordered`] lock.
+pub type Guard<'a, T> = Tracked<MutexGuard<'a, T>>;
+/// A read guard of an [`OrderedRw`] lock.
+pub type ReadGuard<'a, T> = Tracked<RwLockReadGuard<'a, T>>;
+/// A write guard of an [`OrderedRw`] lock.
+pub type WriteGuard<'a, T> = Tracked<RwLockWriteGuard<'a, T>>;
+
+/// A lock guard whose holding the order check knows of until it drops.
+pub struct Tracked<G> {
+    name: &'static str,
+    inner: G,
+}
+
+impl<G> Tracked<G> {
+    // The check runs before `take` so a wrong order panics instead of deadlocking.
+    fn acquire(level: Level, name: &'static str, take: impl FnOnce() -> G) -> Self {
+        check::acquire(level, name);
+        Tracked {
+            name,
+            inner: take(),
         }
     }
 }
 
-pub struct ReadGuard<'a, T> {
-    name: &'static str,
-    inner: RwLockReadGuard<'a, T>,
-}
-
-impl<T> Drop for ReadGuard<'_, T> {
+impl<G> Drop for Tracked<G> {
     fn drop(&mut self) {
         check::release(self.name);
     }
 }
 
-impl<T> Deref for ReadGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
+impl<G: Deref> Deref for Tracked<G> {
+    type Target = G::Target;
+    fn deref(&self) -> &G::Target {
         &self.inner
     }
 }
 
-pub struct WriteGuard<'a, T> {
-    name: &'static str,
-    inner: RwLockWriteGuard<'a, T>,
-}
-
-impl<T> Drop for WriteGuard<'_, T> {
-    fn drop(&mut self) {
-        check::release(self.name);
-    }
-}
-
-impl<T> Deref for WriteGuard<'_, T> {
-    type Target = T;
-    fn deref(&self) -> &T {
-        &self.inner
-    }
-}
-
-impl<T> DerefMut for WriteGuard<'_, T> {
-    fn deref_mut(&mut self) -> &mut T {
+impl<G: DerefMut> DerefMut for Tracked<G> {
+    fn deref_mut(&mut self) -> &mut G::Target {
         &mut self.inner
     }
 }

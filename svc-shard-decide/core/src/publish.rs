@@ -221,9 +221,7 @@ pub async fn forward_to_gateway(
     shutdown: impl std::future::Future<Output = ()> + Send,
 ) {
     let rx = Arc::new(Mutex::new(rx));
-    let client = OutboxClient::new(channel)
-        .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
-        .max_encoding_message_size(crate::MAX_MESSAGE_SIZE);
+    let client = bigfleet_mesh::with_message_limits!(OutboxClient::new(channel));
     let run = async {
         let mut backoff = Backoff::new(BackoffPolicy::new(
             Duration::from_millis(100),

@@ -147,9 +147,7 @@ impl ProviderClient {
     /// Over a mesh client channel (`bigfleet_mesh::dial_lazy`).
     pub fn new(channel: MeshChannel) -> Self {
         ProviderClient {
-            grpc: tonic::client::Grpc::new(channel)
-                .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
-                .max_encoding_message_size(crate::MAX_MESSAGE_SIZE),
+            grpc: bigfleet_mesh::with_message_limits!(tonic::client::Grpc::new(channel)),
         }
     }
 }
@@ -181,15 +179,21 @@ impl MachineSource for ProviderClient {
     }
 }
 
-/// What one merge did.
-#[derive(Debug, Default)]
-pub struct MergeReport {
+/// How many listed records one merge took each way; a reconcile reports them unchanged.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct MergeCounts {
     pub listed: usize,
     pub inserted: usize,
     pub updated: usize,
     pub removed: usize,
     pub fast_path: usize,
     pub skipped_in_flight: usize,
+}
+
+/// What one merge did.
+#[derive(Debug, Default)]
+pub struct MergeReport {
+    pub counts: MergeCounts,
     /// Metric reasons of rejected records (`price`, `interruption_probability`, `structural`).
     pub rejected: Vec<&'static str>,
     /// NodeStateUpdates for applied changes of cluster-bound machines, keyed
@@ -472,7 +476,10 @@ pub fn merge(
     removals: &mut RemovalGuard,
 ) -> MergeReport {
     let mut r = MergeReport {
-        listed: list.len(),
+        counts: MergeCounts {
+            listed: list.len(),
+            ..MergeCounts::default()
+        },
         ..MergeReport::default()
     };
     let mut fresh: Vec<(&str, &Bytes)> = Vec::new();
@@ -499,14 +506,14 @@ pub fn merge(
         // Seen first, so a rejected record never looks like a removal.
         inv.mark_seen(pos, generation);
         if in_flight(id) {
-            r.skipped_in_flight += 1;
+            r.counts.skipped_in_flight += 1;
             continue;
         }
         let local = inv.state_at(pos);
         if i32::from(local.ordinal()) == state
             && (!bound(local) || inv.assignment_at(pos).cluster == cluster)
         {
-            r.fast_path += 1;
+            r.counts.fast_path += 1;
             continue;
         }
         let m = match memo.decode(raw) {
@@ -540,7 +547,7 @@ pub fn merge(
         }
         let pos = inv.insert(m, now_unix_nanos);
         inv.mark_seen(pos, generation);
-        r.inserted += 1;
+        r.counts.inserted += 1;
     }
     if full {
         let unseen = inv.unseen_ids(generation, &in_flight);
@@ -563,7 +570,7 @@ pub fn merge(
                     .push((m.cluster.clone(), node_state_update(&gone, &m.cluster)));
             }
         }
-        r.removed = removed.len();
+        r.counts.removed = removed.len();
     }
     r
 }
@@ -617,7 +624,7 @@ fn apply_diverged(inv: &mut Inventory, pos: usize, mut m: Machine, now: i64, r: 
         ));
     }
     inv.upsert_at(Some(pos), m, now);
-    r.updated += 1;
+    r.counts.updated += 1;
 }
 
 /// Restores the assignment from the provider's `shard_metadata` echo. Each
@@ -672,6 +679,23 @@ mod tests {
             &mut Vec::new(),
             &mut RemovalGuard::new(RemovalPolicy::immediate()),
         )
+    }
+
+    /// A full List at time 0 with nothing in flight.
+    fn full_list(inv: &mut Inventory, list: &[pb::Machine], generation: u32) -> MergeReport {
+        merge(inv, list, true, generation, 0, |_| false)
+    }
+
+    /// A full-list round at time 0 with nothing in flight, carrying the position hints
+    /// and the removal guard from round to round.
+    fn full_round(
+        inv: &mut Inventory,
+        raw: &[Bytes],
+        generation: u32,
+        order: &mut Vec<u32>,
+        guard: &mut RemovalGuard,
+    ) -> MergeReport {
+        super::merge(inv, raw, true, generation, 0, |_| false, order, guard)
     }
 
     /// Hardware variants: one ordinary, one with labels and allocatable, one whose price
@@ -801,56 +825,23 @@ mod tests {
         let raw: Vec<Bytes> = all.iter().map(|m| Bytes::from(m.encode_to_vec())).collect();
         let mut order = Vec::new();
         let mut guard = RemovalGuard::new(RemovalPolicy::immediate());
-        super::merge(
-            &mut inv,
-            &raw,
-            true,
-            1,
-            0,
-            |_| false,
-            &mut order,
-            &mut guard,
-        );
+        full_round(&mut inv, &raw, 1, &mut order, &mut guard);
         assert_eq!(order.len(), 6);
-        let r = super::merge(
-            &mut inv,
-            &raw,
-            true,
-            2,
-            0,
-            |_| false,
-            &mut order,
-            &mut guard,
-        );
-        assert_eq!(r.fast_path, 6);
+        let r = full_round(&mut inv, &raw, 2, &mut order, &mut guard);
+        assert_eq!(r.counts.fast_path, 6);
         assert!(order.iter().all(|&p| p != u32::MAX));
         // A stale hint (reversed listing, one machine gone) still finds everyone.
         let mut rev: Vec<Bytes> = raw[1..].to_vec();
         rev.reverse();
-        let r = super::merge(
-            &mut inv,
-            &rev,
-            true,
-            3,
-            0,
-            |_| false,
-            &mut order,
-            &mut guard,
+        let r = full_round(&mut inv, &rev, 3, &mut order, &mut guard);
+        assert_eq!(
+            (r.counts.fast_path, r.counts.removed, r.counts.inserted),
+            (5, 1, 0)
         );
-        assert_eq!((r.fast_path, r.removed, r.inserted), (5, 1, 0));
         // The removal moved a record, so a recorded position may be stale:
         // it is only a hint and the next round corrects it.
-        let r = super::merge(
-            &mut inv,
-            &rev,
-            true,
-            4,
-            0,
-            |_| false,
-            &mut order,
-            &mut guard,
-        );
-        assert_eq!((r.fast_path, r.removed), (5, 0));
+        let r = full_round(&mut inv, &rev, 4, &mut order, &mut guard);
+        assert_eq!((r.counts.fast_path, r.counts.removed), (5, 0));
         for (i, b) in rev.iter().enumerate() {
             let id = machine_head(b).unwrap().0;
             assert_eq!(inv.id_at(order[i] as usize), Some(id));
@@ -860,23 +851,18 @@ mod tests {
     #[test]
     fn garbage_records_are_rejected_not_removed() {
         let mut inv = Inventory::new();
-        merge(&mut inv, &[pm("a", MachineState::Idle)], true, 1, 0, |_| {
-            false
-        });
-        let r = super::merge(
+        full_list(&mut inv, &[pm("a", MachineState::Idle)], 1);
+        let r = full_round(
             &mut inv,
             &[Bytes::from_static(&[0xff, 0xff])],
-            true,
             2,
-            0,
-            |_| false,
             &mut Vec::new(),
             &mut RemovalGuard::new(RemovalPolicy::immediate()),
         );
         assert_eq!(r.rejected, ["structural"]);
         // Unparseable means unknown id: it might be "a", so nothing is removed, however
         // permissive the policy.
-        assert_eq!(r.removed, 0);
+        assert_eq!(r.counts.removed, 0);
         assert_eq!(r.held, Some((HoldReason::Unattributable, 1)));
         assert!(inv.contains("a"));
     }
@@ -943,41 +929,31 @@ mod tests {
     #[test]
     fn full_mode_inserts_updates_and_removes() {
         let mut inv = Inventory::new();
-        let r = merge(
+        let r = full_list(
             &mut inv,
             &[
                 pm("b", MachineState::Idle),
                 pm("a", MachineState::Speculative),
             ],
-            true,
             1,
-            0,
-            |_| false,
         );
-        assert_eq!((r.inserted, r.updated, r.removed), (2, 0, 0));
+        assert_eq!(
+            (r.counts.inserted, r.counts.updated, r.counts.removed),
+            (2, 0, 0)
+        );
         assert_eq!(ids(&inv), ["a", "b"]);
-        let r = merge(
-            &mut inv,
-            &[pm("a", MachineState::Speculative)],
-            true,
-            2,
-            0,
-            |_| false,
-        );
-        assert_eq!((r.fast_path, r.removed), (1, 1));
+        let r = full_list(&mut inv, &[pm("a", MachineState::Speculative)], 2);
+        assert_eq!((r.counts.fast_path, r.counts.removed), (1, 1));
         assert_eq!(ids(&inv), ["a"]);
     }
 
     /// The inventory after a first full List of two idle machines, "a" and "b".
     fn idle_a_and_b_listed() -> Inventory {
         let mut inv = Inventory::new();
-        merge(
+        full_list(
             &mut inv,
             &[pm("a", MachineState::Idle), pm("b", MachineState::Idle)],
-            true,
             1,
-            0,
-            |_| false,
         );
         inv
     }
@@ -993,7 +969,7 @@ mod tests {
             0,
             |_| false,
         );
-        assert_eq!((r.updated, r.removed), (1, 0));
+        assert_eq!((r.counts.updated, r.counts.removed), (1, 0));
         assert_eq!(ids(&inv), ["a", "b"]);
         assert_eq!(inv.get("a").unwrap().state, MachineState::Speculative);
     }
@@ -1009,38 +985,32 @@ mod tests {
         let r = merge(&mut inv, &[pm("a", MachineState::Idle)], true, 2, 0, |id| {
             id == "a" || id == "b"
         });
-        assert_eq!(r.skipped_in_flight, 1);
+        assert_eq!(r.counts.skipped_in_flight, 1);
         assert_eq!(inv.get("a").unwrap().state, MachineState::Configuring);
         // "b" is unlisted but in flight: kept.
         assert!(inv.get("b").is_some());
         // Once the action is done, the provider's view applies.
-        let r = merge(&mut inv, &[pm("a", MachineState::Idle)], true, 3, 0, |_| {
-            false
-        });
-        assert_eq!((r.updated, r.removed), (1, 1));
+        let r = full_list(&mut inv, &[pm("a", MachineState::Idle)], 3);
+        assert_eq!((r.counts.updated, r.counts.removed), (1, 1));
         assert_eq!(inv.get("a").unwrap().state, MachineState::Idle);
     }
 
     #[test]
     fn fast_path_touches_nothing() {
         let mut inv = Inventory::new();
-        merge(&mut inv, &[pm("a", MachineState::Idle)], true, 1, 0, |_| {
-            false
-        });
+        full_list(&mut inv, &[pm("a", MachineState::Idle)], 1);
         inv.update("a", 0, |m| m.price_per_hour = 7.0);
         let mut listed = pm("a", MachineState::Idle);
         listed.price_per_hour = f64::NAN; // would be rejected if it were read
-        let r = merge(&mut inv, &[listed], true, 2, 0, |_| false);
-        assert_eq!((r.fast_path, r.rejected.len()), (1, 0));
+        let r = full_list(&mut inv, &[listed], 2);
+        assert_eq!((r.counts.fast_path, r.rejected.len()), (1, 0));
         assert_eq!(inv.get("a").unwrap().price_per_hour, 7.0);
     }
 
     #[test]
     fn rejected_records_keep_last_known_good_and_are_not_removed() {
         let mut inv = Inventory::new();
-        merge(&mut inv, &[pm("a", MachineState::Idle)], true, 1, 0, |_| {
-            false
-        });
+        full_list(&mut inv, &[pm("a", MachineState::Idle)], 1);
         let mut bad = pm("a", MachineState::Configured);
         bad.cluster = "c1".into();
         bad.price_per_hour = -1.0;
@@ -1048,12 +1018,12 @@ mod tests {
         bad_new.interruption_probability = 2.0;
         let mut structural = pm("s", MachineState::Idle);
         structural.host = None;
-        let r = merge(&mut inv, &[bad, bad_new, structural], true, 2, 0, |_| false);
+        let r = full_list(&mut inv, &[bad, bad_new, structural], 2);
         assert_eq!(
             r.rejected,
             ["price", "interruption_probability", "structural"]
         );
-        assert_eq!(r.removed, 0);
+        assert_eq!(r.counts.removed, 0);
         assert_eq!(ids(&inv), ["a"]);
         assert_eq!(inv.get("a").unwrap().state, MachineState::Idle);
     }
@@ -1074,9 +1044,9 @@ mod tests {
         .into_iter()
         .map(|(k, v)| (k.to_owned(), v.to_owned()))
         .collect();
-        let r = merge(&mut inv, &[p], true, 1, 0, |_| false);
+        let r = full_list(&mut inv, &[p], 1);
         let m = inv.get("a").unwrap();
-        assert_eq!(r.inserted, 1);
+        assert_eq!(r.counts.inserted, 1);
         assert!(
             r.notify.is_empty(),
             "discovery is not a transition; resync covers it"
@@ -1098,7 +1068,7 @@ mod tests {
             .into_iter()
             .map(|(k, v)| (k.to_owned(), v.to_owned()))
             .collect();
-        merge(&mut inv, &[p], true, 1, 0, |_| false);
+        full_list(&mut inv, &[p], 1);
         let m = inv.get("a").unwrap();
         assert_eq!((m.assigned_priority, m.assigned_group.as_str()), (0, "g"));
     }
@@ -1108,7 +1078,7 @@ mod tests {
         let mut inv = Inventory::new();
         let mut p = pm("a", MachineState::Configuring);
         p.cluster = "c1".into();
-        merge(&mut inv, &[p.clone()], true, 1, 0, |_| false);
+        full_list(&mut inv, &[p.clone()], 1);
         inv.update("a", 0, |m| {
             m.assigned_priority = 9;
             m.assigned_need_fingerprint = "mine".into();
@@ -1117,7 +1087,7 @@ mod tests {
         p.state = pb::MachineState::Configured as i32;
         p.shard_metadata
             .insert(META_ASSIGNED_PRIORITY.into(), "1".into());
-        let r = merge(&mut inv, &[p], true, 2, 0, |_| false);
+        let r = full_list(&mut inv, &[p], 2);
         let m = inv.get("a").unwrap();
         assert_eq!(
             (m.assigned_priority, m.assigned_need_fingerprint.as_str()),
@@ -1132,10 +1102,10 @@ mod tests {
         let mut inv = Inventory::new();
         let mut p = pm("a", MachineState::Draining);
         p.cluster = "c5".into();
-        merge(&mut inv, &[p], true, 1, 0, |_| false);
+        full_list(&mut inv, &[p], 1);
         let mut moved = pm("a", MachineState::Configured);
         moved.cluster = "c0".into();
-        let r = merge(&mut inv, &[moved], true, 2, 0, |_| false);
+        let r = full_list(&mut inv, &[moved], 2);
         assert_eq!(inv.get("a").unwrap().cluster, "c0");
         let sent: Vec<(&str, i32)> = r
             .notify
@@ -1158,20 +1128,20 @@ mod tests {
         let mut inv = Inventory::new();
         let mut p = pm("a", MachineState::Configured);
         p.cluster = "c5".into();
-        merge(&mut inv, &[p.clone()], true, 1, 0, |_| false);
-        let r = merge(&mut inv, &[p.clone()], true, 2, 0, |_| false);
-        assert_eq!((r.fast_path, r.updated), (1, 0));
+        full_list(&mut inv, &[p.clone()], 1);
+        let r = full_list(&mut inv, &[p.clone()], 2);
+        assert_eq!((r.counts.fast_path, r.counts.updated), (1, 0));
         p.cluster = "c0".into();
-        let r = merge(&mut inv, &[p.clone()], true, 3, 0, |_| false);
-        assert_eq!((r.fast_path, r.updated), (0, 1));
+        let r = full_list(&mut inv, &[p.clone()], 3);
+        assert_eq!((r.counts.fast_path, r.counts.updated), (0, 1));
         assert_eq!(inv.get("a").unwrap().cluster, "c0");
         assert_eq!(r.notify.len(), 2);
         // Unbound states carry no binding to compare.
         let mut idle = pm("b", MachineState::Idle);
-        merge(&mut inv, &[p.clone(), idle.clone()], true, 4, 0, |_| false);
+        full_list(&mut inv, &[p.clone(), idle.clone()], 4);
         idle.cluster = "stale".into();
-        let r = merge(&mut inv, &[p, idle], true, 5, 0, |_| false);
-        assert_eq!((r.fast_path, r.updated), (2, 0));
+        let r = full_list(&mut inv, &[p, idle], 5);
+        assert_eq!((r.counts.fast_path, r.counts.updated), (2, 0));
     }
 
     #[test]
@@ -1181,7 +1151,7 @@ mod tests {
         p.cluster = "c1".into();
         p.shard_metadata
             .insert(META_ASSIGNED_PRIORITY.into(), "5".into());
-        merge(&mut inv, &[p], true, 1, 0, |_| false);
+        full_list(&mut inv, &[p], 1);
         assert_eq!(inv.get("a").unwrap().assigned_priority, 5);
         let r = merge(
             &mut inv,
@@ -1267,9 +1237,9 @@ mod fuzz {
             let r = merge(&mut inv, &list, true, 2, 0, |_| false, &mut Vec::new(), &mut guard);
             // Whatever happened, a List with a record nobody can read removed nothing.
             if r.rejected.contains(&"structural") {
-                prop_assert_eq!(r.removed, 0);
+                prop_assert_eq!(r.counts.removed, 0);
             }
-            prop_assert_eq!(inv.len() + r.removed, 4 + r.inserted);
+            prop_assert_eq!(inv.len() + r.counts.removed, 4 + r.counts.inserted);
         }
     }
 }

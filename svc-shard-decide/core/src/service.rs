@@ -136,23 +136,17 @@ impl DecideService {
 
     /// `bigfleet.mesh.v1.Ingest` with 256 MiB message limits (roll-ups).
     pub fn ingest_server(&self) -> IngestServer<DecideService> {
-        IngestServer::new(self.clone())
-            .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(crate::MAX_MESSAGE_SIZE)
+        bigfleet_mesh::with_message_limits!(IngestServer::new(self.clone()))
     }
 
     /// `bigfleet.mesh.v1.Work` with 256 MiB message limits.
     pub fn work_server(&self) -> WorkServer<DecideService> {
-        WorkServer::new(self.clone())
-            .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(crate::MAX_MESSAGE_SIZE)
+        bigfleet_mesh::with_message_limits!(WorkServer::new(self.clone()))
     }
 
     /// `bigfleet.v1alpha1.ShardRead` with 256 MiB message limits.
     pub fn shard_read_server(&self) -> ShardReadServer<DecideService> {
-        ShardReadServer::new(self.clone())
-            .max_decoding_message_size(crate::MAX_MESSAGE_SIZE)
-            .max_encoding_message_size(crate::MAX_MESSAGE_SIZE)
+        bigfleet_mesh::with_message_limits!(ShardReadServer::new(self.clone()))
     }
 
     /// `bigfleet.mesh.v1.ShardInfo`.

@@ -14,7 +14,7 @@ use crate::locks::{Level, Ordered, OrderedRw};
 use crate::metrics::ShardMetrics;
 use crate::publish::Publisher;
 use crate::rails::{AuditLog, QuarantineGuard, RailsConfig};
-use crate::reconcile::MachineSource;
+use crate::reconcile::{MachineSource, MergeCounts};
 use crate::sync::SyncRoom;
 use crate::work::WorkRoom;
 use bigfleet_conv::RollupLimits;
@@ -136,12 +136,7 @@ pub struct CycleReport {
 /// Totals of one reconcile.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct ReconcileStats {
-    pub listed: usize,
-    pub inserted: usize,
-    pub updated: usize,
-    pub removed: usize,
-    pub fast_path: usize,
-    pub skipped_in_flight: usize,
+    pub counts: MergeCounts,
     pub rejected: usize,
     pub incremental: bool,
     /// The provider's List round trip (to record boundaries).

@@ -163,20 +163,15 @@ impl Decide {
             }
         }
         let stats = ReconcileStats {
-            listed: r.listed,
-            inserted: r.inserted,
-            updated: r.updated,
-            removed: r.removed,
-            fast_path: r.fast_path,
-            skipped_in_flight: r.skipped_in_flight,
+            counts: r.counts,
             rejected: r.rejected.len(),
             incremental: !full,
             list_time,
             merge_time,
         };
         tracing::debug!(
-            listed = stats.listed,
-            changed = stats.updated + stats.inserted + stats.removed,
+            listed = stats.counts.listed,
+            changed = stats.counts.updated + stats.counts.inserted + stats.counts.removed,
             list_ms = list_time.as_secs_f64() * 1e3,
             merge_ms = merge_time.as_secs_f64() * 1e3,
             "reconciled"
@@ -187,7 +182,7 @@ impl Decide {
         if !inner.ready.swap(true, Ordering::AcqRel) {
             inner.readiness.set_ready();
             tracing::info!(
-                machines = stats.listed,
+                machines = stats.counts.listed,
                 "first provider reconcile complete; ready"
             );
         }

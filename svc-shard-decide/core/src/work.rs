@@ -314,6 +314,13 @@ impl Decide {
     }
 }
 
+/// Replaces `field` with what a patch sets; a field the patch leaves out keeps its value.
+fn overwrite<T>(field: &mut T, patched: Option<T>) {
+    if let Some(v) = patched {
+        *field = v;
+    }
+}
+
 /// Applies a worker's patch for a transition into `to`.
 fn apply_patch(m: &mut Machine, to: MachineState, patch: MachinePatch) -> Result<(), DecideError> {
     m.state = to;
@@ -326,15 +333,9 @@ fn apply_patch(m: &mut Machine, to: MachineState, patch: MachinePatch) -> Result
             m.host = v.host;
         }
     }
-    if let Some(h) = patch.host {
-        m.host = h;
-    }
-    if let Some(c) = patch.cluster {
-        m.cluster = c;
-    }
-    if let Some(p) = patch.assigned_priority {
-        m.assigned_priority = p;
-    }
+    overwrite(&mut m.host, patch.host);
+    overwrite(&mut m.cluster, patch.cluster);
+    overwrite(&mut m.assigned_priority, patch.assigned_priority);
     for (value, field) in [
         (
             patch.assigned_interruption_penalty_dollars,
@@ -354,15 +355,12 @@ fn apply_patch(m: &mut Machine, to: MachineState, patch: MachinePatch) -> Result
             *field = d;
         }
     }
-    if let Some(fp) = patch.assigned_need_fingerprint {
-        m.assigned_need_fingerprint = fp;
-    }
-    if let Some(g) = patch.assigned_group {
-        m.assigned_group = g;
-    }
-    if let Some(e) = patch.last_error {
-        m.last_error = e;
-    }
+    overwrite(
+        &mut m.assigned_need_fingerprint,
+        patch.assigned_need_fingerprint,
+    );
+    overwrite(&mut m.assigned_group, patch.assigned_group);
+    overwrite(&mut m.last_error, patch.last_error);
     if !patch.shard_metadata.is_empty() {
         m.shard_metadata = patch.shard_metadata;
     }

@@ -18,17 +18,13 @@ const LONG: Duration = Duration::from_secs(3);
 
 #[tokio::test]
 async fn hand_out_follows_the_leased_terms() {
-    let p = TestProvider::default();
-    for i in 0..6 {
-        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
-    }
     let (terms, rx) = watch::channel(None);
     let cfg = DecideConfig {
         epoch: 4,
         epoch_source: EpochSource::Leased(rx),
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(cfg, idle_fleet(6, |i| format!("i{i}"))).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(24, 50)])).unwrap();
     // No term: the cycle still decides and queues.
     let r = h.decide.run_cycle().await.unwrap();
@@ -41,7 +37,7 @@ async fn hand_out_follows_the_leased_terms() {
     );
 
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(2).await;
     assert!(w.next(SHORT).await.is_none(), "standby hands out nothing");
     // Reads keep working while paused.
@@ -79,21 +75,16 @@ async fn hand_out_follows_the_leased_terms() {
 
 #[tokio::test]
 async fn a_fixed_source_always_hands_out_under_the_process_epoch() {
-    let p = TestProvider::default();
-    p.put(pm("i0", pb::MachineState::Idle, ""));
-    let h = Harness::start_with(
-        DecideConfig {
-            epoch: 12,
-            ..cfg_rails_off()
-        },
-        p,
-    )
-    .await;
+    let cfg = DecideConfig {
+        epoch: 12,
+        ..cfg_rails_off()
+    };
+    let h = Harness::listing(cfg, [pm("i0", pb::MachineState::Idle, "")]).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(4, 50)])).unwrap();
     h.decide.run_cycle().await.unwrap();
     assert_eq!(h.decide.actuating_epoch(), Some(12));
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(1).await;
     let item = w.next(LONG).await.unwrap();
     assert_eq!(item.fencing.unwrap().epoch, 12);

@@ -8,55 +8,28 @@ mod common;
 
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_telemetry::Readiness;
-use common::{need, pm};
+use common::{MapSource, need, pm};
 use futures::StreamExt;
-use futures::future::BoxFuture;
 use pb::shard_read_server::ShardRead;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use svc_shard_decide_core::edge;
-use svc_shard_decide_core::reconcile::RawMachineList;
-use svc_shard_decide_core::shard::Clock;
-use svc_shard_decide_core::{
-    Decide, DecideConfig, DecideService, MachineSource, Publisher, RailsConfig, ShardMetrics,
-};
+use svc_shard_decide_core::{Decide, DecideConfig, DecideService, RailsConfig};
 
 const SEC: i64 = 1_000_000_000;
 /// 2026-11-27T00:00:00Z: any fixed start does.
 const T0: i64 = 1_795_737_600 * SEC;
 
-/// One Idle 4-core machine, listed in process.
-struct OneIdle;
-
-impl MachineSource for OneIdle {
-    fn list(&self, _since: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-        let list = pb::MachineList {
-            machines: vec![pm("m0", pb::MachineState::Idle, "")],
-            revision: Vec::new(),
-        };
-        Box::pin(async move { Ok(RawMachineList::from(&list)) })
-    }
-}
-
 fn decide(clock: &Arc<AtomicI64>) -> Decide {
-    let (publisher, _) = Publisher::channel(1);
-    let c = Arc::clone(clock);
-    let clock: Clock = Arc::new(move || c.load(Ordering::SeqCst));
-    Decide::with_clock(
-        DecideConfig {
-            rails: RailsConfig::off(),
-            engine_threads: 1,
-            queue_capacity: 100_000,
-            ..DecideConfig::default()
-        },
-        Arc::new(OneIdle),
-        publisher,
-        ShardMetrics::unregistered(),
-        Readiness::not_ready("first provider reconcile not yet complete"),
-        clock,
-    )
-    .unwrap()
+    let cfg = DecideConfig {
+        rails: RailsConfig::off(),
+        engine_threads: 1,
+        queue_capacity: 100_000,
+        ..DecideConfig::default()
+    };
+    // One Idle 4-core machine.
+    let source: MapSource = [pm("m0", pb::MachineState::Idle, "")].into_iter().collect();
+    common::decide_on_clock(cfg, source, clock)
 }
 
 /// A roll-up built (operator clock) and received (decide's clock) at `at`:

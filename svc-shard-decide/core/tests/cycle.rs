@@ -9,12 +9,14 @@ use bigfleet_model::machine::{
 };
 use bigfleet_model::{ActionKind, MachineState};
 use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::v1alpha1 as pb;
 use common::*;
 use std::time::Duration;
 use svc_shard_decide_core::edge;
 use svc_shard_decide_core::rails::{AuditRecord, reclaim_budget};
 use svc_shard_decide_core::{DecideConfig, RailsConfig};
+use tonic::transport::Channel;
 
 fn configured_with_metadata(id: &str, cluster: &str, priority: i32) -> pb::Machine {
     let mut m = pm(id, pb::MachineState::Configured, cluster);
@@ -69,14 +71,9 @@ async fn readiness_latches_after_first_reconcile_and_restart_rebuilds_assignment
 
 /// m1..m3 Idle, c1 holds 4 Configured machines with demand for them.
 async fn stale_fixture() -> Harness {
-    let p = TestProvider::default();
-    for i in 1..=3 {
-        p.put(pm(&format!("m{i}"), pb::MachineState::Idle, ""));
-    }
-    for i in 0..4 {
-        p.put(configured_with_metadata(&format!("c1-{i}"), "c1", 10));
-    }
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let idle = idle_fleet(3, |i| format!("m{}", i + 1));
+    let serving = (0..4).map(|i| configured_with_metadata(&format!("c1-{i}"), "c1", 10));
+    let h = Harness::listing(cfg_rails_off(), idle.chain(serving)).await;
     let r = h.decide.run_cycle().await.unwrap();
     assert!(!r.stale);
     h
@@ -144,16 +141,11 @@ async fn a_failed_list_never_reclaims_and_reclaims_resume_after_it() {
 
 #[tokio::test]
 async fn warmup_cycles_stay_out_of_the_duration_histograms() {
-    let p = TestProvider::default();
-    p.put(pm("m1", pb::MachineState::Idle, ""));
-    let h = Harness::start_with(
-        DecideConfig {
-            metrics_warmup_cycles: 2,
-            ..cfg_rails_off()
-        },
-        p,
-    )
-    .await;
+    let cfg = DecideConfig {
+        metrics_warmup_cycles: 2,
+        ..cfg_rails_off()
+    };
+    let h = Harness::listing(cfg, [pm("m1", pb::MachineState::Idle, "")]).await;
     for _ in 0..3 {
         h.decide.run_cycle().await.unwrap();
     }
@@ -170,9 +162,7 @@ async fn warmup_cycles_stay_out_of_the_duration_histograms() {
 
 #[tokio::test]
 async fn needs_starved_by_others_are_counted_as_retries_exhausted() {
-    let p = TestProvider::default();
-    p.put(pm("m1", pb::MachineState::Idle, ""));
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(cfg_rails_off(), [pm("m1", pb::MachineState::Idle, "")]).await;
     h.decide.run_cycle().await.unwrap();
     // One machine, two needs for it: the higher priority claims it, the other is starved
     // with matching supply in sight (contention-bound, not catalog-bound).
@@ -190,9 +180,7 @@ async fn needs_starved_by_others_are_counted_as_retries_exhausted() {
 
 #[tokio::test]
 async fn rejected_records_keep_last_known_good_over_the_wire() {
-    let p = TestProvider::default();
-    p.put(pm("m1", pb::MachineState::Idle, ""));
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(cfg_rails_off(), [pm("m1", pb::MachineState::Idle, "")]).await;
     h.decide.run_cycle().await.unwrap();
     h.provider.update("m1", |m| {
         m.state = pb::MachineState::Configured as i32;
@@ -221,18 +209,14 @@ async fn rejected_records_keep_last_known_good_over_the_wire() {
 
 #[tokio::test]
 async fn incremental_mode_pumps_the_cursor_and_skips_removals() {
-    let p = TestProvider::default();
-    for i in 0..5 {
-        p.put(pm(&format!("m{i}"), pb::MachineState::Idle, ""));
-    }
     let cfg = DecideConfig {
         incremental_reconcile: true,
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(cfg, idle_fleet(5, |i| format!("m{i}"))).await;
     let stats = h.decide.reconcile().await.unwrap();
     assert_eq!(
-        (stats.listed, stats.incremental),
+        (stats.counts.listed, stats.incremental),
         (5, false),
         "cold start lists everything"
     );
@@ -245,7 +229,14 @@ async fn incremental_mode_pumps_the_cursor_and_skips_removals() {
     let stats = h.decide.reconcile().await.unwrap();
     assert_eq!(h.provider.state.lock().last_since, b"5".to_vec());
     assert!(stats.incremental);
-    assert_eq!((stats.listed, stats.updated, stats.removed), (1, 1, 0));
+    assert_eq!(
+        (
+            stats.counts.listed,
+            stats.counts.updated,
+            stats.counts.removed
+        ),
+        (1, 1, 0)
+    );
     assert_eq!(
         h.decide.machine("m3").await.unwrap().state,
         MachineState::Speculative
@@ -256,21 +247,17 @@ async fn incremental_mode_pumps_the_cursor_and_skips_removals() {
     );
 
     let stats = h.decide.reconcile().await.unwrap();
-    assert_eq!(stats.listed, 0);
+    assert_eq!(stats.counts.listed, 0);
 }
 
 #[tokio::test]
 async fn incremental_mode_lists_everything_every_full_list_interval() {
-    let p = TestProvider::default();
-    for i in 0..10 {
-        p.put(pm(&format!("m{i}"), pb::MachineState::Idle, ""));
-    }
     let cfg = DecideConfig {
         incremental_reconcile: true,
         full_list_interval: Duration::from_millis(300),
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(cfg, idle_fleet(10, |i| format!("m{i}"))).await;
     assert!(!h.decide.reconcile().await.unwrap().incremental);
     h.provider.remove("m9");
     let stats = h.decide.reconcile().await.unwrap();
@@ -282,7 +269,7 @@ async fn incremental_mode_lists_everything_every_full_list_interval() {
     tokio::time::sleep(Duration::from_millis(350)).await;
     let stats = h.decide.reconcile().await.unwrap();
     assert!(!stats.incremental, "the interval passed: a full List");
-    assert_eq!((stats.listed, stats.removed), (9, 1));
+    assert_eq!((stats.counts.listed, stats.counts.removed), (9, 1));
     assert!(h.decide.machine("m9").await.is_none());
     assert!(
         h.decide.reconcile().await.unwrap().incremental,
@@ -292,29 +279,31 @@ async fn incremental_mode_lists_everything_every_full_list_interval() {
 
 #[tokio::test]
 async fn full_mode_removes_unlisted_machines() {
-    let p = TestProvider::default();
-    p.put(pm("a", pb::MachineState::Idle, ""));
-    p.put(pm("b", pb::MachineState::Idle, ""));
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(
+        cfg_rails_off(),
+        [
+            pm("a", pb::MachineState::Idle, ""),
+            pm("b", pb::MachineState::Idle, ""),
+        ],
+    )
+    .await;
     h.decide.reconcile().await.unwrap();
     h.provider.remove("b");
     let s = h.decide.reconcile().await.unwrap();
-    assert_eq!(s.removed, 1);
+    assert_eq!(s.counts.removed, 1);
     assert!(h.decide.machine("b").await.is_none());
     let s = h.decide.reconcile().await.unwrap();
-    assert_eq!((s.fast_path, s.updated, s.inserted), (1, 0, 0));
+    assert_eq!(
+        (s.counts.fast_path, s.counts.updated, s.counts.inserted),
+        (1, 0, 0)
+    );
 }
 
 #[tokio::test]
 async fn first_rollup_gate_blocks_reclaims_until_the_cluster_reports() {
-    let p = TestProvider::default();
-    for i in 0..100 {
-        p.put(configured_with_metadata(&format!("a{i:03}"), "c1", 10));
-    }
-    for i in 0..50 {
-        p.put(configured_with_metadata(&format!("b{i:03}"), "c2", 10));
-    }
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let c1 = (0..100).map(|i| configured_with_metadata(&format!("a{i:03}"), "c1", 10));
+    let c2 = (0..50).map(|i| configured_with_metadata(&format!("b{i:03}"), "c2", 10));
+    let h = Harness::listing(cfg_rails_off(), c1.chain(c2)).await;
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.decided, 0, "no roll-up yet: no reclaim");
     assert_eq!(r.enqueued, 0);
@@ -325,7 +314,7 @@ async fn first_rollup_gate_blocks_reclaims_until_the_cluster_reports() {
     assert_eq!((r.decided, r.enqueued), (100, 100));
     // Everything queued is a c1 reclaim; c2 (no roll-up) is untouched.
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(1000).await;
     let mut got = 0;
     while let Some(item) = w.next(Duration::from_millis(500)).await {
@@ -342,10 +331,6 @@ async fn first_rollup_gate_blocks_reclaims_until_the_cluster_reports() {
 
 #[tokio::test]
 async fn reclaim_budget_spans_cycles_and_counts_at_hand_out() {
-    let p = TestProvider::default();
-    for i in 0..100 {
-        p.put(configured_with_metadata(&format!("a{i:03}"), "c1", 10));
-    }
     let cfg = DecideConfig {
         rails: RailsConfig {
             // The quarantine is not what this test looks at.
@@ -354,10 +339,14 @@ async fn reclaim_budget_spans_cycles_and_counts_at_hand_out() {
         },
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(
+        cfg,
+        (0..100).map(|i| configured_with_metadata(&format!("a{i:03}"), "c1", 10)),
+    )
+    .await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(10_000).await;
     let budget = reclaim_budget(0.05, 100).unwrap();
     // Six cycles well within one window (as roll-ups wake them): one budget between
@@ -375,15 +364,7 @@ async fn reclaim_budget_spans_cycles_and_counts_at_hand_out() {
             let item = w.next(Duration::from_secs(2)).await.expect("handed out");
             // The drain starts and the provider agrees; it is still draining next cycle.
             let id = item.action.as_ref().unwrap().machine_id.clone();
-            client
-                .transition(transition(
-                    &item,
-                    pb::MachineState::Configured,
-                    pb::MachineState::Draining,
-                    Default::default(),
-                ))
-                .await
-                .unwrap();
+            begin_drain(&mut client, &item).await.unwrap();
             h.provider
                 .update(&id, |m| m.state = pb::MachineState::Draining as i32);
             total += 1;
@@ -403,13 +384,8 @@ async fn reclaim_budget_spans_cycles_and_counts_at_hand_out() {
 
 async fn pause_or_dry_run(paused: bool, dry_run: bool) -> (Harness, tempfile::TempDir) {
     let audit_dir = tempfile::tempdir().unwrap();
-    let p = TestProvider::default();
-    for i in 0..10 {
-        p.put(configured_with_metadata(&format!("a{i}"), "c1", 10));
-    }
-    for i in 0..4 {
-        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
-    }
+    let serving = (0..10).map(|i| configured_with_metadata(&format!("a{i}"), "c1", 10));
+    let machines = serving.chain(idle_fleet(4, |i| format!("i{i}")));
     let cfg = DecideConfig {
         rails: RailsConfig {
             actuation_paused: paused,
@@ -421,7 +397,7 @@ async fn pause_or_dry_run(paused: bool, dry_run: bool) -> (Harness, tempfile::Te
         },
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(cfg, machines).await;
     // c1 drops its demand (reclaims), c9 asks for 2 machines (bootstraps).
     edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     edge::apply_rollup(&h.decide, &rollup("c9", vec![need(8, 100)])).unwrap();
@@ -430,7 +406,7 @@ async fn pause_or_dry_run(paused: bool, dry_run: bool) -> (Harness, tempfile::Te
     assert_eq!(r.enqueued, 0, "nothing executes");
     assert_eq!((r.capped, r.deferred), (0, 0), "cap skipped");
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(100).await;
     assert!(w.next(Duration::from_millis(300)).await.is_none());
     (h, audit_dir)
@@ -498,65 +474,51 @@ async fn dry_run_reports_and_counts_per_kind() {
 
 #[tokio::test]
 async fn quarantine_holds_two_drops_and_accepts_the_third() {
+    use mesh::RollupOutcome::{Accepted, Quarantined};
     let h = Harness::start(DecideConfig {
         rails: RailsConfig::default(),
         ..cfg_rails_off()
     })
     .await;
     let mut client = h.ingest();
-    // Before decide has listed the provider it cannot judge a cluster it has not heard
-    // from since it started (ADR-0105): UNAVAILABLE, the operator re-sends.
-    let err = client
-        .apply_rollup(rollup("c1", vec![need(1, 0)]))
-        .await
-        .unwrap_err();
-    assert_eq!(err.code(), tonic::Code::Unavailable);
-    h.decide.reconcile().await.unwrap();
-    let rows: Vec<_> = (0..20).map(|i| need(1, i)).collect();
-    let r = client
-        .apply_rollup(rollup("c1", rows))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        (r.outcome, r.need_rows),
-        (mesh::RollupOutcome::Accepted as i32, 20)
-    );
-    for held in 1..=2 {
-        let r = client
-            .apply_rollup(rollup("c1", vec![need(1, 0)]))
-            .await
-            .unwrap()
-            .into_inner();
-        assert_eq!(r.outcome, mesh::RollupOutcome::Quarantined as i32);
-        assert_eq!(r.need_rows, 20, "previous demand stays in force");
-        assert_eq!(
-            h.decide
-                .metrics()
-                .rollup_quarantined
-                .with_label_values(&["c1"])
-                .get(),
-            held
-        );
-    }
-    let r = client
-        .apply_rollup(rollup("c1", vec![need(1, 0)]))
-        .await
-        .unwrap()
-        .into_inner();
-    assert_eq!(
-        (r.outcome, r.need_rows),
-        (mesh::RollupOutcome::Accepted as i32, 1)
-    );
-    assert_eq!(
+    let quarantined = || {
         h.decide
             .metrics()
             .rollup_quarantined
             .with_label_values(&["c1"])
-            .get(),
-        0
-    );
+            .get()
+    };
+    // Before decide has listed the provider it cannot judge a cluster it has not heard
+    // from since it started (ADR-0105): UNAVAILABLE, the operator re-sends.
+    let err = send_c1(&mut client, vec![need(1, 0)]).await.unwrap_err();
+    assert_eq!(err.code(), tonic::Code::Unavailable);
+    h.decide.reconcile().await.unwrap();
+    let rows: Vec<_> = (0..20).map(|i| need(1, i)).collect();
+    let r = send_c1(&mut client, rows).await.unwrap();
+    assert_eq!(r, (Accepted as i32, 20));
+    for held in 1..=2 {
+        let r = send_c1(&mut client, vec![need(1, 0)]).await.unwrap();
+        assert_eq!(
+            r,
+            (Quarantined as i32, 20),
+            "previous demand stays in force"
+        );
+        assert_eq!(quarantined(), held);
+    }
+    let r = send_c1(&mut client, vec![need(1, 0)]).await.unwrap();
+    assert_eq!(r, (Accepted as i32, 1));
+    assert_eq!(quarantined(), 0);
     assert_eq!(h.decide.need_rows(), 1);
+}
+
+/// Sends cluster c1's roll-up of `needs` over the gateway's contract: (outcome, the
+/// need rows in force).
+async fn send_c1(
+    client: &mut IngestClient<Channel>,
+    needs: Vec<pb::CapacityNeed>,
+) -> Result<(i32, i32), tonic::Status> {
+    let r = client.apply_rollup(rollup("c1", needs)).await?.into_inner();
+    Ok((r.outcome, r.need_rows))
 }
 
 #[tokio::test]
@@ -565,10 +527,7 @@ async fn bad_rollups_are_invalid_argument_and_counted() {
     let mut client = h.ingest();
     let mut bad = need(1, 1);
     bad.interruption_penalty_bucket = 99;
-    let err = client
-        .apply_rollup(rollup("c1", vec![bad]))
-        .await
-        .unwrap_err();
+    let err = send_c1(&mut client, vec![bad]).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::InvalidArgument);
     assert_eq!(
         h.decide
@@ -583,10 +542,6 @@ async fn bad_rollups_are_invalid_argument_and_counted() {
 
 #[tokio::test]
 async fn max_actions_per_cycle_truncates_and_asks_for_follow_up() {
-    let p = TestProvider::default();
-    for i in 0..10 {
-        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
-    }
     let cfg = DecideConfig {
         rails: RailsConfig {
             max_actions_per_cycle: 3,
@@ -594,7 +549,7 @@ async fn max_actions_per_cycle_truncates_and_asks_for_follow_up() {
         },
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(cfg, idle_fleet(10, |i| format!("i{i}"))).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(40, 5)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(
@@ -606,9 +561,7 @@ async fn max_actions_per_cycle_truncates_and_asks_for_follow_up() {
 
 #[tokio::test]
 async fn shortfalls_age_and_report_top_by_priority() {
-    let p = TestProvider::default();
-    p.put(pm("i0", pb::MachineState::Idle, ""));
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(cfg_rails_off(), [pm("i0", pb::MachineState::Idle, "")]).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(400, 5)])).unwrap();
     for _ in 0..3 {
         h.decide.run_cycle().await.unwrap();
@@ -634,16 +587,12 @@ async fn shortfalls_age_and_report_top_by_priority() {
 
 #[tokio::test]
 async fn idle_machines_bootstrap_for_demand() {
-    let p = TestProvider::default();
-    for i in 0..4 {
-        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
-    }
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(cfg_rails_off(), idle_fleet(4, |i| format!("i{i}"))).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(8, 5)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!((r.decided, r.enqueued), (2, 2));
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(5).await;
     let item = w.next(Duration::from_secs(2)).await.unwrap();
     let a = item.action.as_ref().unwrap();

@@ -10,15 +10,11 @@ use bigfleet_model::machine::{
 };
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_telemetry::Readiness;
-use common::pm;
+use common::{finish_draining, pm, start_draining};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
-use svc_shard_decide_core::shard::Clock;
-use svc_shard_decide_core::{
-    Decide, DecideConfig, Publisher, RailsConfig, ShardMetrics, TransferVerdict, edge,
-};
+use svc_shard_decide_core::{Decide, DecideConfig, RailsConfig, TransferVerdict, edge};
 
 const SEC: i64 = 1_000_000_000;
 /// Any fixed start does.
@@ -45,23 +41,13 @@ fn serving(id: &str, priority: i32) -> pb::Machine {
 }
 
 fn decide(rails: RailsConfig, source: &Source, clock: &Arc<AtomicI64>) -> Decide {
-    let (publisher, _) = Publisher::channel(1);
-    let c = Arc::clone(clock);
-    let clock: Clock = Arc::new(move || c.load(Ordering::SeqCst));
-    Decide::with_clock(
-        DecideConfig {
-            rails,
-            engine_threads: 1,
-            queue_capacity: 1_000,
-            ..DecideConfig::default()
-        },
-        Arc::new(source.clone()),
-        publisher,
-        ShardMetrics::unregistered(),
-        Readiness::not_ready("first provider reconcile not yet complete"),
-        clock,
-    )
-    .unwrap()
+    let cfg = DecideConfig {
+        rails,
+        engine_threads: 1,
+        queue_capacity: 1_000,
+        ..DecideConfig::default()
+    };
+    common::decide_on_clock(cfg, source.clone(), clock)
 }
 
 fn selectors(token: &str, n: usize) -> Vec<String> {
@@ -91,53 +77,6 @@ async fn hand_out_all(d: &Decide) -> Vec<mesh::WorkItem> {
 fn kind_machine_grace(item: &mesh::WorkItem) -> (i32, String, i64) {
     let a = item.action.as_ref().unwrap();
     (a.kind, a.machine_id.clone(), a.grace_seconds)
-}
-
-fn transition(
-    item: &mesh::WorkItem,
-    from: pb::MachineState,
-    to: pb::MachineState,
-) -> mesh::TransitionRequest {
-    mesh::TransitionRequest {
-        machine_id: item.action.as_ref().unwrap().machine_id.clone(),
-        from_state: from as i32,
-        to_state: to as i32,
-        patch: Some(mesh::MachinePatch::default()),
-        reason: "test".into(),
-        action_id: item.action_id.clone(),
-    }
-}
-
-/// The worker starts the reclaim: Configured → Draining, here and at the provider.
-async fn start_draining(d: &Decide, source: &Source, item: &mesh::WorkItem) {
-    edge::transition(
-        d,
-        &transition(
-            item,
-            pb::MachineState::Configured,
-            pb::MachineState::Draining,
-        ),
-    )
-    .await
-    .unwrap();
-    source.update(&item.action.as_ref().unwrap().machine_id, |m| {
-        m.state = pb::MachineState::Draining as i32;
-    });
-}
-
-/// The worker finishes the reclaim: Draining → Idle, here and at the provider.
-async fn finish_draining(d: &Decide, source: &Source, item: &mesh::WorkItem) {
-    edge::transition(
-        d,
-        &transition(item, pb::MachineState::Draining, pb::MachineState::Idle),
-    )
-    .await
-    .unwrap();
-    source.update(&item.action.as_ref().unwrap().machine_id, |m| {
-        m.state = pb::MachineState::Idle as i32;
-        m.cluster.clear();
-        m.shard_metadata.clear();
-    });
 }
 
 #[tokio::test]

@@ -24,11 +24,7 @@ async fn recent(h: &Harness, req: mesh::RecentActionsRequest) -> mesh::RecentAct
 
 #[tokio::test]
 async fn recent_actions_say_what_workers_did_newest_first_with_reasons() {
-    let p = TestProvider::default();
-    for i in 0..2 {
-        p.put(pm(&format!("i{i:03}"), pb::MachineState::Idle, ""));
-    }
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(cfg_rails_off(), idle_fleet(2, |i| format!("i{i:03}"))).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(8, 50)])).unwrap();
     assert_eq!(h.decide.run_cycle().await.unwrap().enqueued, 2);
     assert!(
@@ -37,7 +33,7 @@ async fn recent_actions_say_what_workers_did_newest_first_with_reasons() {
     );
 
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(2).await;
     let first = w.next(LONG).await.unwrap();
     let second = w.next(LONG).await.unwrap();
@@ -148,10 +144,6 @@ async fn recent_actions_say_what_workers_did_newest_first_with_reasons() {
 
 #[tokio::test]
 async fn actions_decide_does_not_hand_out_are_history_too_and_the_ring_is_bounded() {
-    let p = TestProvider::default();
-    for i in 0..3 {
-        p.put(pm(&format!("i{i:03}"), pb::MachineState::Idle, ""));
-    }
     let cfg = DecideConfig {
         rails: RailsConfig {
             actuation_paused: true,
@@ -160,7 +152,7 @@ async fn actions_decide_does_not_hand_out_are_history_too_and_the_ring_is_bounde
         action_history: 2,
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(cfg, idle_fleet(3, |i| format!("i{i:03}"))).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(12, 50)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!((r.suppressed, r.enqueued), (3, 0));
@@ -185,12 +177,9 @@ async fn actions_decide_does_not_hand_out_are_history_too_and_the_ring_is_bounde
 
 #[tokio::test]
 async fn list_machines_pages_in_id_order_with_filters() {
-    let p = TestProvider::default();
-    for i in 0..5 {
-        p.put(pm(&format!("i{i:03}"), pb::MachineState::Idle, ""));
-    }
-    p.put(pm("c-000", pb::MachineState::Configured, "c1"));
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let configured = pm("c-000", pb::MachineState::Configured, "c1");
+    let machines = idle_fleet(5, |i| format!("i{i:03}")).chain([configured]);
+    let h = Harness::listing(cfg_rails_off(), machines).await;
     h.decide.run_cycle().await.unwrap();
     let mut info = ShardInfoClient::new(uds_channel(&h.decide_sock));
     let ids = |r: &mesh::ListMachinesResponse| -> Vec<String> {

@@ -23,10 +23,11 @@ fn idle(id: &str, zone: &str, price: f64) -> pb::Machine {
 
 /// Idle `cheap` in zone za and `dear` in zone zb, rails off, no demand yet.
 async fn two_zones() -> Harness {
-    let p = TestProvider::default();
-    p.put(idle("cheap", "za", 0.1));
-    p.put(idle("dear", "zb", 0.5));
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(
+        cfg_rails_off(),
+        [idle("cheap", "za", 0.1), idle("dear", "zb", 0.5)],
+    )
+    .await;
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.enqueued, 0);
     h
@@ -38,7 +39,7 @@ fn machine_of(item: &mesh::WorkItem) -> String {
 
 async fn next_machine(h: &Harness) -> String {
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(1).await;
     machine_of(&w.next(LONG).await.expect("a work item"))
 }
@@ -97,10 +98,14 @@ async fn a_released_machine_is_never_acted_on_and_an_adopted_one_is() {
 
 #[tokio::test]
 async fn a_release_is_all_or_nothing() {
-    let p = TestProvider::default();
-    p.put(idle("free", "za", 0.1));
-    p.put(pm("busy", pb::MachineState::Configured, "c1"));
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(
+        cfg_rails_off(),
+        [
+            idle("free", "za", 0.1),
+            pm("busy", pb::MachineState::Configured, "c1"),
+        ],
+    )
+    .await;
     h.decide.run_cycle().await.unwrap();
     let both = ["free".to_owned(), "busy".to_owned()];
     let TransferVerdict::Refused(why) = h.decide.release_machines(&both) else {

@@ -10,15 +10,11 @@ use bigfleet_model::machine::{
 };
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_telemetry::Readiness;
-use common::{need, pm, rollup};
+use common::{finish_draining, need, pm, rollup, start_draining};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use svc_shard_decide_core::edge;
-use svc_shard_decide_core::shard::Clock;
-use svc_shard_decide_core::{
-    Decide, DecideConfig, DecideError, Publisher, RailsConfig, ShardMetrics,
-};
+use svc_shard_decide_core::{Decide, DecideConfig, DecideError, RailsConfig};
 
 const SEC: i64 = 1_000_000_000;
 /// 2026-11-27T00:00:00Z: any fixed start does.
@@ -56,38 +52,12 @@ fn source_with(cluster: &str, machines: usize) -> Source {
 
 /// A decide on `source` whose clock reads `clock`.
 fn decide(cfg: DecideConfig, source: &Source, clock: &Arc<AtomicI64>) -> Decide {
-    // Frames to the operators are not what these tests look at.
-    let (publisher, _) = Publisher::channel(1);
-    let c = Arc::clone(clock);
-    let clock: Clock = Arc::new(move || c.load(Ordering::SeqCst));
-    Decide::with_clock(
-        DecideConfig {
-            engine_threads: 1,
-            queue_capacity: 100_000,
-            ..cfg
-        },
-        Arc::new(source.clone()),
-        publisher,
-        ShardMetrics::unregistered(),
-        Readiness::not_ready("first provider reconcile not yet complete"),
-        clock,
-    )
-    .unwrap()
-}
-
-fn transition(
-    item: &mesh::WorkItem,
-    from: pb::MachineState,
-    to: pb::MachineState,
-) -> mesh::TransitionRequest {
-    mesh::TransitionRequest {
-        machine_id: item.action.as_ref().unwrap().machine_id.clone(),
-        from_state: from as i32,
-        to_state: to as i32,
-        patch: Some(mesh::MachinePatch::default()),
-        reason: "test".into(),
-        action_id: item.action_id.clone(),
-    }
+    let cfg = DecideConfig {
+        engine_threads: 1,
+        queue_capacity: 100_000,
+        ..cfg
+    };
+    common::decide_on_clock(cfg, source.clone(), clock)
 }
 
 /// One drain the simulated worker holds: started at `started`, done at `until`.
@@ -122,19 +92,7 @@ impl World {
         while let Some(item) = edge::hand_out(&self.d, 1).await {
             let action = item.action.as_ref().unwrap();
             assert_eq!(action.kind, mesh::ActionKind::Reclaim as i32, "{action:?}");
-            edge::transition(
-                &self.d,
-                &transition(
-                    &item,
-                    pb::MachineState::Configured,
-                    pb::MachineState::Draining,
-                ),
-            )
-            .await
-            .unwrap();
-            self.source.update(&action.machine_id, |m| {
-                m.state = pb::MachineState::Draining as i32;
-            });
+            start_draining(&self.d, &self.source, &item).await;
             let now = self.now();
             self.starts.push((now, self.size));
             self.draining.push(Drain {
@@ -154,18 +112,7 @@ impl World {
         self.draining = rest;
         for d in done {
             assert!(d.started < now);
-            edge::transition(
-                &self.d,
-                &transition(&d.item, pb::MachineState::Draining, pb::MachineState::Idle),
-            )
-            .await
-            .unwrap();
-            let id = d.item.action.as_ref().unwrap().machine_id.clone();
-            self.source.update(&id, |m| {
-                m.state = pb::MachineState::Idle as i32;
-                m.cluster.clear();
-                m.shard_metadata.clear();
-            });
+            finish_draining(&self.d, &self.source, &d.item).await;
             edge::done(
                 &self.d,
                 &mesh::worker_message::Done {

@@ -97,23 +97,10 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
 
     let mut client =
         bigfleet_proto::mesh::v1::work_client::WorkClient::new(uds_channel(&decide_sock));
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(1).await;
     let item = w.next(LONG).await.unwrap();
-    let a = item.action.clone().unwrap();
-    client
-        .transition(transition(
-            &item,
-            pb::MachineState::Idle,
-            pb::MachineState::Configuring,
-            mesh::MachinePatch {
-                cluster: Some("c1".into()),
-                assigned_need_fingerprint: Some(a.need_fingerprint.clone()),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap();
+    start_configuring(&mut client, &item, "c1").await.unwrap();
 
     // A cycle lists the provider (still Idle there) and is held before merging.
     source.armed.store(true, Ordering::Release);
@@ -130,15 +117,15 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
         m.state = pb::MachineState::Configured as i32;
         m.cluster = "c1".into();
     });
-    client
-        .transition(transition(
-            &item,
-            pb::MachineState::Configuring,
-            pb::MachineState::Configured,
-            mesh::MachinePatch::default(),
-        ))
-        .await
-        .unwrap();
+    report(
+        &mut client,
+        &item,
+        pb::MachineState::Configuring,
+        pb::MachineState::Configured,
+        mesh::MachinePatch::default(),
+    )
+    .await
+    .unwrap();
     w.done(&item.action_id, "success").await;
     wait_until(LONG, "no action left", async || {
         decide.action_counts() == (0, 0)

@@ -6,6 +6,7 @@ mod common;
 use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
+use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
 use bigfleet_testkit::wait_until;
@@ -13,17 +14,14 @@ use common::*;
 use std::collections::HashSet;
 use std::time::Duration;
 use svc_shard_decide_core::edge;
+use tonic::transport::Channel;
 
 const SHORT: Duration = Duration::from_millis(300);
 const LONG: Duration = Duration::from_secs(3);
 
 /// `n` Idle machines and a c1 demand for all of them.
 async fn bootstrap_harness(n: usize) -> Harness {
-    let p = TestProvider::default();
-    for i in 0..n {
-        p.put(pm(&format!("i{i:03}"), pb::MachineState::Idle, ""));
-    }
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(cfg_rails_off(), idle_fleet(n, |i| format!("i{i:03}"))).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(4 * n as u32, 50)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.enqueued, n);
@@ -38,8 +36,8 @@ fn machine_of(item: &mesh::WorkItem) -> String {
 async fn two_workers_never_get_the_same_machine() {
     let h = bootstrap_harness(40).await;
     let mut client = h.client();
-    let mut a = Worker::connect(&mut client, "a").await;
-    let mut b = Worker::connect(&mut client, "b").await;
+    let mut a = TestWorker::connect(&mut client, "a", "").await;
+    let mut b = TestWorker::connect(&mut client, "b", "").await;
     a.credit(100).await;
     b.credit(100).await;
     let mut seen = HashSet::new();
@@ -64,7 +62,7 @@ async fn two_workers_never_get_the_same_machine() {
 async fn credits_bound_the_in_flight_count() {
     let h = bootstrap_harness(10).await;
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(3).await;
     for _ in 0..3 {
         assert!(w.next(LONG).await.is_some());
@@ -83,23 +81,10 @@ async fn credits_bound_the_in_flight_count() {
 async fn a_disconnected_worker_frees_its_machine_for_rederivation() {
     let h = bootstrap_harness(1).await;
     let mut client = h.client();
-    let mut a = Worker::connect(&mut client, "a").await;
+    let mut a = TestWorker::connect(&mut client, "a", "").await;
     a.credit(1).await;
     let item = a.next(LONG).await.unwrap();
-    let patch = mesh::MachinePatch {
-        cluster: Some("c1".into()),
-        assigned_need_fingerprint: Some(item.action.as_ref().unwrap().need_fingerprint.clone()),
-        ..Default::default()
-    };
-    client
-        .transition(transition(
-            &item,
-            pb::MachineState::Idle,
-            pb::MachineState::Configuring,
-            patch,
-        ))
-        .await
-        .unwrap();
+    start_configuring(&mut client, &item, "c1").await.unwrap();
     drop(a);
     wait_until(LONG, "abandoned when the stream ends", async || {
         h.decide.action_counts().1 == 0
@@ -114,21 +99,21 @@ async fn a_disconnected_worker_frees_its_machine_for_rederivation() {
         1
     );
     // The old hand-out can no longer report.
-    let err = client
-        .transition(transition(
-            &item,
-            pb::MachineState::Configuring,
-            pb::MachineState::Configured,
-            Default::default(),
-        ))
-        .await
-        .unwrap_err();
+    let err = report(
+        &mut client,
+        &item,
+        pb::MachineState::Configuring,
+        pb::MachineState::Configured,
+        Default::default(),
+    )
+    .await
+    .unwrap_err();
     assert_eq!(err.code(), tonic::Code::Aborted);
     // The provider never configured it: reconcile takes its view (Idle) and the
     // next cycle re-derives the bootstrap for another worker.
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.enqueued, 1);
-    let mut b = Worker::connect(&mut client, "b").await;
+    let mut b = TestWorker::connect(&mut client, "b", "").await;
     b.credit(1).await;
     let again = b.next(LONG).await.unwrap();
     assert_eq!(machine_of(&again), machine_of(&item));
@@ -153,24 +138,12 @@ async fn reconcile_skips_in_flight_machines_configuring_to_idle_race() {
     .await
     .expect("session opened");
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(1).await;
     let item = w.next(LONG).await.unwrap();
     let id = machine_of(&item);
     let a = item.action.clone().unwrap();
-    client
-        .transition(transition(
-            &item,
-            pb::MachineState::Idle,
-            pb::MachineState::Configuring,
-            mesh::MachinePatch {
-                cluster: Some("c1".into()),
-                assigned_need_fingerprint: Some(a.need_fingerprint.clone()),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap();
+    start_configuring(&mut client, &item, "c1").await.unwrap();
     // The provider still lists Idle: without the skip this would flip the
     // machine back and fail the worker's next transition.
     h.decide.run_cycle().await.unwrap();
@@ -178,23 +151,20 @@ async fn reconcile_skips_in_flight_machines_configuring_to_idle_race() {
         h.decide.machine(&id).await.unwrap().state,
         MachineState::Configuring
     );
-    let resp = client
-        .transition(transition(
-            &item,
-            pb::MachineState::Configuring,
-            pb::MachineState::Configured,
-            mesh::MachinePatch {
-                assigned_priority: Some(a.priority),
-                assigned_interruption_penalty_dollars: Some(a.interruption_penalty_dollars),
-                assigned_reclamation_penalty_dollars: Some(a.reclamation_penalty_dollars),
-                ..Default::default()
-            },
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .machine
-        .unwrap();
+    let resp = report(
+        &mut client,
+        &item,
+        pb::MachineState::Configuring,
+        pb::MachineState::Configured,
+        mesh::MachinePatch {
+            assigned_priority: Some(a.priority),
+            assigned_interruption_penalty_dollars: Some(a.interruption_penalty_dollars),
+            assigned_reclamation_penalty_dollars: Some(a.reclamation_penalty_dollars),
+            ..Default::default()
+        },
+    )
+    .await
+    .unwrap();
     assert_eq!(resp.state, pb::MachineState::Configured as i32);
     assert_eq!(resp.cluster, "c1");
     assert_eq!(
@@ -235,137 +205,119 @@ async fn reconcile_skips_in_flight_machines_configuring_to_idle_race() {
 
 #[tokio::test]
 async fn transition_errors_map_to_their_codes() {
+    use pb::MachineState as S;
+    use tonic::Code;
     let h = bootstrap_harness(1).await;
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(1).await;
     let item = w.next(LONG).await.unwrap();
-    let mut unknown = transition(
+    let unknown_machine: Edit = |r| r.machine_id = "nope".into();
+    let other_action: Edit = |r| r.action_id = "e1-999".into();
+    let unchanged: Edit = |_| {};
+    let refused_while_idle = [
+        (S::Idle, S::Configuring, unknown_machine, Code::NotFound),
+        (S::Configured, S::Draining, unchanged, Code::Aborted),
+        (S::Idle, S::Configured, unchanged, Code::InvalidArgument),
+        (S::Idle, S::Configuring, other_action, Code::Aborted),
+    ];
+    for (from, to, edit, code) in refused_while_idle {
+        assert_refused(
+            &mut client,
+            &item,
+            (from, to),
+            Default::default(),
+            edit,
+            code,
+        )
+        .await;
+    }
+    report(
+        &mut client,
         &item,
-        pb::MachineState::Idle,
-        pb::MachineState::Configuring,
-        Default::default(),
-    );
-    unknown.machine_id = "nope".into();
-    assert_eq!(
-        client.transition(unknown).await.unwrap_err().code(),
-        tonic::Code::NotFound
-    );
-    let wrong_from = transition(
-        &item,
-        pb::MachineState::Configured,
-        pb::MachineState::Draining,
-        Default::default(),
-    );
-    assert_eq!(
-        client.transition(wrong_from).await.unwrap_err().code(),
-        tonic::Code::Aborted
-    );
-    let illegal = transition(
-        &item,
-        pb::MachineState::Idle,
-        pb::MachineState::Configured,
-        Default::default(),
-    );
-    assert_eq!(
-        client.transition(illegal).await.unwrap_err().code(),
-        tonic::Code::InvalidArgument
-    );
-    let mut other = transition(
-        &item,
-        pb::MachineState::Idle,
-        pb::MachineState::Configuring,
-        Default::default(),
-    );
-    other.action_id = "e1-999".into();
-    assert_eq!(
-        client.transition(other).await.unwrap_err().code(),
-        tonic::Code::Aborted
-    );
-    // Failed needs a last_error.
-    let to_conf = transition(
-        &item,
-        pb::MachineState::Idle,
-        pb::MachineState::Configuring,
+        S::Idle,
+        S::Configuring,
         mesh::MachinePatch {
             cluster: Some("c1".into()),
             ..Default::default()
         },
-    );
-    client.transition(to_conf).await.unwrap();
-    let no_err = transition(
-        &item,
-        pb::MachineState::Configuring,
-        pb::MachineState::Failed,
-        Default::default(),
-    );
-    assert_eq!(
-        client.transition(no_err).await.unwrap_err().code(),
-        tonic::Code::InvalidArgument
-    );
-    let bad_view = transition(
-        &item,
-        pb::MachineState::Configuring,
-        pb::MachineState::Configured,
-        mesh::MachinePatch {
-            provider_view: Some(pb::Machine {
-                price_per_hour: -1.0,
-                ..pm("x", pb::MachineState::Idle, "")
-            }),
-            ..Default::default()
-        },
-    );
-    assert_eq!(
-        client.transition(bad_view).await.unwrap_err().code(),
-        tonic::Code::InvalidArgument
-    );
+    )
+    .await
+    .unwrap();
+    // Failed needs a last_error.
+    let no_error = mesh::MachinePatch::default();
+    let bad_view = mesh::MachinePatch {
+        provider_view: Some(pb::Machine {
+            price_per_hour: -1.0,
+            ..pm("x", S::Idle, "")
+        }),
+        ..Default::default()
+    };
+    for (to, patch) in [(S::Failed, no_error), (S::Configured, bad_view)] {
+        let code = Code::InvalidArgument;
+        assert_refused(
+            &mut client,
+            &item,
+            (S::Configuring, to),
+            patch,
+            unchanged,
+            code,
+        )
+        .await;
+    }
     assert_eq!(
         h.decide.machine(&machine_of(&item)).await.unwrap().state,
         MachineState::Configuring
     );
 }
 
+/// A change to a transition request before it is sent.
+type Edit = fn(&mut mesh::TransitionRequest);
+
+/// Sends `item`'s transition `from_to` with `patch`, edited, and checks decide refuses
+/// it with `code`.
+async fn assert_refused(
+    client: &mut WorkClient<Channel>,
+    item: &mesh::WorkItem,
+    (from, to): (pb::MachineState, pb::MachineState),
+    patch: mesh::MachinePatch,
+    edit: Edit,
+    code: tonic::Code,
+) {
+    let mut request = transition(item, from, to, patch);
+    edit(&mut request);
+    let err = client.transition(request).await.unwrap_err();
+    assert_eq!(err.code(), code, "{from:?} -> {to:?}: {err}");
+}
+
 #[tokio::test]
 async fn drain_completion_notifies_the_cluster_it_left() {
-    let p = TestProvider::default();
     let mut m = pm("m1", pb::MachineState::Configured, "c1");
     m.shard_metadata
         .insert("bigfleet.lucy.sh/assigned-priority".into(), "3".into());
-    p.put(m);
-    let mut h = Harness::start_with(cfg_rails_off(), p).await;
+    let mut h = Harness::listing(cfg_rails_off(), [m]).await;
     edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.enqueued, 1);
     h.drain_events();
     let mut client = h.client();
-    let mut w = Worker::connect(&mut client, "w").await;
+    let mut w = TestWorker::connect(&mut client, "w", "").await;
     w.credit(1).await;
     let item = w.next(LONG).await.unwrap();
     assert_eq!(
         item.machine.as_ref().unwrap().shard_metadata["bigfleet.lucy.sh/assigned-priority"],
         "3"
     );
-    client
-        .transition(transition(
-            &item,
-            pb::MachineState::Configured,
-            pb::MachineState::Draining,
-            Default::default(),
-        ))
-        .await
-        .unwrap();
-    let idle = client
-        .transition(transition(
-            &item,
-            pb::MachineState::Draining,
-            pb::MachineState::Idle,
-            Default::default(),
-        ))
-        .await
-        .unwrap()
-        .into_inner()
-        .machine
-        .unwrap();
+    begin_drain(&mut client, &item).await.unwrap();
+    let idle = report(
+        &mut client,
+        &item,
+        pb::MachineState::Draining,
+        pb::MachineState::Idle,
+        Default::default(),
+    )
+    .await
+    .unwrap();
     assert_eq!(idle.cluster, "");
     assert!(idle.shard_metadata.is_empty());
     let events = h.drain_events();
@@ -501,11 +453,7 @@ async fn inspect(
 
 #[tokio::test]
 async fn inspect_needs_header_filter_limit_and_order() {
-    let p = TestProvider::default();
-    for i in 0..2 {
-        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
-    }
-    let h = Harness::start_with(cfg_rails_off(), p).await;
+    let h = Harness::listing(cfg_rails_off(), idle_fleet(2, |i| format!("i{i}"))).await;
     let mut reader = ShardReadClient::new(uds_channel(&h.decide_sock));
     let (hdr, rows) = inspect(&mut reader, "", 0).await;
     assert_eq!((hdr.cycle, hdr.total_needs, rows.len()), (0, 0, 0));
@@ -559,13 +507,11 @@ async fn inspect_needs_header_filter_limit_and_order() {
 
 #[tokio::test]
 async fn the_run_loop_wakes_on_accepted_rollups() {
-    let p = TestProvider::default();
-    p.put(pm("i0", pb::MachineState::Idle, ""));
     let cfg = svc_shard_decide_core::DecideConfig {
         cycle_interval: Duration::from_secs(3600),
         ..cfg_rails_off()
     };
-    let h = Harness::start_with(cfg, p).await;
+    let h = Harness::listing(cfg, [pm("i0", pb::MachineState::Idle, "")]).await;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let d = h.decide.clone();
     let task = tokio::spawn(async move {

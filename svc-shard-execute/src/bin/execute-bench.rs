@@ -6,22 +6,18 @@
 //!
 //! `cargo run --release -p svc-shard-execute --features bench --bin execute-bench -- --json`
 
-use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use bigfleet_fake_provider::FakeProvider;
 use bigfleet_fake_provider::grpc::ProviderGrpc;
+use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;
-use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_proto::v1alpha1::capacity_provider_server::{
-    CapacityProvider, CapacityProviderServer,
-};
+use bigfleet_proto::v1alpha1::capacity_provider_server::CapacityProviderServer;
 use clap::Parser;
-use svc_shard_execute::doubles::{DecideDouble, GatewayDouble, serve_uds};
+use svc_shard_execute::doubles::{DecideDouble, GatewayDouble, fixtures, serve_uds};
 use svc_shard_execute::{Config, start};
-use tonic::{Request, Response, Status};
 
 #[derive(Debug, Parser)]
 #[command(
@@ -49,84 +45,6 @@ struct Args {
     json: bool,
 }
 
-/// The fake provider with a fixed delay in front of every mutation.
-struct Delayed {
-    inner: ProviderGrpc,
-    delay: Duration,
-}
-
-#[tonic::async_trait]
-impl CapacityProvider for Delayed {
-    async fn create(
-        &self,
-        r: Request<pb::CreateRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.create(r).await
-    }
-
-    async fn configure(
-        &self,
-        r: Request<pb::ConfigureRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.configure(r).await
-    }
-
-    async fn drain(
-        &self,
-        r: Request<pb::DrainRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.drain(r).await
-    }
-
-    async fn delete(
-        &self,
-        r: Request<pb::DeleteRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        tokio::time::sleep(self.delay).await;
-        self.inner.delete(r).await
-    }
-
-    async fn get(&self, r: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
-        self.inner.get(r).await
-    }
-
-    async fn list(&self, r: Request<pb::ListFilter>) -> Result<Response<pb::MachineList>, Status> {
-        self.inner.list(r).await
-    }
-}
-
-fn speculative(id: &str) -> pb::Machine {
-    pb::Machine {
-        id: id.to_owned(),
-        state: pb::MachineState::Speculative as i32,
-        instance_type: "m.xlarge.32".into(),
-        zone: "fake-1a".into(),
-        capacity_type: pb::CapacityType::OnDemand as i32,
-        price_per_hour: 1.2,
-        resources: Some(pb::Resources {
-            resources: BTreeMap::from([("cpu".to_owned(), "32".to_owned())]),
-        }),
-        ..pb::Machine::default()
-    }
-}
-
-fn provision(id: &str) -> mesh::Action {
-    mesh::Action {
-        kind: mesh::ActionKind::Provision as i32,
-        machine_id: id.to_owned(),
-        cluster_id: "bench-cluster".into(),
-        need_fingerprint: "fp-bench".into(),
-        priority: 100,
-        interruption_penalty_dollars: 1.0,
-        reclamation_penalty_dollars: 1.0,
-        reason: "phase1.speculative".into(),
-        ..mesh::Action::default()
-    }
-}
-
 async fn run_once(args: &Args, pools: usize, latency_ms: u64) -> anyhow::Result<serde_json::Value> {
     let n = if latency_ms == 0 {
         args.actions
@@ -138,7 +56,7 @@ async fn run_once(args: &Args, pools: usize, latency_ms: u64) -> anyhow::Result<
     let gateway = GatewayDouble::default();
     let provider = Arc::new(FakeProvider::new(Default::default()));
     for i in 0..n {
-        let m = speculative(&format!("m-{i:07}"));
+        let m = fixtures::machine(&format!("m-{i:07}"), MachineState::Speculative, "");
         decide.insert_machine(&m)?;
         provider
             .add_machine(m)
@@ -147,12 +65,11 @@ async fn run_once(args: &Args, pools: usize, latency_ms: u64) -> anyhow::Result<
     let decide_srv = decide.serve_uds(&dir.path().join("decide.sock"))?;
     let gateway_srv = gateway.serve_uds(&dir.path().join("gateway.sock"))?;
     let provider_path = dir.path().join("provider.sock");
-    let delayed = Delayed {
-        inner: ProviderGrpc::new(Arc::clone(&provider), None),
-        delay: Duration::from_millis(latency_ms),
-    };
+    // A fixed delay in front of every mutation; Get and List stay immediate.
+    let grpc = ProviderGrpc::new(Arc::clone(&provider), None)
+        .with_rpc_latency(Duration::from_millis(latency_ms));
     let provider_srv = serve_uds(
-        tonic::transport::Server::builder().add_service(CapacityProviderServer::new(delayed)),
+        tonic::transport::Server::builder().add_service(CapacityProviderServer::new(grpc)),
         &provider_path,
     )?;
 
@@ -166,7 +83,11 @@ async fn run_once(args: &Args, pools: usize, latency_ms: u64) -> anyhow::Result<
         running.push(start(cfg).await.context("starting a worker pool")?);
     }
     for i in 0..n {
-        decide.enqueue(provision(&format!("m-{i:07}")));
+        decide.enqueue(fixtures::acquire(
+            mesh::ActionKind::Provision,
+            &format!("m-{i:07}"),
+            "bench-cluster",
+        ));
     }
     let mut changes = decide.changes();
     let all = tokio::time::timeout(

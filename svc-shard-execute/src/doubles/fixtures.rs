@@ -1,11 +1,15 @@
-//! Machines and work items as decide hands them out, shared by this crate's
-//! unit tests and its tests against the real fake provider.
+//! Machines and work items as decide hands them out, and flow timeouts short
+//! enough for tests, shared by this crate's unit tests and its tests against
+//! the real fake provider.
 
 use std::collections::BTreeMap;
+use std::time::Duration;
 
 use bigfleet_model::{Machine as ModelMachine, MachineState};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
+
+use crate::{ExecConfig, RetryPolicy};
 
 /// The need every fixture machine and acquire item is planned for.
 pub const NEED_FINGERPRINT: &str = "fp-gpu";
@@ -74,6 +78,23 @@ pub fn drain(kind: mesh::ActionKind, id: &str, cluster: &str, preemptor: i32) ->
         grace_seconds: 0,
         preemptor_priority: preemptor,
         ..mesh::Action::default()
+    }
+}
+
+/// The flows' timeouts and retry backoff cut down so tests finish quickly: a 300 ms
+/// blob wait, four attempts a few milliseconds apart.
+pub fn fast_exec() -> ExecConfig {
+    ExecConfig {
+        action_timeout: Duration::from_secs(5),
+        bootstrap_timeout: Duration::from_millis(300),
+        call_timeout: Duration::from_secs(2),
+        cleanup_timeout: Duration::from_secs(2),
+        retry: RetryPolicy {
+            max_attempts: 4,
+            initial_backoff: Duration::from_millis(1),
+            max_backoff: Duration::from_millis(10),
+            ..RetryPolicy::default()
+        },
     }
 }
 

@@ -7,7 +7,8 @@
 //!   stream's actions (optionally re-issued) and records of everything.
 //! * [`GatewayDouble`]: a scripted `bigfleet.mesh.v1.Relay`
 //!   (RequestBootstrap / SendReclaim) that records what it was asked.
-//! * [`fixtures`]: machines and work items as decide hands them out.
+//! * [`fixtures`]: machines and work items as decide hands them out, and
+//!   flow timeouts short enough for tests.
 //!
 //! Both work in memory (they implement the crate's link traits) and over
 //! gRPC ([`serve_uds`]). They are doubles, not implementations: decide's

@@ -11,7 +11,7 @@ use bigfleet_proto::mesh::v1::request_bootstrap_response::Outcome as BootstrapRe
 use bigfleet_proto::v1alpha1 as pb;
 use tokio::time::Instant;
 
-use super::provider::{Landed, Leg, stamped};
+use super::provider::{Landed, Leg};
 use super::steps::{Interrupt, describe};
 use super::{Fail, Flow, Run};
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
@@ -59,12 +59,9 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         a: &Assignment,
     ) -> Flow<String> {
         if machine.state != MachineState::Speculative {
-            return Err(Fail::new(
-                Outcome::StaleState,
-                format!(
-                    "provision needs a speculative machine, decide handed out one in {}",
-                    machine.state
-                ),
+            return Err(Fail::stale(
+                "provision needs a speculative machine",
+                machine.state,
             ));
         }
         // ADR-0052: the planned need is stamped at Creating so decide can
@@ -81,17 +78,13 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         )
         .await?;
         let landed = self
-            .actuate(
-                &CREATE,
-                |provider, machine_id, s, t| {
-                    provider.create(stamped!(pb::CreateRequest {}, machine_id, s), t)
-                },
-                |view| mesh::MachinePatch {
+            .actuate(&CREATE, pb::CreateRequest::default(), |view| {
+                mesh::MachinePatch {
                     host: view.host,
                     provider_view: Some(view.raw),
                     ..Default::default()
-                },
-            )
+                }
+            })
             .await?;
         match landed {
             Landed::Arrived => self
@@ -117,12 +110,9 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
             return Ok("already configured for this cluster and need".to_owned());
         }
         if machine.state != MachineState::Idle {
-            return Err(Fail::new(
-                Outcome::StaleState,
-                format!(
-                    "bootstrap needs an idle machine, decide handed out one in {}",
-                    machine.state
-                ),
+            return Err(Fail::stale(
+                "bootstrap needs an idle machine",
+                machine.state,
             ));
         }
         self.bootstrap_idle(cluster, a).await
@@ -151,19 +141,11 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         let landed = self
             .actuate(
                 &CONFIGURE,
-                |provider, machine_id, s, t| {
-                    provider.configure(
-                        stamped!(
-                            pb::ConfigureRequest {
-                                cluster_id: cluster.to_owned(),
-                                bootstrap_blob: blob.clone(),
-                                shard_metadata: metadata.clone(),
-                            },
-                            machine_id,
-                            s
-                        ),
-                        t,
-                    )
+                pb::ConfigureRequest {
+                    cluster_id: cluster.to_owned(),
+                    bootstrap_blob: blob,
+                    shard_metadata: metadata.clone(),
+                    ..Default::default()
                 },
                 |view| mesh::MachinePatch {
                     assigned_priority: Some(a.priority),

@@ -8,7 +8,7 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use tokio::time::Instant;
 
-use super::provider::{Leg, stamped};
+use super::provider::Leg;
 use super::steps::describe;
 use super::{Fail, Flow, Run};
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
@@ -36,13 +36,9 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         preemptor_priority: i32,
     ) -> Flow<String> {
         if machine.state != MachineState::Configured || machine.cluster != cluster {
-            return Err(Fail::new(
-                Outcome::StaleState,
-                format!(
-                    "{kind} needs a machine configured for {cluster}, decide handed out one in {} \
-                     for {:?}",
-                    machine.state, machine.cluster
-                ),
+            return Err(Fail::stale(
+                format_args!("{kind} needs a machine configured for {cluster}"),
+                format_args!("{} for {:?}", machine.state, machine.cluster),
             ));
         }
         let grace_seconds = i64::try_from(grace.as_secs()).unwrap_or(i64::MAX);
@@ -86,17 +82,9 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         let landed = self
             .actuate(
                 &DRAIN,
-                |provider, machine_id, s, t| {
-                    provider.drain(
-                        stamped!(
-                            pb::DrainRequest {
-                                grace_period_seconds: grace_seconds,
-                            },
-                            machine_id,
-                            s
-                        ),
-                        t,
-                    )
+                pb::DrainRequest {
+                    grace_period_seconds: grace_seconds,
+                    ..Default::default()
                 },
                 // Decide clears the binding and assignment on entering Idle.
                 |view| mesh::MachinePatch {

@@ -67,22 +67,48 @@ enum Answer {
     Async(String),
 }
 
-/// A provider mutation request for `machine_id`, fenced with `stamp`: the
-/// request's own fields plus the four every mutation carries, so none can be
-/// sent unfenced.
-macro_rules! stamped {
-    ($req:path { $($field:ident: $value:expr),* $(,)? }, $machine_id:expr, $stamp:expr) => {{
-        let stamp: $crate::fence::Stamp = $stamp;
-        $req {
-            $($field: $value,)*
-            machine_id: $machine_id.to_owned(),
-            shard_id: stamp.shard_id,
-            shard_epoch: stamp.epoch,
-            sequence_number: stamp.sequence,
-        }
-    }};
+/// A provider mutation's request. [`Run::actuate`] takes it with only its own fields set
+/// and fences a copy for every attempt, so no mutation can be sent unfenced.
+pub(super) trait Mutation: Clone {
+    /// Sets the machine and the four fencing fields every mutation carries.
+    fn fence(&mut self, machine_id: &str, stamp: Stamp);
+
+    /// Sends the request over its RPC.
+    fn send<P: ProviderLink>(
+        self,
+        provider: &P,
+        timeout: Duration,
+    ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send;
 }
-pub(super) use stamped;
+
+/// The four mutations carry the same fencing fields and differ only in their RPC.
+macro_rules! mutations {
+    ($($req:ty => $rpc:ident;)*) => {$(
+        impl Mutation for $req {
+            fn fence(&mut self, machine_id: &str, stamp: Stamp) {
+                machine_id.clone_into(&mut self.machine_id);
+                self.shard_id = stamp.shard_id;
+                self.shard_epoch = stamp.epoch;
+                self.sequence_number = stamp.sequence;
+            }
+
+            fn send<P: ProviderLink>(
+                self,
+                provider: &P,
+                timeout: Duration,
+            ) -> impl Future<Output = Result<pb::TransitionAck, Status>> + Send {
+                provider.$rpc(self, timeout)
+            }
+        }
+    )*};
+}
+
+mutations! {
+    pb::CreateRequest => create;
+    pb::ConfigureRequest => configure;
+    pb::DrainRequest => drain;
+    pb::DeleteRequest => delete;
+}
 
 /// One provider mutation of a flow: the machine was moved `from` → `via`
 /// before the call, and the provider is asked to take it on to `to`.
@@ -129,27 +155,27 @@ impl Landed {
     }
 }
 
-impl<'a, D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'a, D, G, P> {
-    /// Runs one leg for a machine already in `leg.via`: the fenced provider
-    /// call, then its answer read as the machine's next state. An answer in
-    /// `leg.to` is reported to decide with the patch `settle` builds from the
-    /// provider's view; an answer still in `from` or `via` is left to
+impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
+    /// Runs one leg for a machine already in `leg.via`: `request`, fenced
+    /// for each attempt, then its answer read as the machine's next state. An
+    /// answer in `leg.to` is reported to decide with the patch `settle` builds
+    /// from the provider's view; an answer still in `from` or `via` is left to
     /// reconcile; a failed call, a Failed machine or any other state fails
     /// the machine from `via`.
-    pub(super) async fn actuate<F, Fut>(
+    pub(super) async fn actuate(
         &mut self,
         leg: &Leg,
-        mut call: F,
+        request: impl Mutation,
         settle: impl FnOnce(AckView) -> mesh::MachinePatch,
-    ) -> Flow<Landed>
-    where
-        F: FnMut(&'a P, &str, Stamp, Duration) -> Fut,
-        Fut: Future<Output = Result<pb::TransitionAck, Status>>,
-    {
+    ) -> Flow<Landed> {
         let ex = self.ex;
         let machine_id = self.machine_id.clone();
         let result = self
-            .provider_call(leg.rpc, |s, t| call(&ex.provider, &machine_id, s, t))
+            .provider_call(leg.rpc, |stamp, timeout| {
+                let mut attempt = request.clone();
+                attempt.fence(&machine_id, stamp);
+                attempt.send(&ex.provider, timeout)
+            })
             .await;
         let view = match self
             .read_answer(leg.via, leg.rpc, result, leg.on_error)
@@ -181,9 +207,7 @@ impl<'a, D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'a, D, G, P> {
                 .await),
         }
     }
-}
 
-impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
     /// A provider mutation with fencing, per-attempt stamping and retries
     /// on transport codes (all four mutations are idempotent on
     /// (machine, target), so a retry after a lost answer is safe).

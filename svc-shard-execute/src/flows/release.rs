@@ -4,7 +4,7 @@ use bigfleet_model::{Machine, MachineState};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 
-use super::provider::{Landed, Leg, stamped};
+use super::provider::{Landed, Leg};
 use super::{Fail, Flow, Run};
 use crate::links::{DecideLink, GatewayLink, ProviderLink};
 use crate::outcome::Outcome;
@@ -25,13 +25,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
     /// releases capacity types a provider must be able to delete.
     pub(super) async fn release(&mut self, machine: &Machine) -> Flow<String> {
         if machine.state != MachineState::Idle {
-            return Err(Fail::new(
-                Outcome::StaleState,
-                format!(
-                    "release needs an idle machine, decide handed out one in {}",
-                    machine.state
-                ),
-            ));
+            return Err(Fail::stale("release needs an idle machine", machine.state));
         }
         self.transition(
             DELETE.from,
@@ -41,19 +35,15 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
         )
         .await?;
         let landed = self
-            .actuate(
-                &DELETE,
-                |provider, machine_id, s, t| {
-                    provider.delete(stamped!(pb::DeleteRequest {}, machine_id, s), t)
-                },
-                |view| mesh::MachinePatch {
+            .actuate(&DELETE, pb::DeleteRequest::default(), |view| {
+                mesh::MachinePatch {
                     // An empty HostRef clears the host: the id survives as a
                     // quota slot without hardware.
                     host: Some(pb::HostRef::default()),
                     provider_view: Some(view.raw),
                     ..Default::default()
-                },
-            )
+                }
+            })
             .await?;
         Ok(match landed {
             Landed::Arrived => "released to speculative".to_owned(),

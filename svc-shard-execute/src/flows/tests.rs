@@ -285,21 +285,6 @@ struct Harness {
     ex: Executor<DecideDouble, GatewayDouble, Arc<FakeProvider>>,
 }
 
-fn fast_config() -> ExecConfig {
-    ExecConfig {
-        action_timeout: Duration::from_secs(5),
-        bootstrap_timeout: Duration::from_millis(300),
-        call_timeout: Duration::from_secs(2),
-        cleanup_timeout: Duration::from_secs(1),
-        retry: RetryPolicy {
-            max_attempts: 4,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(5),
-            ..RetryPolicy::default()
-        },
-    }
-}
-
 fn harness_with(cfg: ExecConfig) -> Harness {
     let decide = DecideDouble::new("shard-a", 3);
     let gateway = GatewayDouble::new(BlobScript::blob(b"#cloud-config join"));
@@ -320,7 +305,7 @@ fn harness_with(cfg: ExecConfig) -> Harness {
 }
 
 fn harness() -> Harness {
-    harness_with(fast_config())
+    harness_with(fixtures::fast_exec())
 }
 
 impl Harness {
@@ -373,25 +358,57 @@ impl Harness {
 
 use MachineState::*;
 
+/// Most tests act on machine `m1` for cluster `c1`.
+fn provision() -> mesh::Action {
+    acquire(mesh::ActionKind::Provision, "m1", "c1")
+}
+
+fn bootstrap() -> mesh::Action {
+    acquire(mesh::ActionKind::Bootstrap, "m1", "c1")
+}
+
+fn reclaim() -> mesh::Action {
+    drain_action(mesh::ActionKind::Reclaim, "m1", "c1", 0)
+}
+
+/// The transitions decide records for a machine walking `path`, each one accepted.
+fn accepted(path: &[MachineState]) -> Vec<(MachineState, MachineState, Result<(), Code>)> {
+    path.windows(2).map(|w| (w[0], w[1], Ok(()))).collect()
+}
+
+impl Harness {
+    /// Seeds `seeded` with decide and the provider, then runs `action`.
+    async fn run_seeded(&self, seeded: pb::Machine, action: mesh::Action) -> Report {
+        self.seed(seeded);
+        self.run(action).await
+    }
+
+    /// Hands `action` out and lets `edit` spoil the work item before it is executed.
+    async fn run_edited(
+        &self,
+        action: mesh::Action,
+        edit: impl FnOnce(&mut mesh::WorkItem),
+    ) -> Report {
+        self.decide.enqueue(action);
+        let mut item = self.decide.take_work().expect("queued work");
+        edit(&mut item);
+        self.ex.execute(item, CancellationToken::new()).await
+    }
+}
+
 // ---- provision ----------------------------------------------------------
 
 #[tokio::test]
 async fn provision_creates_then_bootstraps_to_configured() {
     let h = harness();
-    h.seed(machine("m1", Speculative, ""));
     let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert_eq!(r.kind, Some(ActionKind::Provision));
     assert_eq!(
         h.edges(),
-        [
-            (Speculative, Creating, Ok(())),
-            (Creating, Idle, Ok(())),
-            (Idle, Configuring, Ok(())),
-            (Configuring, Configured, Ok(())),
-        ]
+        accepted(&[Speculative, Creating, Idle, Configuring, Configured])
     );
     let t = h.decide.transitions();
     // ADR-0052: need and group stamped at Creating.
@@ -435,13 +452,12 @@ async fn provision_creates_then_bootstraps_to_configured() {
 async fn provision_leaves_an_asynchronous_create_to_reconcile() {
     let h = harness();
     h.provider.st.lock().asynchronous.insert("create");
-    h.seed(machine("m1", Speculative, ""));
     let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert!(r.detail.contains("reconcile"), "{}", r.detail);
-    assert_eq!(h.edges(), [(Speculative, Creating, Ok(()))]);
+    assert_eq!(h.edges(), accepted(&[Speculative, Creating]));
     assert_eq!(h.state("m1"), Creating);
     assert!(h.gateway.bootstraps().is_empty());
 }
@@ -450,15 +466,11 @@ async fn provision_leaves_an_asynchronous_create_to_reconcile() {
 async fn a_create_ack_with_bad_cost_fields_fails_the_machine() {
     let h = harness();
     h.provider.st.lock().bad_create_ack = true;
-    h.seed(machine("m1", Speculative, ""));
     let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::ProviderError);
-    assert_eq!(
-        h.edges(),
-        [(Speculative, Creating, Ok(())), (Creating, Failed, Ok(()))]
-    );
+    assert_eq!(h.edges(), accepted(&[Speculative, Creating, Failed]));
     assert_eq!(h.state("m1"), Failed);
     let err = h.last_error("m1");
     assert!(err.starts_with("create: invalid acknowledgement"), "{err}");
@@ -472,33 +484,32 @@ async fn a_provider_failure_on_any_leg_fails_the_machine_without_retrying() {
     let cases = [
         (
             machine("m1", Speculative, ""),
-            acquire(mesh::ActionKind::Provision, "m1", "c1"),
+            provision(),
             ("create", "out of capacity"),
             Outcome::ProviderError,
-            [(Speculative, Creating, Ok(())), (Creating, Failed, Ok(()))],
+            [Speculative, Creating, Failed],
         ),
         (
             machine("m1", Idle, ""),
-            acquire(mesh::ActionKind::Bootstrap, "m1", "c1"),
+            bootstrap(),
             ("configure", "image pull failed"),
             Outcome::ConfigureError,
-            [(Idle, Configuring, Ok(())), (Configuring, Failed, Ok(()))],
+            [Idle, Configuring, Failed],
         ),
         (
             machine("m1", Configured, "c1"),
-            drain_action(mesh::ActionKind::Reclaim, "m1", "c1", 0),
+            reclaim(),
             ("drain", "pdb blocked"),
             Outcome::ProviderError,
-            [(Configured, Draining, Ok(())), (Draining, Failed, Ok(()))],
+            [Configured, Draining, Failed],
         ),
     ];
-    for (seeded, action, (rpc, error), outcome, edges) in cases {
+    for (seeded, action, (rpc, error), outcome, path) in cases {
         let h = harness();
-        h.seed(seeded);
         h.provider.fail_next("m1", rpc, Status::internal(error));
-        let r = h.run(action).await;
+        let r = h.run_seeded(seeded, action).await;
         assert_eq!(r.outcome, outcome, "{rpc}");
-        assert_eq!(h.edges(), edges, "{rpc}");
+        assert_eq!(h.edges(), accepted(&path), "{rpc}");
         assert_eq!(h.state("m1"), Failed, "{rpc}");
         assert_eq!(h.last_error("m1"), format!("{rpc}: {error}"));
         assert_eq!(
@@ -512,13 +523,12 @@ async fn a_provider_failure_on_any_leg_fails_the_machine_without_retrying() {
 #[tokio::test]
 async fn transport_errors_are_retried_with_a_fresh_sequence_each_time() {
     let h = harness();
-    h.seed(machine("m1", Speculative, ""));
     h.provider
         .fail_next("m1", "create", Status::unavailable("connection reset"));
     h.provider
         .fail_next("m1", "create", Status::deadline_exceeded("slow"));
     let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     let seqs: Vec<_> = h
@@ -545,17 +555,21 @@ async fn transport_errors_are_retried_with_a_fresh_sequence_each_time() {
     );
 }
 
-#[tokio::test]
-async fn retries_give_up_and_fail_the_machine() {
+/// A harness with `m1` speculative and each of its next four creates refused as unavailable.
+fn creates_unavailable() -> Harness {
     let h = harness();
     h.seed(machine("m1", Speculative, ""));
     for _ in 0..4 {
         h.provider
             .fail_next("m1", "create", Status::unavailable("down"));
     }
-    let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
-        .await;
+    h
+}
+
+#[tokio::test]
+async fn retries_give_up_and_fail_the_machine() {
+    let h = creates_unavailable();
+    let r = h.run(provision()).await;
     assert_eq!(r.outcome, Outcome::ProviderError);
     assert_eq!(h.provider.calls().len(), 4);
     assert_eq!(
@@ -566,18 +580,13 @@ async fn retries_give_up_and_fail_the_machine() {
 
 #[tokio::test]
 async fn the_sequence_window_is_never_overrun() {
-    let h = harness();
-    h.seed(machine("m1", Speculative, ""));
-    for _ in 0..4 {
-        h.provider
-            .fail_next("m1", "create", Status::unavailable("down"));
-    }
-    h.decide
-        .enqueue(acquire(mesh::ActionKind::Provision, "m1", "c1"));
-    let mut item = h.decide.take_work().unwrap();
-    let f = item.fencing.as_mut().unwrap();
-    f.sequence_limit = f.sequence_base + 2;
-    let r = h.ex.execute(item, CancellationToken::new()).await;
+    let h = creates_unavailable();
+    let r = h
+        .run_edited(provision(), |item| {
+            let f = item.fencing.as_mut().unwrap();
+            f.sequence_limit = f.sequence_base + 2;
+        })
+        .await;
     assert_eq!(r.outcome, Outcome::Other);
     assert_eq!(
         h.provider.calls().len(),
@@ -594,7 +603,6 @@ async fn the_sequence_window_is_never_overrun() {
 #[tokio::test]
 async fn a_zombie_epoch_is_fenced_logged_and_never_retried() {
     let h = harness();
-    h.seed(machine("m1", Speculative, ""));
     // A newer incarnation of the shard (epoch 4) already touched the machine.
     h.provider
         .st
@@ -603,7 +611,7 @@ async fn a_zombie_epoch_is_fenced_logged_and_never_retried() {
         .check_and_record("m1", &FencingToken::new("shard-a", 4, 1))
         .unwrap();
     let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::Fenced);
     assert_eq!(h.provider.calls().len(), 1);
@@ -621,18 +629,9 @@ async fn a_zombie_epoch_is_fenced_logged_and_never_retried() {
 #[tokio::test]
 async fn bootstrap_configures_with_the_blob_and_the_five_metadata_keys() {
     let h = harness();
-    h.seed(machine("m1", Idle, ""));
-    let r = h
-        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
-        .await;
+    let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
-    assert_eq!(
-        h.edges(),
-        [
-            (Idle, Configuring, Ok(())),
-            (Configuring, Configured, Ok(()))
-        ]
-    );
+    assert_eq!(h.edges(), accepted(&[Idle, Configuring, Configured]));
     let st = h.provider.st.lock();
     assert_eq!(st.blobs, [b"#cloud-config join".to_vec()]);
     let md = &st.metadata[0];
@@ -664,20 +663,25 @@ async fn bootstrap_configures_with_the_blob_and_the_five_metadata_keys() {
 #[tokio::test]
 async fn bootstrap_of_a_machine_already_configured_for_the_need_is_success_without_calls() {
     let h = harness();
-    h.seed(machine("m1", Configured, "c1"));
     let r = h
-        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
+        .run_seeded(machine("m1", Configured, "c1"), bootstrap())
         .await;
     assert_eq!(r.outcome, Outcome::Success);
     assert!(h.edges().is_empty());
     assert!(h.provider.calls().is_empty());
     assert!(h.gateway.bootstraps().is_empty());
     // Configured for another cluster is not "done": decide is out of date.
-    h.seed(machine("m2", Configured, "other"));
     let r = h
-        .run(acquire(mesh::ActionKind::Bootstrap, "m2", "c1"))
+        .run_seeded(
+            machine("m2", Configured, "other"),
+            acquire(mesh::ActionKind::Bootstrap, "m2", "c1"),
+        )
         .await;
     assert_eq!(r.outcome, Outcome::StaleState);
+    assert_eq!(
+        r.detail,
+        "bootstrap needs an idle machine, decide handed out one in configured"
+    );
     assert!(h.provider.calls().is_empty());
 }
 
@@ -685,76 +689,53 @@ async fn bootstrap_of_a_machine_already_configured_for_the_need_is_success_witho
 async fn an_asynchronous_configure_stays_configuring() {
     let h = harness();
     h.provider.st.lock().asynchronous.insert("configure");
-    h.seed(machine("m1", Idle, ""));
-    let r = h
-        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
-        .await;
+    let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
     assert_eq!(r.outcome, Outcome::Success);
-    assert_eq!(h.edges(), [(Idle, Configuring, Ok(()))]);
+    assert_eq!(h.edges(), accepted(&[Idle, Configuring]));
     assert_eq!(h.state("m1"), Configuring);
     assert_eq!(h.ex.metrics().configure_phase.get_sample_count(), 0);
 }
 
-async fn blob_failure(script: BlobScript) -> (Harness, Report) {
-    let h = harness();
-    h.gateway.script("c1", script);
-    h.seed(machine("m1", Idle, ""));
-    let r = h
-        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
-        .await;
-    (h, r)
-}
-
-fn assert_rolled_back(h: &Harness) {
-    assert_eq!(
-        h.edges(),
-        [(Idle, Configuring, Ok(())), (Configuring, Idle, Ok(()))]
-    );
-    assert_eq!(h.state("m1"), Idle);
-    assert!(h.decide.machine("m1").unwrap().cluster.is_empty());
-    assert!(
-        h.provider.calls().is_empty(),
-        "the provider is never touched"
-    );
-}
-
+/// Every way of not getting a blob rolls the machine back to Idle with the provider never
+/// touched; each ends with its outcome and, where given, says why in the report.
 #[tokio::test]
-async fn a_blob_timeout_rolls_back_to_idle() {
-    let (h, r) = blob_failure(BlobScript::Timeout).await;
-    assert_eq!(r.outcome, Outcome::BlobError, "{}", r.detail);
-    assert_rolled_back(&h);
-    // The gateway was told how long to wait.
-    assert_eq!(h.gateway.bootstraps()[0].timeout_ms, 300);
-}
-
-#[tokio::test]
-async fn a_hung_gateway_is_cut_off_by_our_clock_and_rolled_back() {
-    let (h, r) = blob_failure(BlobScript::Hang).await;
-    assert_eq!(r.outcome, Outcome::BlobError, "{}", r.detail);
-    assert!(r.detail.contains("no answer"), "{}", r.detail);
-    assert_rolled_back(&h);
-}
-
-#[tokio::test]
-async fn no_session_rolls_back_with_its_own_outcome() {
-    let (h, r) = blob_failure(BlobScript::NoSession).await;
-    assert_eq!(r.outcome, Outcome::NoSession);
-    assert_rolled_back(&h);
-}
-
-#[tokio::test]
-async fn an_operator_error_rolls_back_instead_of_failing_good_hardware() {
-    let (h, r) = blob_failure(BlobScript::OperatorError("no template for gpu".into())).await;
-    assert_eq!(r.outcome, Outcome::BlobError);
-    assert!(r.detail.contains("no template for gpu"), "{}", r.detail);
-    assert_rolled_back(&h);
-}
-
-#[tokio::test]
-async fn a_failing_gateway_rolls_back() {
-    let (h, r) = blob_failure(BlobScript::Fail(Code::Unavailable)).await;
-    assert_eq!(r.outcome, Outcome::BlobError);
-    assert_rolled_back(&h);
+async fn a_missing_blob_rolls_back_to_idle() {
+    let cases = [
+        (BlobScript::Timeout, Outcome::BlobError, None),
+        // Our own clock cuts a hung gateway off.
+        (BlobScript::Hang, Outcome::BlobError, Some("no answer")),
+        (BlobScript::NoSession, Outcome::NoSession, None),
+        // An operator error is not the hardware's fault.
+        (
+            BlobScript::OperatorError("no template for gpu".into()),
+            Outcome::BlobError,
+            Some("no template for gpu"),
+        ),
+        (
+            BlobScript::Fail(Code::Unavailable),
+            Outcome::BlobError,
+            None,
+        ),
+    ];
+    for (script, outcome, says) in cases {
+        let case = format!("{script:?}");
+        let h = harness();
+        h.gateway.script("c1", script);
+        let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
+        assert_eq!(r.outcome, outcome, "{case}: {}", r.detail);
+        if let Some(says) = says {
+            assert!(r.detail.contains(says), "{case}: {}", r.detail);
+        }
+        assert_eq!(h.edges(), accepted(&[Idle, Configuring, Idle]), "{case}");
+        assert_eq!(h.state("m1"), Idle, "{case}");
+        assert!(h.decide.machine("m1").unwrap().cluster.is_empty(), "{case}");
+        assert!(
+            h.provider.calls().is_empty(),
+            "{case}: the provider is never touched"
+        );
+        // The gateway was told how long to wait.
+        assert_eq!(h.gateway.bootstraps()[0].timeout_ms, 300, "{case}");
+    }
 }
 
 // ---- reclaim / preempt --------------------------------------------------
@@ -762,9 +743,8 @@ async fn a_failing_gateway_rolls_back() {
 #[tokio::test]
 async fn reclaim_instructs_the_operator_then_drains_to_idle() {
     let h = harness();
-    h.seed(machine("m1", Configured, "c1"));
     let r = h
-        .run(drain_action(mesh::ActionKind::Reclaim, "m1", "c1", 0))
+        .run_seeded(machine("m1", Configured, "c1"), reclaim())
         .await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     let reclaims = h.gateway.reclaims();
@@ -772,10 +752,7 @@ async fn reclaim_instructs_the_operator_then_drains_to_idle() {
     assert_eq!(reclaims[0].request.cluster_id, "c1");
     assert_eq!(reclaims[0].request.nodes, ["m1"]);
     assert_eq!(reclaims[0].request.grace_period_seconds, 30);
-    assert_eq!(
-        h.edges(),
-        [(Configured, Draining, Ok(())), (Draining, Idle, Ok(()))]
-    );
+    assert_eq!(h.edges(), accepted(&[Configured, Draining, Idle]));
     let m = h.decide.machine("m1").unwrap();
     assert!(m.cluster.is_empty() && m.shard_metadata.is_empty());
     assert_eq!(h.ex.metrics().drain_phase.get_sample_count(), 1);
@@ -787,21 +764,18 @@ async fn preempt_with_an_asynchronous_drain_is_left_draining() {
     let h = harness();
     h.provider.st.lock().asynchronous.insert("drain");
     h.gateway.set_reclaim_delivered(false);
-    h.seed(machine("m1", Configured, "c1"));
     let r = h
-        .run(drain_action(
-            mesh::ActionKind::Preempt,
-            "m1",
-            "c1",
-            1_000_000,
-        ))
+        .run_seeded(
+            machine("m1", Configured, "c1"),
+            drain_action(mesh::ActionKind::Preempt, "m1", "c1", 1_000_000),
+        )
         .await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert_eq!(
         h.gateway.reclaims()[0].request.preemptor_priority,
         1_000_000
     );
-    assert_eq!(h.edges(), [(Configured, Draining, Ok(()))]);
+    assert_eq!(h.edges(), accepted(&[Configured, Draining]));
     assert_eq!(h.state("m1"), Draining);
     assert_eq!(h.ex.metrics().drain_phase.get_sample_count(), 0);
 }
@@ -811,14 +785,12 @@ async fn preempt_with_an_asynchronous_drain_is_left_draining() {
 #[tokio::test]
 async fn release_deletes_back_to_speculative() {
     let h = harness();
-    h.seed(machine("m1", Idle, ""));
-    let r = h.run(release_action("m1")).await;
+    let r = h
+        .run_seeded(machine("m1", Idle, ""), release_action("m1"))
+        .await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert_eq!(r.kind, Some(ActionKind::Release));
-    assert_eq!(
-        h.edges(),
-        [(Idle, Deleting, Ok(())), (Deleting, Speculative, Ok(()))]
-    );
+    assert_eq!(h.edges(), accepted(&[Idle, Deleting, Speculative]));
     assert!(h.decide.machine("m1").unwrap().host.is_none());
 }
 
@@ -826,13 +798,11 @@ async fn release_deletes_back_to_speculative() {
 async fn an_unsupported_delete_is_a_contract_violation() {
     let h = harness();
     h.provider.st.lock().delete_unimplemented = true;
-    h.seed(machine("m1", Idle, ""));
-    let r = h.run(release_action("m1")).await;
+    let r = h
+        .run_seeded(machine("m1", Idle, ""), release_action("m1"))
+        .await;
     assert_eq!(r.outcome, Outcome::ProviderError);
-    assert_eq!(
-        h.edges(),
-        [(Idle, Deleting, Ok(())), (Deleting, Failed, Ok(()))]
-    );
+    assert_eq!(h.edges(), accepted(&[Idle, Deleting, Failed]));
     assert!(
         h.last_error("m1")
             .starts_with("delete: not supported by the provider (contract violation)"),
@@ -849,52 +819,46 @@ async fn an_unsupported_delete_is_a_contract_violation() {
 async fn an_ack_still_in_the_from_state_is_left_to_reconcile() {
     let h = harness();
     h.force_ack("configure", pb::MachineState::Idle, "");
-    h.seed(machine("m1", Idle, ""));
-    let r = h
-        .run(acquire(mesh::ActionKind::Bootstrap, "m1", "c1"))
-        .await;
+    let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert_eq!(
         r.detail,
         "configure accepted as \"op-configure-m1\", provider still configuring; reconcile \
          completes it"
     );
-    assert_eq!(h.edges(), [(Idle, Configuring, Ok(()))]);
+    assert_eq!(h.edges(), accepted(&[Idle, Configuring]));
     assert_eq!(h.ex.metrics().configure_phase.get_sample_count(), 0);
 }
 
+/// An acknowledgement the flow cannot use fails the machine from the leg's `via` state
+/// with the provider's error, or with what was wrong with the answer.
 #[tokio::test]
-async fn an_ack_reporting_failed_fails_the_machine_with_the_providers_error() {
-    let h = harness();
-    h.force_ack("create", pb::MachineState::Failed, "out of quota");
-    h.seed(machine("m1", Speculative, ""));
-    let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
-        .await;
-    assert_eq!(r.outcome, Outcome::ProviderError);
-    assert_eq!(
-        h.edges(),
-        [(Speculative, Creating, Ok(())), (Creating, Failed, Ok(()))]
-    );
-    assert_eq!(h.last_error("m1"), "create: out of quota");
-    assert!(h.gateway.bootstraps().is_empty());
-}
-
-#[tokio::test]
-async fn an_ack_in_an_unexpected_state_fails_the_machine() {
-    let h = harness();
-    h.force_ack("delete", pb::MachineState::Creating, "");
-    h.seed(machine("m1", Idle, ""));
-    let r = h.run(release_action("m1")).await;
-    assert_eq!(r.outcome, Outcome::ProviderError);
-    assert_eq!(
-        h.edges(),
-        [(Idle, Deleting, Ok(())), (Deleting, Failed, Ok(()))]
-    );
-    assert_eq!(
-        h.last_error("m1"),
-        "delete: provider acknowledged in unexpected state creating"
-    );
+async fn an_ack_reporting_failed_or_an_unexpected_state_fails_the_machine() {
+    let cases = [
+        (
+            ("create", pb::MachineState::Failed, "out of quota"),
+            machine("m1", Speculative, ""),
+            provision(),
+            [Speculative, Creating, Failed],
+            "create: out of quota",
+        ),
+        (
+            ("delete", pb::MachineState::Creating, ""),
+            machine("m1", Idle, ""),
+            release_action("m1"),
+            [Idle, Deleting, Failed],
+            "delete: provider acknowledged in unexpected state creating",
+        ),
+    ];
+    for ((rpc, state, last_error), seeded, action, path, recorded) in cases {
+        let h = harness();
+        h.force_ack(rpc, state, last_error);
+        let r = h.run_seeded(seeded, action).await;
+        assert_eq!(r.outcome, Outcome::ProviderError, "{rpc}");
+        assert_eq!(h.edges(), accepted(&path), "{rpc}");
+        assert_eq!(h.last_error("m1"), recorded);
+        assert!(h.gateway.bootstraps().is_empty(), "{rpc}");
+    }
 }
 
 // ---- decide's verdicts, bad items, time ---------------------------------
@@ -904,32 +868,62 @@ async fn decide_refusals_map_to_outcomes() {
     let h = harness();
     h.seed(machine("m1", Speculative, ""));
     // Not the machine's action in flight any more: ABORTED ⇒ stale_state.
-    h.decide
-        .enqueue(acquire(mesh::ActionKind::Provision, "m1", "c1"));
-    let mut item = h.decide.take_work().unwrap();
-    item.action_id = "act-gone".into();
-    let r = h.ex.execute(item, CancellationToken::new()).await;
+    let r = h
+        .run_edited(provision(), |item| item.action_id = "act-gone".into())
+        .await;
     assert_eq!(r.outcome, Outcome::StaleState, "{}", r.detail);
     assert!(h.provider.calls().is_empty());
 
     // A machine decide does not know: NOT_FOUND ⇒ inventory_miss.
     let ghost = machine("ghost", Idle, "");
     h.provider.seed(&ghost);
-    h.decide
-        .enqueue(acquire(mesh::ActionKind::Bootstrap, "ghost", "c1"));
-    let mut item = h.decide.take_work().unwrap();
-    item.machine = Some(ghost);
-    let r = h.ex.execute(item, CancellationToken::new()).await;
+    let r = h
+        .run_edited(
+            acquire(mesh::ActionKind::Bootstrap, "ghost", "c1"),
+            |item| item.machine = Some(ghost),
+        )
+        .await;
     assert_eq!(r.outcome, Outcome::InventoryMiss, "{}", r.detail);
+}
+
+/// A flow handed a machine in a state it cannot start from touches nothing and says what
+/// it needed.
+#[tokio::test]
+async fn a_machine_in_the_wrong_state_is_stale() {
+    let cases = [
+        (
+            machine("m1", Idle, ""),
+            provision(),
+            "provision needs a speculative machine, decide handed out one in idle",
+        ),
+        (
+            machine("m1", Idle, ""),
+            reclaim(),
+            "reclaim needs a machine configured for c1, decide handed out one in idle for \"\"",
+        ),
+        (
+            machine("m1", Configured, "c1"),
+            release_action("m1"),
+            "release needs an idle machine, decide handed out one in configured",
+        ),
+    ];
+    for (seeded, action, detail) in cases {
+        let h = harness();
+        let r = h.run_seeded(seeded, action).await;
+        assert_eq!(r.outcome, Outcome::StaleState, "{detail}");
+        assert_eq!(r.detail, detail);
+        assert!(h.edges().is_empty(), "{detail}");
+        assert!(h.provider.calls().is_empty(), "{detail}");
+        assert!(h.gateway.reclaims().is_empty(), "{detail}");
+    }
 }
 
 #[tokio::test]
 async fn malformed_items_are_classified_not_executed() {
     let h = harness();
-    h.seed(machine("m1", Idle, ""));
-    let mut no_need = acquire(mesh::ActionKind::Bootstrap, "m1", "c1");
+    let mut no_need = bootstrap();
     no_need.need_fingerprint.clear();
-    let r = h.run(no_need).await;
+    let r = h.run_seeded(machine("m1", Idle, ""), no_need).await;
     assert_eq!(r.outcome, Outcome::MissingProfile);
 
     let r =
@@ -948,13 +942,12 @@ async fn malformed_items_are_classified_not_executed() {
 
 #[tokio::test]
 async fn an_action_out_of_time_during_a_provider_call_fails_the_machine() {
-    let mut cfg = fast_config();
+    let mut cfg = fixtures::fast_exec();
     cfg.action_timeout = Duration::from_millis(150);
     let h = harness_with(cfg);
     h.provider.st.lock().latency = Duration::from_secs(5);
-    h.seed(machine("m1", Speculative, ""));
     let r = h
-        .run(acquire(mesh::ActionKind::Provision, "m1", "c1"))
+        .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::CtxCanceled);
     assert!(r.elapsed < Duration::from_secs(2), "{:?}", r.elapsed);
@@ -967,8 +960,7 @@ async fn an_abandoned_action_stops_without_reporting() {
     let h = harness();
     h.provider.st.lock().latency = Duration::from_secs(5);
     h.seed(machine("m1", Speculative, ""));
-    h.decide
-        .enqueue(acquire(mesh::ActionKind::Provision, "m1", "c1"));
+    h.decide.enqueue(provision());
     let item = h.decide.take_work().unwrap();
     let cancel = CancellationToken::new();
     let canceller = cancel.clone();
@@ -980,7 +972,7 @@ async fn an_abandoned_action_stops_without_reporting() {
     assert_eq!(r.outcome, Outcome::CtxCanceled);
     assert!(r.detail.contains("abandoned"), "{}", r.detail);
     // Only the first transition; decide re-derives the machine itself.
-    assert_eq!(h.edges(), [(Speculative, Creating, Ok(()))]);
+    assert_eq!(h.edges(), accepted(&[Speculative, Creating]));
     assert_eq!(h.provider.state("m1"), pb::MachineState::Speculative as i32);
 }
 

@@ -12,10 +12,10 @@ use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_testkit::wait_until;
 // Each test binary uses its own subset, as with the rest of this module.
+use svc_shard_execute::Config;
 #[allow(unused_imports)]
-pub use svc_shard_execute::doubles::fixtures::{acquire, drain, machine, release};
+pub use svc_shard_execute::doubles::fixtures::{acquire, drain, fast_exec, machine, release};
 use svc_shard_execute::doubles::{DecideDouble, GatewayDouble, Served};
-use svc_shard_execute::{Config, ExecConfig, RetryPolicy};
 use tempfile::TempDir;
 
 pub const SHARD: &str = "shard-a";
@@ -55,21 +55,6 @@ pub async fn mesh(config: ProviderConfig) -> Mesh {
         gateway_srv,
         provider,
         provider_srv,
-    }
-}
-
-pub fn fast_exec() -> ExecConfig {
-    ExecConfig {
-        action_timeout: Duration::from_secs(5),
-        bootstrap_timeout: Duration::from_millis(300),
-        call_timeout: Duration::from_secs(2),
-        cleanup_timeout: Duration::from_secs(2),
-        retry: RetryPolicy {
-            max_attempts: 4,
-            initial_backoff: Duration::from_millis(1),
-            max_backoff: Duration::from_millis(10),
-            ..RetryPolicy::default()
-        },
     }
 }
 

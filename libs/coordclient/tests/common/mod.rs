@@ -1,10 +1,14 @@
 //! A fake coordinator for the client's tests: ReportShard answered by the test's own
-//! `report` method, every other RPC UNIMPLEMENTED (the client only ever calls ReportShard).
+//! `report` method, every other RPC UNIMPLEMENTED (the client only ever calls ReportShard),
+//! served on a loopback port.
+
+use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServer};
+use std::net::SocketAddr;
 
 /// `impl Coordinator for $ty`, with ReportShard handed to the type's inherent
 /// `async fn report(&self, Request<pb::ShardReport>) -> Result<Response<pb::ReportAck>, Status>`.
 /// Needs `Coordinator`, `pb` (`bigfleet_proto::v1alpha1`), `Request`, `Response` and
-/// `Status` in scope.
+/// `Status` in scope, and this module mounted as `common`.
 macro_rules! coordinator_reporting_to {
     ($ty:ty) => {
         #[tonic::async_trait]
@@ -15,68 +19,60 @@ macro_rules! coordinator_reporting_to {
             ) -> Result<Response<pb::ReportAck>, Status> {
                 self.report(request).await
             }
-            async fn assign_domain(
-                &self,
-                _: Request<pb::AssignDomainRequest>,
-            ) -> Result<Response<pb::AssignDomainResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn unassign_domain(
-                &self,
-                _: Request<pb::UnassignDomainRequest>,
-            ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn remove_shard(
-                &self,
-                _: Request<pb::RemoveShardRequest>,
-            ) -> Result<Response<pb::RemoveShardResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn list_shards(
-                &self,
-                _: Request<pb::ListShardsRequest>,
-            ) -> Result<Response<pb::ListShardsResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn list_domain_assignments(
-                &self,
-                _: Request<pb::ListDomainAssignmentsRequest>,
-            ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn list_shard_reports(
-                &self,
-                _: Request<pb::ListShardReportsRequest>,
-            ) -> Result<Response<pb::ListShardReportsResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn join_raft_cluster(
-                &self,
-                _: Request<pb::JoinRaftClusterRequest>,
-            ) -> Result<Response<pb::JoinRaftClusterResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
             type SnapshotSaveStream = futures::stream::Empty<Result<pb::SnapshotSaveChunk, Status>>;
-            async fn snapshot_save(
-                &self,
-                _: Request<pb::SnapshotSaveRequest>,
-            ) -> Result<Response<Self::SnapshotSaveStream>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn list_quotas(
-                &self,
-                _: Request<pb::ListQuotasRequest>,
-            ) -> Result<Response<pb::ListQuotasResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
-            }
-            async fn list_providers(
-                &self,
-                _: Request<pb::ListProvidersRequest>,
-            ) -> Result<Response<pb::ListProvidersResponse>, Status> {
-                Err(Status::unimplemented("test coordinator: reports only"))
+            common::unimplemented_rpcs! {
+                assign_domain(AssignDomainRequest) -> pb::AssignDomainResponse;
+                unassign_domain(UnassignDomainRequest) -> pb::UnassignDomainResponse;
+                remove_shard(RemoveShardRequest) -> pb::RemoveShardResponse;
+                list_shards(ListShardsRequest) -> pb::ListShardsResponse;
+                list_domain_assignments(ListDomainAssignmentsRequest) -> pb::ListDomainAssignmentsResponse;
+                list_shard_reports(ListShardReportsRequest) -> pb::ListShardReportsResponse;
+                join_raft_cluster(JoinRaftClusterRequest) -> pb::JoinRaftClusterResponse;
+                snapshot_save(SnapshotSaveRequest) -> Self::SnapshotSaveStream;
+                list_quotas(ListQuotasRequest) -> pb::ListQuotasResponse;
+                list_providers(ListProvidersRequest) -> pb::ListProvidersResponse;
             }
         }
     };
 }
+
+/// The Coordinator RPCs the test coordinator refuses with UNIMPLEMENTED, written in the
+/// shape `#[tonic::async_trait]` gives trait methods (the attribute runs before this macro
+/// expands, so the items must already be in that shape).
+macro_rules! unimplemented_rpcs {
+    ($($method:ident($request:ident) -> $response:ty;)+) => {
+        $(
+            fn $method<'life0, 'async_trait>(
+                &'life0 self,
+                _: Request<pb::$request>,
+            ) -> ::std::pin::Pin<
+                Box<
+                    dyn ::std::future::Future<Output = Result<Response<$response>, Status>>
+                        + Send
+                        + 'async_trait,
+                >,
+            >
+            where
+                'life0: 'async_trait,
+                Self: 'async_trait,
+            {
+                Box::pin(async { Err(Status::unimplemented("test coordinator: reports only")) })
+            }
+        )+
+    };
+}
+pub(crate) use unimplemented_rpcs;
+
 pub(crate) use coordinator_reporting_to;
+
+/// Serves `coordinator` on a fresh loopback port in the background and returns the address.
+pub async fn serve<C: Coordinator>(coordinator: C) -> SocketAddr {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(
+        tonic::transport::Server::builder()
+            .add_service(CoordinatorServer::new(coordinator))
+            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
+    );
+    addr
+}

@@ -131,6 +131,11 @@ pub fn same_zone() -> Requirement {
     req(ZONE_KEY, Operator::Same, &[])
 }
 
+/// A Same(zone) gang: a need for `agg` in `cluster`, in `group`, whose machines share a zone.
+pub fn same_zone_gang(cluster: &str, agg: ResourceVector, group: &str) -> N {
+    need(cluster, agg).req(same_zone()).group(group)
+}
+
 pub struct N {
     pub cluster: String,
     pub reqs: Vec<Requirement>,

@@ -44,15 +44,28 @@ pub(super) fn same_op(what: &str, a: &str, b: &str) -> Result<(), Failure> {
     Ok(())
 }
 
+/// A mutation's answer, in flight on a borrowed client.
+type PendingAck<'c> = BoxFuture<'c, Result<tonic::Response<TransitionAck>, tonic::Status>>;
+
+/// Sends one mutation twice, each time with a fresh request id: both answers must
+/// acknowledge the same operation.
+async fn acked_as_one_operation(
+    what: &str,
+    client: &mut Client,
+    mut send: impl for<'c> FnMut(&'c mut Client) -> PendingAck<'c>,
+) -> Result<(), Failure> {
+    let a = ack_op(what, send(client).await)?;
+    let b = ack_op(&format!("{what} again"), send(client).await)?;
+    same_op(what, &a, &b)
+}
+
 pub async fn create_idempotent(mut client: Client) -> Outcome {
     let ctx = Ctx::new("create-idem");
     let id = claim_speculative(&mut client).await?;
-    let a = ack_op("Create", client.create(create_req(&id, ctx.next())).await)?;
-    let b = ack_op(
-        "Create again",
-        client.create(create_req(&id, ctx.next())).await,
-    )?;
-    same_op("Create", &a, &b)?;
+    acked_as_one_operation("Create", &mut client, |c| {
+        Box::pin(c.create(create_req(&id, ctx.next())))
+    })
+    .await?;
     Ok(None)
 }
 
@@ -60,31 +73,20 @@ pub async fn configure_idempotent(mut client: Client) -> Outcome {
     let ctx = Ctx::new("configure-idem");
     let id = make_idle(&mut client, &ctx).await?;
     let cluster = cluster_name();
-    let a = ack_op(
-        "Configure",
-        client
-            .configure(configure_req(&id, &cluster, BTreeMap::new(), ctx.next()))
-            .await,
-    )?;
-    let b = ack_op(
-        "Configure again",
-        client
-            .configure(configure_req(&id, &cluster, BTreeMap::new(), ctx.next()))
-            .await,
-    )?;
-    same_op("Configure", &a, &b)?;
+    acked_as_one_operation("Configure", &mut client, |c| {
+        Box::pin(c.configure(configure_req(&id, &cluster, BTreeMap::new(), ctx.next())))
+    })
+    .await?;
     Ok(None)
 }
 
 pub async fn drain_idempotent(mut client: Client) -> Outcome {
     let ctx = Ctx::new("drain-idem");
     let id = make_configured(&mut client, &ctx, &cluster_name(), BTreeMap::new()).await?;
-    let a = ack_op("Drain", client.drain(drain_req(&id, 30, ctx.next())).await)?;
-    let b = ack_op(
-        "Drain again",
-        client.drain(drain_req(&id, 30, ctx.next())).await,
-    )?;
-    same_op("Drain", &a, &b)?;
+    acked_as_one_operation("Drain", &mut client, |c| {
+        Box::pin(c.drain(drain_req(&id, 30, ctx.next())))
+    })
+    .await?;
     Ok(None)
 }
 

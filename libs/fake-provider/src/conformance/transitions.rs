@@ -5,40 +5,38 @@ use super::*;
 pub async fn drain_on_speculative(mut client: Client) -> Outcome {
     let ctx = Ctx::new("drain-spec");
     let id = claim_speculative(&mut client).await?;
-    match client.drain(drain_req(&id, 0, ctx.next())).await {
-        Ok(ack) => fail!("Drain on SPECULATIVE was accepted: {:?}", ack.into_inner()),
-        Err(s) if s.code() == Code::FailedPrecondition => {
-            fail!(
-                "Drain on SPECULATIVE answered FAILED_PRECONDITION, which is reserved for fencing"
-            )
-        }
-        Err(_) => {}
-    }
-    let m = get(&mut client, &id).await?;
-    ensure!(
-        m.state == MachineState::Speculative as i32,
-        "rejected Drain moved {id} to {}",
-        state_of(&m)
-    );
-    Ok(None)
+    let answer = client.drain(drain_req(&id, 0, ctx.next())).await;
+    refused_in_place(&mut client, &id, "Drain", MachineState::Speculative, answer).await
 }
 
 pub async fn delete_on_configured(mut client: Client) -> Outcome {
     let ctx = Ctx::new("delete-configured");
     let id = make_configured(&mut client, &ctx, &cluster_name(), BTreeMap::new()).await?;
-    match client.delete(delete_req(&id, ctx.next())).await {
-        Ok(ack) => fail!("Delete on CONFIGURED was accepted: {:?}", ack.into_inner()),
+    let answer = client.delete(delete_req(&id, ctx.next())).await;
+    refused_in_place(&mut client, &id, "Delete", MachineState::Configured, answer).await
+}
+
+/// `verb` is illegal from `from`: the provider must refuse it with a code other than
+/// FAILED_PRECONDITION (reserved for fencing) and leave the machine in `from`.
+async fn refused_in_place(
+    client: &mut Client,
+    id: &str,
+    verb: &str,
+    from: MachineState,
+    answer: Result<tonic::Response<TransitionAck>, tonic::Status>,
+) -> Outcome {
+    let label = from.as_str_name().trim_start_matches("MACHINE_STATE_");
+    match answer {
+        Ok(ack) => fail!("{verb} on {label} was accepted: {:?}", ack.into_inner()),
         Err(s) if s.code() == Code::FailedPrecondition => {
-            fail!(
-                "Delete on CONFIGURED answered FAILED_PRECONDITION, which is reserved for fencing"
-            )
+            fail!("{verb} on {label} answered FAILED_PRECONDITION, which is reserved for fencing")
         }
         Err(_) => {}
     }
-    let m = get(&mut client, &id).await?;
+    let m = get(client, id).await?;
     ensure!(
-        m.state == MachineState::Configured as i32,
-        "rejected Delete moved {id} to {}",
+        m.state == from as i32,
+        "rejected {verb} moved {id} to {}",
         state_of(&m)
     );
     Ok(None)

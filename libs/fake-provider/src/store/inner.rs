@@ -4,6 +4,16 @@
 use super::*;
 
 impl Inner {
+    /// The live slots whose record satisfies `wanted`, in slot order.
+    pub(super) fn slots_where(&self, wanted: impl Fn(&Record) -> bool) -> Vec<u32> {
+        self.slots
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.as_ref().is_some_and(&wanted))
+            .map(|(i, _)| i as u32)
+            .collect()
+    }
+
     pub(super) fn rec(&self, slot: u32) -> &Record {
         self.slots[slot as usize]
             .as_ref()
@@ -342,13 +352,7 @@ impl Inner {
                 changed.retain(|&s| self.slots[s as usize].as_ref().is_some_and(wanted));
                 changed
             }
-            None => self
-                .slots
-                .iter()
-                .enumerate()
-                .filter(|(_, r)| r.as_ref().is_some_and(wanted))
-                .map(|(i, _)| i as u32)
-                .collect(),
+            None => self.slots_where(wanted),
         };
         let cap = usize::try_from(filter.max_results).unwrap_or(0);
         let truncated = cap > 0 && slots.len() > cap;

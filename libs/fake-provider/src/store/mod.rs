@@ -168,18 +168,12 @@ impl std::fmt::Debug for FakeProvider {
     }
 }
 
+/// The lower-case name the engine's model uses for the state (both enums share the wire
+/// ordinals), so admin stats and errors spell states as the rest of the fleet does.
 fn state_name(s: MachineState) -> &'static str {
-    match s {
-        MachineState::Unspecified => "unspecified",
-        MachineState::Speculative => "speculative",
-        MachineState::Creating => "creating",
-        MachineState::Idle => "idle",
-        MachineState::Configuring => "configuring",
-        MachineState::Configured => "configured",
-        MachineState::Draining => "draining",
-        MachineState::Deleting => "deleting",
-        MachineState::Failed => "failed",
-    }
+    bigfleet_model::MachineState::from_ordinal(s as i32)
+        .unwrap_or_default()
+        .as_str()
 }
 
 fn is_transitional(s: MachineState) -> bool {
@@ -476,16 +470,7 @@ impl FakeProvider {
         let now = self.now();
         let mut g = self.inner.write();
         g.process_due(now);
-        let pending: Vec<u32> = g
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                r.as_ref()
-                    .filter(|r| is_transitional(r.state) && !r.awaiting_ready)
-                    .map(|_| i as u32)
-            })
-            .collect();
+        let pending = g.slots_where(|r| is_transitional(r.state) && !r.awaiting_ready);
         for &slot in &pending {
             g.complete(slot);
         }
@@ -553,16 +538,7 @@ impl FakeProvider {
     /// — quota shrinking under the shard. Returns the removed ids.
     pub fn shed_speculative(&self, fraction: f64) -> Vec<String> {
         let mut g = self.inner.write();
-        let spec: Vec<u32> = g
-            .slots
-            .iter()
-            .enumerate()
-            .filter_map(|(i, r)| {
-                r.as_ref()
-                    .filter(|r| r.state == MachineState::Speculative)
-                    .map(|_| i as u32)
-            })
-            .collect();
+        let spec = g.slots_where(|r| r.state == MachineState::Speculative);
         let k = ((spec.len() as f64) * fraction.clamp(0.0, 1.0)).round() as usize;
         let picked = rand::seq::index::sample(&mut g.rng, spec.len(), k);
         let mut removed = Vec::with_capacity(k);

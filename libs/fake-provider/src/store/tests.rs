@@ -13,6 +13,18 @@ fn first(p: &FakeProvider, state: MachineState) -> String {
     p.ids_in_state(state).into_iter().next().unwrap()
 }
 
+#[test]
+fn state_names_are_the_lower_case_wire_names() {
+    let states: Vec<MachineState> = (0..16)
+        .filter_map(|i| MachineState::try_from(i).ok())
+        .collect();
+    assert_eq!(states.len(), 9);
+    for s in states {
+        let wire = s.as_str_name().trim_start_matches("MACHINE_STATE_");
+        assert_eq!(state_name(s), wire.to_ascii_lowercase(), "{s:?}");
+    }
+}
+
 fn create(id: &str, shard: &str, epoch: i64, seq: i64) -> CreateRequest {
     CreateRequest {
         machine_id: id.into(),

@@ -11,8 +11,8 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bigfleet_mesh::{
-    ChannelConfig, ClientStackConfig, MeshChannel, MeshServer, RetryPolicy, RunningServer,
-    ServerStackConfig, dial, peer_of,
+    ChannelConfig, ClientStackConfig, MeshChannel, MeshServer, RateLimit, RetryPolicy,
+    RunningServer, ServerStackConfig, dial, peer_of,
 };
 use prost::Message;
 use tonic::body::Body;
@@ -56,6 +56,14 @@ pub struct Echo {
 }
 
 impl Echo {
+    /// An Echo whose `flaky` calls fail UNAVAILABLE the first `n` times.
+    pub fn failing_first(n: u32) -> Self {
+        Echo {
+            fail_first: n,
+            ..Echo::default()
+        }
+    }
+
     pub fn calls(&self) -> u32 {
         self.calls.load(Ordering::SeqCst)
     }
@@ -195,6 +203,13 @@ pub fn echo_descriptor_set() -> &'static [u8] {
     Box::leak(set.encode_to_vec().into_boxed_slice())
 }
 
+/// Calls `Say` and checks that it is refused with `code` and a message mentioning `needle`.
+pub async fn assert_refused(channel: &MeshChannel, code: Code, needle: &str) {
+    let err = say(channel, "ok").await.unwrap_err();
+    assert_eq!(err.code(), code);
+    assert!(err.message().contains(needle), "{}", err.message());
+}
+
 pub fn code(r: &Result<EchoReply, Status>) -> Code {
     match r {
         Ok(_) => Code::Ok,
@@ -210,9 +225,42 @@ pub fn no_retry() -> ClientStackConfig {
     }
 }
 
+/// A client stack retrying under `retry`, otherwise the default.
+pub fn retrying(retry: RetryPolicy) -> ClientStackConfig {
+    ClientStackConfig {
+        retry,
+        ..ClientStackConfig::default()
+    }
+}
+
+/// A server stack whose only non-default setting is a per-identity rate limit.
+pub fn rate_limited(per_second: f64, burst: u32) -> ServerStackConfig {
+    ServerStackConfig {
+        rate_limit: Some(RateLimit { per_second, burst }),
+        ..ServerStackConfig::default()
+    }
+}
+
+/// A channel to `server`'s TCP listener through the client stack `stack`.
+pub async fn dial_with(server: &RunningServer, stack: &ClientStackConfig) -> MeshChannel {
+    dial(&tcp_target(server), &ChannelConfig::default(), stack)
+        .await
+        .unwrap()
+}
+
 /// A channel to `target` (`http://…` or `unix://…`) with one attempt per call.
 pub async fn dial_once(target: &str) -> MeshChannel {
     dial(target, &ChannelConfig::default(), &no_retry())
+        .await
+        .unwrap()
+}
+
+/// `echo` served on the Unix socket `sock` behind the default stack.
+pub async fn serve_echo_unix(sock: &std::path::Path, echo: Echo) -> RunningServer {
+    MeshServer::new("echo", ServerStackConfig::default())
+        .unix(sock)
+        .add_service(echo)
+        .start()
         .await
         .unwrap()
 }

@@ -15,12 +15,13 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Duration;
+use std::sync::atomic::{AtomicI64, Ordering};
+use svc_shard_decide_core::shard::Clock;
 use svc_shard_decide_core::{
-    Decide, DecideConfig, DecideService, ProviderClient, Publisher, RailsConfig, ShardMetrics,
+    Decide, DecideConfig, DecideService, ProviderClient, Publisher, RailsConfig, ShardMetrics, edge,
 };
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
@@ -205,32 +206,12 @@ pub async fn serve_provider(dir: &Path, p: TestProvider) -> (PathBuf, oneshot::S
 }
 
 /// A valid provider record.
-pub fn pm(id: &str, state: pb::MachineState, cluster: &str) -> pb::Machine {
-    use pb::MachineState as S;
-    let hosted = !matches!(state, S::Speculative | S::Creating);
-    pb::Machine {
-        id: id.to_owned(),
-        state: state as i32,
-        host: hosted.then(|| pb::HostRef {
-            provider: "test".into(),
-            r#ref: format!("i-{id}"),
-        }),
-        instance_type: "m5.xlarge".into(),
-        zone: "z1".into(),
-        capacity_type: pb::CapacityType::OnDemand as i32,
-        price_per_hour: 0.2,
-        interruption_probability: 0.0,
-        resources: Some(pb::Resources {
-            resources: [
-                ("cpu".to_owned(), "4".to_owned()),
-                ("memory".to_owned(), "16Gi".to_owned()),
-            ]
-            .into_iter()
-            .collect(),
-        }),
-        cluster: cluster.to_owned(),
-        ..Default::default()
-    }
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use svc_shard_decide_core::testing::provider_machine as pm;
+
+/// `n` Idle machines, the `i`th named `name(i)`.
+pub fn idle_fleet(n: usize, name: impl Fn(usize) -> String) -> impl Iterator<Item = pb::Machine> {
+    (0..n).map(move |i| pm(&name(i), pb::MachineState::Idle, ""))
 }
 
 /// A need for `cpu` cores on m5.xlarge machines.
@@ -277,6 +258,18 @@ pub struct Harness {
 impl Harness {
     pub async fn start(cfg: DecideConfig) -> Harness {
         Self::start_with(cfg, TestProvider::default()).await
+    }
+
+    /// A harness whose provider starts out listing `machines`.
+    pub async fn listing(
+        cfg: DecideConfig,
+        machines: impl IntoIterator<Item = pb::Machine>,
+    ) -> Harness {
+        let provider = TestProvider::default();
+        for m in machines {
+            provider.put(m);
+        }
+        Self::start_with(cfg, provider).await
     }
 
     pub async fn start_with(cfg: DecideConfig, provider: TestProvider) -> Harness {
@@ -349,68 +342,8 @@ pub fn cfg_rails_off() -> DecideConfig {
     }
 }
 
-/// An execute worker on the Work stream.
-pub struct Worker {
-    pub tx: mpsc::Sender<mesh::WorkerMessage>,
-    pub items: tonic::Streaming<mesh::WorkItem>,
-}
-
-impl Worker {
-    pub async fn connect(client: &mut WorkClient<Channel>, name: &str) -> Worker {
-        let (tx, rx) = mpsc::channel(64);
-        tx.send(mesh::WorkerMessage {
-            msg: Some(mesh::worker_message::Msg::Hello(
-                mesh::worker_message::Hello {
-                    worker_id: name.to_owned(),
-                    shard_id: String::new(),
-                },
-            )),
-        })
-        .await
-        .unwrap();
-        let items = client
-            .pull(tokio_stream::wrappers::ReceiverStream::new(rx))
-            .await
-            .unwrap()
-            .into_inner();
-        Worker { tx, items }
-    }
-
-    pub async fn credit(&self, n: u32) {
-        self.tx
-            .send(mesh::WorkerMessage {
-                msg: Some(mesh::worker_message::Msg::Credit(
-                    mesh::worker_message::Credit { n },
-                )),
-            })
-            .await
-            .unwrap();
-    }
-
-    pub async fn done(&self, action_id: &str, outcome: &str) {
-        self.tx
-            .send(mesh::WorkerMessage {
-                msg: Some(mesh::worker_message::Msg::Done(
-                    mesh::worker_message::Done {
-                        action_id: action_id.to_owned(),
-                        outcome: outcome.to_owned(),
-                        detail: String::new(),
-                        elapsed_ms: 1,
-                    },
-                )),
-            })
-            .await
-            .unwrap();
-    }
-
-    /// The next item, or None if none arrives within `wait`.
-    pub async fn next(&mut self, wait: Duration) -> Option<mesh::WorkItem> {
-        tokio::time::timeout(wait, self.items.message())
-            .await
-            .ok()
-            .and_then(|r| r.ok().flatten())
-    }
-}
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use svc_shard_decide_core::testing::TestWorker;
 
 /// A transition request for an item's machine.
 pub fn transition(
@@ -429,37 +362,109 @@ pub fn transition(
     }
 }
 
-/// The provider as a map the test edits, listed in process (no socket): for tests
-/// that drive `Decide` directly on a simulated clock.
-#[derive(Clone, Default)]
-pub struct MapSource(Arc<Mutex<BTreeMap<String, pb::Machine>>>);
-
-impl MapSource {
-    pub fn put(&self, m: pb::Machine) {
-        self.0.lock().insert(m.id.clone(), m);
-    }
-
-    pub fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
-        f(self.0.lock().get_mut(id).expect("known machine"));
-    }
+/// The worker reports over the Work API that `item`'s machine went `from` → `to`;
+/// decide's machine after the change.
+pub async fn report(
+    client: &mut WorkClient<Channel>,
+    item: &mesh::WorkItem,
+    from: pb::MachineState,
+    to: pb::MachineState,
+    patch: mesh::MachinePatch,
+) -> Result<pb::Machine, Status> {
+    let answer = client.transition(transition(item, from, to, patch)).await?;
+    Ok(answer
+        .into_inner()
+        .machine
+        .expect("a transition answers with the machine"))
 }
 
-impl svc_shard_decide_core::MachineSource for MapSource {
-    fn list(
-        &self,
-        _since: Vec<u8>,
-    ) -> futures::future::BoxFuture<
-        '_,
-        Result<svc_shard_decide_core::reconcile::RawMachineList, tonic::Status>,
-    > {
-        let list = pb::MachineList {
-            machines: self.0.lock().values().cloned().collect(),
-            revision: Vec::new(),
-        };
-        Box::pin(async move {
-            Ok(svc_shard_decide_core::reconcile::RawMachineList::from(
-                &list,
-            ))
-        })
-    }
+/// The worker starts a reclaim over the Work API: `item`'s machine Configured → Draining.
+pub async fn begin_drain(
+    client: &mut WorkClient<Channel>,
+    item: &mesh::WorkItem,
+) -> Result<pb::Machine, Status> {
+    use pb::MachineState as S;
+    report(client, item, S::Configured, S::Draining, Default::default()).await
+}
+
+/// The worker starts a provision: `item`'s machine Idle → Configuring into `cluster`,
+/// for the need its action names.
+pub async fn start_configuring(
+    client: &mut WorkClient<Channel>,
+    item: &mesh::WorkItem,
+    cluster: &str,
+) -> Result<pb::Machine, Status> {
+    let patch = mesh::MachinePatch {
+        cluster: Some(cluster.to_owned()),
+        assigned_need_fingerprint: Some(item.action.as_ref().unwrap().need_fingerprint.clone()),
+        ..Default::default()
+    };
+    report(
+        client,
+        item,
+        pb::MachineState::Idle,
+        pb::MachineState::Configuring,
+        patch,
+    )
+    .await
+}
+
+/// The provider as a map the test edits, listed in process (no socket): for tests
+/// that drive `Decide` directly on a simulated clock.
+#[allow(unused_imports)] // each test binary uses a different subset
+pub use svc_shard_decide_core::testing::MapSource;
+
+/// A decide over `source` whose clock reads `clock` (nanoseconds since the epoch).
+pub fn decide_on_clock(
+    cfg: DecideConfig,
+    source: impl svc_shard_decide_core::MachineSource,
+    clock: &Arc<AtomicI64>,
+) -> Decide {
+    // Frames to the operators are not what these tests look at.
+    let (publisher, _) = Publisher::channel(1);
+    let c = Arc::clone(clock);
+    let clock: Clock = Arc::new(move || c.load(Ordering::SeqCst));
+    Decide::with_clock(
+        cfg,
+        Arc::new(source),
+        publisher,
+        ShardMetrics::unregistered(),
+        Readiness::not_ready("first provider reconcile not yet complete"),
+        clock,
+    )
+    .unwrap()
+}
+
+/// The simulated worker starts a reclaim: Configured → Draining, at decide and at the
+/// provider.
+pub async fn start_draining(d: &Decide, source: &MapSource, item: &mesh::WorkItem) {
+    use pb::MachineState as S;
+    worker_moves(d, source, item, S::Configured, S::Draining).await;
+}
+
+/// The simulated worker finishes a reclaim: Draining → Idle and unbound, at decide and
+/// at the provider.
+pub async fn finish_draining(d: &Decide, source: &MapSource, item: &mesh::WorkItem) {
+    use pb::MachineState as S;
+    worker_moves(d, source, item, S::Draining, S::Idle).await;
+}
+
+/// The worker's transition with no patch, reported to decide and then made at the
+/// provider (which, like a real one, drops the assignment of an Idle machine).
+async fn worker_moves(
+    d: &Decide,
+    source: &MapSource,
+    item: &mesh::WorkItem,
+    from: pb::MachineState,
+    to: pb::MachineState,
+) {
+    let request = transition(item, from, to, mesh::MachinePatch::default());
+    edge::transition(d, &request).await.unwrap();
+    source.update(&request.machine_id, |m| {
+        m.state = to as i32;
+        if to == pb::MachineState::Idle {
+            m.cluster.clear();
+            m.shard_metadata.clear();
+        }
+    });
 }

@@ -1,0 +1,153 @@
+//! Test support that decide's own tests and the decide binary's share (feature `testing`,
+//! enabled from dev-dependencies only; production builds never compile it): a valid
+//! provider record, a provider the test edits in process, and an execute worker on the
+//! Work stream.
+
+use crate::reconcile::{MachineSource, RawMachineList};
+use bigfleet_proto::mesh::v1 as mesh;
+use bigfleet_proto::mesh::v1::work_client::WorkClient;
+use bigfleet_proto::v1alpha1 as pb;
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::sync::mpsc;
+use tonic::transport::Channel;
+
+/// A valid on-demand m5.xlarge record (4 cpu, 16Gi, zone z1, $0.20/h) as a provider lists
+/// it: hosted unless Speculative or Creating, bound to `cluster` (empty: unbound).
+pub fn provider_machine(id: &str, state: pb::MachineState, cluster: &str) -> pb::Machine {
+    use pb::MachineState as S;
+    let hosted = !matches!(state, S::Speculative | S::Creating);
+    pb::Machine {
+        id: id.to_owned(),
+        state: state as i32,
+        host: hosted.then(|| pb::HostRef {
+            provider: "test".into(),
+            r#ref: format!("i-{id}"),
+        }),
+        instance_type: "m5.xlarge".into(),
+        zone: "z1".into(),
+        capacity_type: pb::CapacityType::OnDemand as i32,
+        price_per_hour: 0.2,
+        interruption_probability: 0.0,
+        resources: Some(pb::Resources {
+            resources: [
+                ("cpu".to_owned(), "4".to_owned()),
+                ("memory".to_owned(), "16Gi".to_owned()),
+            ]
+            .into_iter()
+            .collect(),
+        }),
+        cluster: cluster.to_owned(),
+        ..Default::default()
+    }
+}
+
+/// The provider as a map the test edits, listed in process (no socket), in id order.
+/// Clones share the map.
+#[derive(Clone, Default)]
+pub struct MapSource(Arc<Mutex<BTreeMap<String, pb::Machine>>>);
+
+impl MapSource {
+    pub fn put(&self, m: pb::Machine) {
+        self.0.lock().insert(m.id.clone(), m);
+    }
+
+    /// Changes a machine the provider lists; panics if it lists no `id`.
+    pub fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
+        f(self.0.lock().get_mut(id).expect("known machine"));
+    }
+}
+
+impl FromIterator<pb::Machine> for MapSource {
+    fn from_iter<I: IntoIterator<Item = pb::Machine>>(machines: I) -> Self {
+        let source = MapSource::default();
+        for m in machines {
+            source.put(m);
+        }
+        source
+    }
+}
+
+impl MachineSource for MapSource {
+    fn list(&self, _since: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
+        let list = pb::MachineList {
+            machines: self.0.lock().values().cloned().collect(),
+            revision: Vec::new(),
+        };
+        Box::pin(async move { Ok(RawMachineList::from(&list)) })
+    }
+}
+
+/// An execute worker on a Work stream. Panics when the stream cannot be sent to: a test
+/// whose decide went away has failed anyway.
+pub struct TestWorker {
+    tx: mpsc::Sender<mesh::WorkerMessage>,
+    items: tonic::Streaming<mesh::WorkItem>,
+}
+
+impl TestWorker {
+    /// Opens the stream and says hello as `worker_id` of `shard_id` (empty: any shard).
+    pub async fn connect(
+        client: &mut WorkClient<Channel>,
+        worker_id: &str,
+        shard_id: &str,
+    ) -> TestWorker {
+        let (tx, rx) = mpsc::channel(64);
+        // Hello goes first, queued before the stream opens: decide reads it before it
+        // answers the call.
+        let hello = mesh::worker_message::Hello {
+            worker_id: worker_id.to_owned(),
+            shard_id: shard_id.to_owned(),
+        };
+        tx.send(mesh::WorkerMessage {
+            msg: Some(mesh::worker_message::Msg::Hello(hello)),
+        })
+        .await
+        .expect("fresh channel");
+        let items = client
+            .pull(tokio_stream::wrappers::ReceiverStream::new(rx))
+            .await
+            .expect("work stream")
+            .into_inner();
+        TestWorker { tx, items }
+    }
+
+    /// Asks for `n` more items.
+    pub async fn credit(&self, n: u32) {
+        self.send(mesh::worker_message::Msg::Credit(
+            mesh::worker_message::Credit { n },
+        ))
+        .await;
+    }
+
+    /// Reports an action finished with `outcome`.
+    pub async fn done(&self, action_id: &str, outcome: &str) {
+        self.send(mesh::worker_message::Msg::Done(
+            mesh::worker_message::Done {
+                action_id: action_id.to_owned(),
+                outcome: outcome.to_owned(),
+                detail: String::new(),
+                elapsed_ms: 1,
+            },
+        ))
+        .await;
+    }
+
+    /// The next item, or None if none arrives within `wait`.
+    pub async fn next(&mut self, wait: Duration) -> Option<mesh::WorkItem> {
+        tokio::time::timeout(wait, self.items.message())
+            .await
+            .ok()
+            .and_then(|r| r.ok().flatten())
+    }
+
+    async fn send(&self, msg: mesh::worker_message::Msg) {
+        self.tx
+            .send(mesh::WorkerMessage { msg: Some(msg) })
+            .await
+            .expect("work stream open");
+    }
+}
