@@ -16,7 +16,6 @@
 use serde_json::Value;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::path::Path;
-use std::process::Command;
 
 /// A set of workspace crates.
 #[derive(Debug, Clone, Copy)]
@@ -360,46 +359,10 @@ fn fixture(name: &str) -> Value {
     serde_json::from_str(&text).unwrap_or_else(|e| panic!("parse {}: {e}", path.display()))
 }
 
-/// The host's target triple, from `rustc -vV` (the compiler cargo builds this test with).
-fn host_triple() -> String {
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
-    let out = Command::new(&rustc)
-        .arg("-vV")
-        .output()
-        .unwrap_or_else(|e| panic!("run {rustc} -vV: {e}"));
-    assert!(out.status.success(), "{rustc} -vV failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("host: "))
-        .map(|h| h.trim().to_owned())
-        .expect("rustc -vV prints a host line")
-}
-
-/// The workspace's resolved graph for the host only: without `--filter-platform`, `--offline`
-/// fails on a machine whose cargo cache holds only what a host build downloaded (issue 22,
-/// as in svc-shard-decide-core's static_stability test).
+/// The workspace's resolved graph for the host (see [`bigfleet_testkit::host_metadata`]).
 fn workspace_metadata() -> Value {
-    let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/Cargo.toml");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--filter-platform",
-            &host_triple(),
-            "--manifest-path",
-            manifest,
-        ])
-        .output()
-        .expect("run cargo metadata");
-    assert!(
-        out.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("metadata json")
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    serde_json::from_slice(&bigfleet_testkit::host_metadata(&manifest)).expect("metadata json")
 }
 
 fn listing(v: &[Violation]) -> String {

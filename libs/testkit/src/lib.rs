@@ -7,9 +7,11 @@
 //! own CA (`bigfleet-identity`). Port reservation is production code in
 //! `bigfleet_mesh::ports`, which `up` uses and [`reserve_tcp_port`] re-exports; cargo allows
 //! the dev-dependency cycle, so every crate (mesh and identity included) can still use the
-//! testkit from its tests. [`wait_until`] is the suites' one polling helper (docs/testing.md).
+//! testkit from its tests. [`wait_until`] is the suites' one polling helper (docs/testing.md);
+//! [`host_metadata`] is the dependency-rule tests' view of the graph.
 
 mod ca;
+mod cargo;
 mod http;
 mod sandbox;
 mod spans;
@@ -17,6 +19,7 @@ pub mod tools;
 mod wait;
 
 pub use ca::{IssuedCert, LeafSpec, TestCa, TlsPaths, ca_params, role_file_stem};
+pub use cargo::{host_metadata, host_triple};
 pub use http::http_request;
 pub use sandbox::{PortReservation, free_tcp_port, reserve_tcp_port, temp_dir, unix_socket_path};
 pub use spans::SpanCollector;

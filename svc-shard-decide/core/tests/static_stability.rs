@@ -5,7 +5,6 @@
 
 use serde_json::{Value, json};
 use std::collections::{BTreeSet, HashMap, VecDeque};
-use std::process::Command;
 
 const ROOT: &str = "svc-shard-decide-core";
 const FORBIDDEN_CRATE: &str = "bigfleet-coordclient";
@@ -88,48 +87,11 @@ fn violations(meta: &Value, root: &str) -> Vec<String> {
     out
 }
 
-/// The host's target triple, from `rustc -vV` (the compiler cargo builds this test with).
-fn host_triple() -> String {
-    let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".to_owned());
-    let out = Command::new(&rustc)
-        .arg("-vV")
-        .output()
-        .unwrap_or_else(|e| panic!("run {rustc} -vV: {e}"));
-    assert!(out.status.success(), "{rustc} -vV failed");
-    String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .find_map(|l| l.strip_prefix("host: "))
-        .map(|h| h.trim().to_owned())
-        .expect("rustc -vV prints a host line")
-}
-
-/// The resolved graph for the host only. Without `--filter-platform`, `cargo metadata`
-/// needs every package in the lock file for *every* platform, and `--offline` then fails on
-/// a machine whose cargo cache holds only what a host build downloaded (issue 22); the
-/// rule is about what this host links anyway.
+/// The workspace's resolved graph for the host (see [`bigfleet_testkit::host_metadata`]).
 fn workspace_metadata() -> Value {
     let manifest = concat!(env!("CARGO_MANIFEST_DIR"), "/../../Cargo.toml");
-    let cargo = std::env::var("CARGO").unwrap_or_else(|_| "cargo".to_owned());
-    let host = host_triple();
-    let out = Command::new(cargo)
-        .args([
-            "metadata",
-            "--format-version",
-            "1",
-            "--offline",
-            "--filter-platform",
-            &host,
-            "--manifest-path",
-            manifest,
-        ])
-        .output()
-        .expect("run cargo metadata");
-    assert!(
-        out.status.success(),
-        "cargo metadata failed: {}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    serde_json::from_slice(&out.stdout).expect("metadata json")
+    serde_json::from_slice(&bigfleet_testkit::host_metadata(manifest.as_ref()))
+        .expect("metadata json")
 }
 
 #[test]
