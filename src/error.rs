@@ -159,8 +159,9 @@ impl CliError {
 mod tests {
     use super::*;
 
-    fn remote(status: Status, roles: &'static str) -> String {
-        RemoteError {
+    /// The message of `status` from a call needing `roles`; it must contain `needle`.
+    fn remote_says(status: Status, roles: &'static str, needle: &str) -> String {
+        let m = RemoteError {
             service: "coordinator",
             addr: "https://c:7790".into(),
             rpc: "AssignDomain",
@@ -168,29 +169,36 @@ mod tests {
             status,
             timeout: Some(Duration::from_secs(10)),
         }
-        .to_string()
+        .to_string();
+        assert!(m.contains(needle), "{m}");
+        m
     }
 
     #[test]
     fn refusals_name_the_role() {
-        let m = remote(Status::permission_denied("readonly may not call"), "admin");
-        assert!(
-            m.contains("needs a client certificate with role admin (bigfleet://admin)"),
-            "{m}"
+        remote_says(
+            Status::permission_denied("readonly may not call"),
+            "admin",
+            "needs a client certificate with role admin (bigfleet://admin)",
         );
-        let m = remote(Status::permission_denied("x"), "readonly or admin");
-        assert!(m.contains("bigfleet://readonly or bigfleet://admin"), "{m}");
+        remote_says(
+            Status::permission_denied("x"),
+            "readonly or admin",
+            "bigfleet://readonly or bigfleet://admin",
+        );
     }
 
     #[test]
     fn unreachable_addresses_are_named() {
-        let m = remote(Status::unavailable("connection refused"), "admin");
+        let m = remote_says(
+            Status::unavailable("connection refused"),
+            "admin",
+            "--coordinator",
+        );
         assert!(
             m.starts_with("cannot reach coordinator at https://c:7790"),
             "{m}"
         );
-        assert!(m.contains("--coordinator"), "{m}");
-        let m = remote(Status::deadline_exceeded("slow"), "admin");
-        assert!(m.contains("within 10s"), "{m}");
+        remote_says(Status::deadline_exceeded("slow"), "admin", "within 10s");
     }
 }

@@ -271,6 +271,12 @@ pub fn or_dash(s: String) -> String {
     if s.is_empty() { "-".to_owned() } else { s }
 }
 
+/// `cell()` when there is a value to show, else `-` (for values whose absence is a
+/// condition, such as a zero timestamp, rather than an empty string).
+pub fn dash_unless(present: bool, cell: impl FnOnce() -> String) -> String {
+    if present { cell() } else { "-".to_owned() }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -5,12 +5,16 @@
 //! does the same fan-out itself — the coordinator's `ListShards`, then every shard's read
 //! services — using svc-inspect's library, so both paths show the same data.
 
+use std::sync::Arc;
+
+use bigfleet_mesh::MeshChannel;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::inspect_client::InspectClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient;
 use serde::{Deserialize, Serialize};
 use svc_inspect::InspectError;
+use svc_inspect::fleet::{Fleet, FleetOverview};
 use svc_inspect::grpc::{COORDINATOR_ERROR_METADATA_KEY, UNREACHABLE_SHARDS_METADATA_KEY};
 use svc_inspect::view::{
     ActionView, DomainView, MachineView, NeedRow, ShardView, ShortfallView, TransfersView,
@@ -20,7 +24,7 @@ use tonic::Status;
 
 use crate::Context;
 use crate::error::{CliError, RemoteError};
-use crate::output::{Column, Listing, Render, or_dash};
+use crate::output::{Column, Listing, Render, dash_unless, or_dash};
 
 /// `bigfleet shards`.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
@@ -78,16 +82,52 @@ fn fleet_error(ctx: &Context, e: InspectError) -> CliError {
     }
 }
 
+/// `rpc` on svc-inspect's `Inspect` service at `addr`, under the context's timeout.
+async fn on_inspect<T>(
+    ctx: &Context,
+    addr: &str,
+    rpc: &'static str,
+    call: impl AsyncFnOnce(InspectClient<MeshChannel>) -> Result<tonic::Response<T>, Status>,
+) -> Result<T, CliError> {
+    let client = InspectClient::new(ctx.inspect_channel(addr)?);
+    Ok(inspect_call(ctx, addr, rpc, call(client))
+        .await?
+        .into_inner())
+}
+
+/// A read both paths answer alike: `rpc` through svc-inspect when `--inspect` is set,
+/// otherwise `direct` on the CLI's own fan-out.
+async fn inspect_or_fleet<T>(
+    ctx: &Context,
+    rpc: &'static str,
+    via_inspect: impl AsyncFnOnce(InspectClient<MeshChannel>) -> Result<tonic::Response<T>, Status>,
+    direct: impl AsyncFnOnce(Fleet) -> Result<T, InspectError>,
+) -> Result<T, CliError> {
+    match &ctx.inspect {
+        Some(addr) => on_inspect(ctx, addr, rpc, via_inspect).await,
+        None => direct(ctx.fleet()?).await.map_err(|e| fleet_error(ctx, e)),
+    }
+}
+
 async fn fleet_summary(
     ctx: &Context,
     addr: &str,
     max_shortfalls: u32,
 ) -> Result<mesh::FleetSummaryResponse, CliError> {
-    let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
-    let call = client.fleet_summary(mesh::FleetSummaryRequest { max_shortfalls });
-    Ok(inspect_call(ctx, addr, "FleetSummary", call)
-        .await?
-        .into_inner())
+    let req = mesh::FleetSummaryRequest { max_shortfalls };
+    on_inspect(ctx, addr, "FleetSummary", async |mut c| {
+        c.fleet_summary(req).await
+    })
+    .await
+}
+
+/// The CLI's own fleet overview; a coordinator that could not be asked fails the read.
+async fn fleet_overview(ctx: &Context) -> Result<Arc<FleetOverview>, CliError> {
+    let o = ctx.fleet()?.overview().await;
+    match &o.coordinator_failure {
+        Some(e) => Err(CliError::coordinator(e.clone(), Some(ctx.timeout))),
+        None => Ok(o),
+    }
 }
 
 fn shard_from_overview(s: &mesh::ShardOverview) -> ShardView {
@@ -129,10 +169,7 @@ pub async fn shards(ctx: &Context) -> Result<ShardsOutput, CliError> {
             shards: s.shards.iter().map(shard_from_overview).collect(),
         });
     }
-    let o = ctx.fleet()?.overview().await;
-    if let Some(e) = &o.coordinator_failure {
-        return Err(CliError::coordinator(e.clone(), Some(ctx.timeout)));
-    }
+    let o = fleet_overview(ctx).await?;
     Ok(ShardsOutput {
         coordinator_reachable: o.coordinator_reachable,
         coordinator_error: o.coordinator_error.clone(),
@@ -178,15 +215,13 @@ impl Render for ShardsOutput {
         for s in &self.shards {
             let counted = s.reachable && s.source == "shard-info";
             let state = |name: &str| {
-                if counted {
+                dash_unless(counted, || {
                     s.machines_by_state
                         .get(name)
                         .copied()
                         .unwrap_or(0)
                         .to_string()
-                } else {
-                    "-".to_owned()
-                }
+                })
             };
             let machines = if counted {
                 s.machines_by_state.values().sum::<i32>().to_string()
@@ -194,7 +229,7 @@ impl Render for ShardsOutput {
                 s.reported_total_machines
                     .map_or("-".to_owned(), |n| format!("~{n}"))
             };
-            let live = |v: String| if s.reachable { v } else { "-".to_owned() };
+            let live = |v: String| dash_unless(s.reachable, || v);
             let reported = match (s.reported_total_machines, s.reported_free_machines) {
                 (None, None) => "-".to_owned(),
                 (t, f) => format!(
@@ -453,11 +488,7 @@ impl Render for NeedsOutput {
                 } else {
                     "UNMET".to_owned()
                 },
-                if n.satisfied {
-                    "-".to_owned()
-                } else {
-                    reason_label(&n.unmet_reason).to_owned()
-                },
+                dash_unless(!n.satisfied, || reason_label(&n.unmet_reason).to_owned()),
                 or_dash(resources_text(&n.aggregate_resources)),
                 or_dash(resources_text(&n.residual_deficit)),
                 n.claimed_machine_count.to_string(),
@@ -537,10 +568,7 @@ pub async fn shortfalls(ctx: &Context, limit: usize) -> Result<Shortfalls, CliEr
             s.shortfalls.iter().map(ShortfallView::from_proto).collect(),
         ));
     }
-    let o = ctx.fleet()?.overview().await;
-    if let Some(e) = &o.coordinator_failure {
-        return Err(CliError::coordinator(e.clone(), Some(ctx.timeout)));
-    }
+    let o = fleet_overview(ctx).await?;
     Ok(Shortfalls(
         o.shortfalls
             .iter()
@@ -680,11 +708,9 @@ impl Render for Transfers {
                     x.recipient_shard_id.clone(),
                     x.selector_text(),
                     x.moved.to_string(),
-                    if x.is_active() {
+                    dash_unless(x.is_active(), || {
                         format!("{}->{}", x.pending_instruction_id, x.pending_shard_id)
-                    } else {
-                        "-".to_owned()
-                    },
+                    }),
                     x.priority.to_string(),
                     or_dash(x.machine_ids.join(",")),
                     timestamp_cell(x.started_at_unix_ns),
@@ -720,20 +746,13 @@ pub async fn actions(
     ctx: &Context,
     req: &mesh::RecentActionsRequest,
 ) -> Result<(Actions, Vec<String>), CliError> {
-    let resp = match &ctx.inspect {
-        Some(addr) => {
-            let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
-            let call = client.recent_actions(req.clone());
-            inspect_call(ctx, addr, "RecentActions", call)
-                .await?
-                .into_inner()
-        }
-        None => ctx
-            .fleet()?
-            .recent_actions(req)
-            .await
-            .map_err(|e| fleet_error(ctx, e))?,
-    };
+    let resp = inspect_or_fleet(
+        ctx,
+        "RecentActions",
+        async |mut c| c.recent_actions(req.clone()).await,
+        async |f| f.recent_actions(req).await,
+    )
+    .await?;
     Ok((
         Actions(resp.actions.iter().map(ActionView::from_proto).collect()),
         unreachable_warnings("actions", &resp.unreachable),
@@ -785,11 +804,10 @@ impl Render for Actions {
         .when_empty("no recorded action matches");
         for a in &self.0 {
             // Queueing: from the cycle's decision until a worker took the action.
-            let waited = if a.started_at_unix_nanos > 0 && a.decided_at_unix_nanos > 0 {
-                short_duration(a.started_at_unix_nanos - a.decided_at_unix_nanos)
-            } else {
-                "-".to_owned()
-            };
+            let waited = dash_unless(
+                a.started_at_unix_nanos > 0 && a.decided_at_unix_nanos > 0,
+                || short_duration(a.started_at_unix_nanos - a.decided_at_unix_nanos),
+            );
             t.row(
                 // seq is unique within one decide process of a shard.
                 format!("{}/{}", a.shard_id, a.seq),
@@ -806,11 +824,7 @@ impl Render for Actions {
                     or_dash(a.need_fingerprint.clone()),
                     or_dash(a.group.clone()),
                     waited,
-                    if a.started_at_unix_nanos > 0 {
-                        short_duration(a.run_nanos)
-                    } else {
-                        "-".to_owned()
-                    },
+                    dash_unless(a.started_at_unix_nanos > 0, || short_duration(a.run_nanos)),
                     or_dash(a.action_id.clone()),
                 ],
             );
@@ -910,20 +924,13 @@ async fn machines_page(
     ctx: &Context,
     req: &mesh::ListMachinesRequest,
 ) -> Result<mesh::ListMachinesResponse, CliError> {
-    match &ctx.inspect {
-        Some(addr) => {
-            let mut client = InspectClient::new(ctx.inspect_channel(addr)?);
-            let call = client.list_machines(req.clone());
-            Ok(inspect_call(ctx, addr, "ListMachines", call)
-                .await?
-                .into_inner())
-        }
-        None => ctx
-            .fleet()?
-            .list_machines(req)
-            .await
-            .map_err(|e| fleet_error(ctx, e)),
-    }
+    inspect_or_fleet(
+        ctx,
+        "ListMachines",
+        async |mut c| c.list_machines(req.clone()).await,
+        async |f| f.list_machines(req).await,
+    )
+    .await
 }
 
 /// Machines in id order, paging `chunk` at a time until `limit` (0: all) or the last page.
@@ -1021,11 +1028,9 @@ impl Render for MachinesOutput {
             ));
         }
         for m in &self.machines {
-            let idle_for = if m.idle_since_unix_nanos > 0 {
+            let idle_for = dash_unless(m.idle_since_unix_nanos > 0, || {
                 short_duration(self.as_of_unix_nanos - m.idle_since_unix_nanos)
-            } else {
-                "-".to_owned()
-            };
+            });
             t.row(
                 m.id.clone(),
                 vec![

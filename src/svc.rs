@@ -89,27 +89,25 @@ fn telemetry(service: &str, format: LogFormat) -> anyhow::Result<TelemetryGuard>
 
 /// Parses `argv` (program name first) as `service`'s flags and runs it to completion.
 pub async fn run(service: &str, argv: Vec<OsString>) -> anyhow::Result<()> {
+    // Every service crate exposes `Args` (its log format under `service.log`) and `run`;
+    // only the crate differs between the arms.
+    macro_rules! serve_crate {
+        ($krate:ident) => {
+            serve(
+                service,
+                argv,
+                |a: &$krate::Args| a.service.log.log_format,
+                $krate::run,
+            )
+            .await
+        };
+    }
     match service {
-        "coordinator" => {
-            let log = |a: &svc_coordinator::Args| a.service.log.log_format;
-            serve(service, argv, log, svc_coordinator::run).await
-        }
-        "shard-decide" => {
-            let log = |a: &svc_shard_decide::Args| a.service.log.log_format;
-            serve(service, argv, log, svc_shard_decide::run).await
-        }
-        "shard-execute" => {
-            let log = |a: &svc_shard_execute::Args| a.service.log.log_format;
-            serve(service, argv, log, svc_shard_execute::run).await
-        }
-        "session-gateway" => {
-            let log = |a: &svc_session_gateway::Args| a.service.log.log_format;
-            serve(service, argv, log, svc_session_gateway::run).await
-        }
-        "inspect" => {
-            let log = |a: &svc_inspect::Args| a.service.log.log_format;
-            serve(service, argv, log, svc_inspect::run).await
-        }
+        "coordinator" => serve_crate!(svc_coordinator),
+        "shard-decide" => serve_crate!(svc_shard_decide),
+        "shard-execute" => serve_crate!(svc_shard_execute),
+        "session-gateway" => serve_crate!(svc_session_gateway),
+        "inspect" => serve_crate!(svc_inspect),
         // The fake provider's `run` installs its own telemetry.
         "fake-provider" => bigfleet_fake_provider::run(parse(argv)).await,
         other => anyhow::bail!("unknown service {other:?}"),

@@ -28,6 +28,9 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use bigfleet_fake_provider::actuation::{Actuation, ActuationAudit, audit, read_actuation_log};
+// The victims' and the jitter's generator; runs start it from the raw seed (`from_state`),
+// so a printed `--chaos-seed` keeps replaying the same victims.
+use bigfleet_model::SplitMix64 as Rng;
 use serde::Serialize;
 
 use super::progress::Snapshot;
@@ -91,40 +94,12 @@ impl Component {
     }
 }
 
-/// SplitMix64: a small, seeded, reproducible generator (the victim and the jitter).
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Self(seed)
-    }
-
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-
-    /// Uniform in `[0, n)` (`n` > 0).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-}
-
 /// A seed for a run without `--chaos-seed` (printed, so the run can be repeated).
 pub fn random_seed() -> u64 {
     let nanos = SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| d.as_nanos() as u64);
-    Rng::new(nanos ^ (u64::from(std::process::id()) << 32)).next_u64()
+    Rng::from_state(nanos ^ (u64::from(std::process::id()) << 32)).next_u64()
 }
 
 /// The chaos settings of one run.
@@ -188,7 +163,7 @@ pub enum Step {
 impl Chaos {
     /// `deadline`: when the run ends (`--duration`), so kills stop `settle` before it.
     pub fn new(plan: ChaosPlan, started: Instant, deadline: Option<Instant>) -> Self {
-        let mut rng = Rng::new(plan.seed);
+        let mut rng = Rng::from_state(plan.seed);
         let first = started + jitter(&mut rng, plan.every);
         Self {
             kills_until: deadline.map(|d| d.checked_sub(plan.settle).unwrap_or(started)),

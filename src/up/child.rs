@@ -8,11 +8,11 @@
 use std::fs::{File, OpenOptions};
 use std::io::{Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
-use std::process::{ExitStatus, Stdio};
+use std::process::ExitStatus;
 use std::time::Duration;
 
-use rustix::process::{Pid, Signal};
-use tokio::process::Command;
+use bigfleet_loadtest::shard_load::procs::{group_command, signal_group as group_signal};
+use rustix::process::Signal;
 
 use super::UpError;
 use crate::svc::PARENT_PID_ENV;
@@ -76,30 +76,15 @@ impl ChildProc {
             .open(&log_path)
             .map_err(io)?;
         writeln!(out, "=== bigfleet up: starting {}", spec.command_line()).map_err(io)?;
-        let err = out.try_clone().map_err(io)?;
-        let mut cmd = Command::new(&spec.exe);
-        // Every flag reads BIGFLEET_<FLAG>: a user's shell settings (say BIGFLEET_TLS_CERT)
-        // must not leak into children configured entirely by flags.
-        for (key, _) in std::env::vars_os() {
-            if key
-                .to_str()
-                .is_some_and(|k| k.starts_with("BIGFLEET_") && k != "BIGFLEET_OTEL_FILTER")
-            {
-                cmd.env_remove(key);
-            }
-        }
+        // A user's shell settings (say BIGFLEET_TLS_CERT) must not leak into the children;
+        // the span-export filter is telemetry's, read by each child, not a service flag.
+        let keep = [bigfleet_telemetry::OTEL_FILTER_ENV];
+        let mut cmd = group_command(&spec.exe, out, &keep).map_err(io)?;
         cmd.arg("svc")
             .arg(&spec.service)
             .args(&spec.args)
             .envs(spec.env.iter().map(|(k, v)| (k, v)))
-            .env(PARENT_PID_ENV, std::process::id().to_string())
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            // Its own group: a terminal's Ctrl-C reaches `up` only, which stops the
-            // children in order; and a group kill reaches anything the child started.
-            .process_group(0)
-            .kill_on_drop(true);
+            .env(PARENT_PID_ENV, std::process::id().to_string());
         let child = cmd.spawn().map_err(|source| UpError::Spawn {
             name: spec.name.clone(),
             source,
@@ -142,12 +127,9 @@ impl ChildProc {
 
     /// Sends `signal` to the child's process group.
     pub fn signal_group(&self, signal: Signal) {
-        // pid 0/1 would address our own group or every process: never.
-        if self.pid > 1
-            && self.exited.is_none()
-            && let Some(pid) = i32::try_from(self.pid).ok().and_then(Pid::from_raw)
-        {
-            let _ = rustix::process::kill_process_group(pid, signal);
+        // Once reaped, the pid (and its group id) may belong to someone else.
+        if self.exited.is_none() {
+            group_signal(self.pid, signal);
         }
     }
 

@@ -911,6 +911,13 @@ mod transfer_tests {
         }
     }
 
+    /// The donor accepts `id`'s release (instruction `<id>-r`) naming `machines`; the adopt
+    /// instruction is `<id>-a`.
+    fn release(st: &mut State, id: &str, machines: &[&str]) -> Result<Effect, FsmError> {
+        let (ins, next) = (format!("{id}-r"), format!("{id}-a"));
+        st.apply(&ack(id, &ins, AckVerdict::Accepted, machines, &next))
+    }
+
     #[test]
     fn start_is_validated_and_never_both_directions() {
         let mut st = state();
@@ -940,15 +947,7 @@ mod transfer_tests {
     fn acks_walk_the_phases_and_finish_into_recent() {
         let mut st = state();
         st.apply(&start("t1", "s1", "s2")).unwrap();
-        let eff = st
-            .apply(&ack(
-                "t1",
-                "t1-r",
-                AckVerdict::Accepted,
-                &["m1", "m2"],
-                "t1-a",
-            ))
-            .unwrap();
+        let eff = release(&mut st, "t1", &["m1", "m2"]).unwrap();
         let Effect::Transfer(t) = eff else {
             panic!("{eff:?}")
         };
@@ -976,15 +975,8 @@ mod transfer_tests {
         let mut st = state();
         st.apply(&start("t1", "s1", "s2")).unwrap();
         st.apply(&start("t2", "s1", "s3")).unwrap();
-        st.apply(&ack("t1", "t1-r", AckVerdict::Accepted, &["m1"], "t1-a"))
-            .unwrap();
-        let Ok(Effect::Transfer(t2)) = st.apply(&ack(
-            "t2",
-            "t2-r",
-            AckVerdict::Accepted,
-            &["m1", "m2"],
-            "t2-a",
-        )) else {
+        release(&mut st, "t1", &["m1"]).unwrap();
+        let Ok(Effect::Transfer(t2)) = release(&mut st, "t2", &["m1", "m2"]) else {
             panic!()
         };
         assert_eq!(t2.machine_ids, ["m2"]);
@@ -995,8 +987,7 @@ mod transfer_tests {
         let mut st = state();
         st.apply(&start("t1", "s1", "s2")).unwrap();
         st.apply(&start("t2", "s3", "s2")).unwrap();
-        st.apply(&ack("t2", "t2-r", AckVerdict::Accepted, &["m1"], "t2-a"))
-            .unwrap();
+        release(&mut st, "t2", &["m1"]).unwrap();
         let back = State::from_snapshot_json(&st.to_snapshot_json()).unwrap();
         assert_eq!(back, st);
         st.apply(&Command::RemoveShard {

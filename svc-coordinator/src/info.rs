@@ -164,33 +164,26 @@ mod tests {
         }
     }
 
+    /// An active transfer names its pending instruction and target; a finished one has
+    /// nothing pending and counts what moved.
     #[test]
-    fn an_active_transfer_names_its_pending_instruction_and_target() {
-        let got = transfer_info(&transfer(Phase::Adopt));
-        assert_eq!(
-            (
-                got.kind.as_str(),
-                got.phase.as_str(),
-                got.pending_instruction_id.as_str(),
-                got.pending_shard_id.as_str(),
-                got.moved,
-            ),
-            ("idle", "adopt", "i1", "s0", 0)
-        );
-    }
-
-    #[test]
-    fn a_finished_transfer_has_nothing_pending_and_counts_what_moved() {
-        let got = transfer_info(&transfer(Phase::Done));
-        assert_eq!(
-            (
-                got.phase.as_str(),
-                got.pending_instruction_id.as_str(),
-                got.pending_shard_id.as_str(),
-                got.moved,
-            ),
-            ("done", "", "", 2)
-        );
+    fn pending_and_moved_follow_the_phase() {
+        for (phase, want) in [
+            (Phase::Adopt, ("idle", "adopt", "i1", "s0", 0)),
+            (Phase::Done, ("idle", "done", "", "", 2)),
+        ] {
+            let got = transfer_info(&transfer(phase));
+            assert_eq!(
+                (
+                    got.kind.as_str(),
+                    got.phase.as_str(),
+                    got.pending_instruction_id.as_str(),
+                    got.pending_shard_id.as_str(),
+                    got.moved,
+                ),
+                want
+            );
+        }
     }
 
     #[test]

@@ -116,41 +116,6 @@ pub struct Inputs<'a> {
     pub now_unix_ns: i64,
 }
 
-/// One transfer to start.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Decision {
-    pub kind: TransferKind,
-    pub donor: String,
-    pub recipient: String,
-    pub instance_type: String,
-    pub count: u32,
-    pub priority: i32,
-    /// One line for the log.
-    pub why: String,
-}
-
-impl Decision {
-    /// The transfer that carries this decision out, started at `now` in its release
-    /// phase with instruction `instruction_id`.
-    pub fn transfer(&self, id: String, instruction_id: String, now: i64) -> Transfer {
-        Transfer {
-            id,
-            kind: self.kind,
-            donor: self.donor.clone(),
-            recipient: self.recipient.clone(),
-            instance_type: self.instance_type.clone(),
-            count: self.count,
-            priority: self.priority,
-            phase: Phase::Release,
-            instruction_id,
-            machine_ids: Vec::new(),
-            started_at_unix_ns: now,
-            updated_at_unix_ns: now,
-            reason: String::new(),
-        }
-    }
-}
-
 /// Why a need got no transfer this round (the metric label).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
 pub enum SkipReason {
@@ -183,7 +148,10 @@ pub struct Skip {
 /// One round's output.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct Round {
-    pub decisions: Vec<Decision>,
+    /// The transfers to start, in their release phase from the round's clock, `reason`
+    /// saying why. Their `id` (`planned-<n>`) and empty `instruction_id` are placeholders
+    /// the leader replaces when it starts them.
+    pub decisions: Vec<Transfer>,
     pub skips: Vec<Skip>,
 }
 
@@ -353,21 +321,14 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
             } else {
                 TransferKind::Idle
             };
-            Some(Decision {
-                kind,
-                donor: donor.shard.clone(),
-                recipient: recipient.clone(),
-                instance_type: itype.clone(),
-                count,
-                priority: need.priority,
-                why: format!(
-                    "{recipient} short of {} for {} cycles at priority {}; {} has {free} free",
-                    type_label(&itype),
-                    need.age_cycles,
-                    need.priority,
-                    donor.shard
-                ),
-            })
+            let why = format!(
+                "{recipient} short of {} for {} cycles at priority {}; {} has {free} free",
+                type_label(&itype),
+                need.age_cycles,
+                need.priority,
+                donor.shard
+            );
+            Some((kind, *donor, count, why))
         } else if need.priority >= policy.drain_min_priority {
             let cooling_drain = |donor: &str| {
                 inputs.recent.iter().any(|t| {
@@ -388,29 +349,40 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
                 .filter(|(_, total)| *total > 0)
                 .collect();
             victims.sort_by(|a, b| b.1.cmp(&a.1).then_with(|| a.0.shard.cmp(&b.0.shard)));
-            victims.first().map(|(donor, total)| Decision {
-                kind: TransferKind::Drain,
-                donor: donor.shard.clone(),
-                recipient: recipient.clone(),
-                instance_type: itype.clone(),
-                count: asked.min(*total).min(policy.max_machines_per_transfer).max(1),
-                priority: need.priority,
-                why: format!(
+            victims.first().map(|(donor, total)| {
+                let why = format!(
                     "{recipient} short of {} at priority {} (drain threshold {}) and no free supply; {} holds {total} at lower priority",
                     type_label(&itype),
                     need.priority,
                     policy.drain_min_priority,
                     donor.shard
-                ),
+                );
+                let count = asked.min(*total).min(policy.max_machines_per_transfer).max(1);
+                (TransferKind::Drain, *donor, count, why)
             })
         } else {
             None
         };
         match decision {
-            Some(d) => {
+            Some((kind, donor, count, why)) => {
                 started_in_window += 1;
-                planned.push(d.transfer(format!("planned-{}", planned.len()), String::new(), now));
-                round.decisions.push(d);
+                let t = Transfer {
+                    id: format!("planned-{}", planned.len()),
+                    kind,
+                    donor: donor.shard.clone(),
+                    recipient: recipient.clone(),
+                    instance_type: itype.clone(),
+                    count,
+                    priority: need.priority,
+                    phase: Phase::Release,
+                    instruction_id: String::new(),
+                    machine_ids: Vec::new(),
+                    started_at_unix_ns: now,
+                    updated_at_unix_ns: now,
+                    reason: why,
+                };
+                planned.push(t.clone());
+                round.decisions.push(t);
             }
             None => round.skips.push(skip(
                 SkipReason::NoSupply,
@@ -530,13 +502,21 @@ mod tests {
         }
     }
 
-    fn in_flight(d: &Decision, id: &str, started: i64) -> Transfer {
+    /// The plainest need: s0 short of gpu at priority 100, s1 with 5 gpus free.
+    fn gpu_short_and_free() -> [ShardView; 2] {
+        [
+            shard("s0", &[], vec![need("gpu", 100)]),
+            shard("s1", &[("gpu", 5)], vec![]),
+        ]
+    }
+
+    fn in_flight(d: &Transfer, id: &str, started: i64) -> Transfer {
         d.transfer(id.into(), format!("{id}-i"), started)
     }
 
     /// `d` carried out as transfer `id` from `started`, ended in `phase` having moved
     /// `machines`.
-    fn ended(d: &Decision, id: &str, started: i64, phase: Phase, machines: &[&str]) -> Transfer {
+    fn ended(d: &Transfer, id: &str, started: i64, phase: Phase, machines: &[&str]) -> Transfer {
         Transfer {
             phase,
             machine_ids: machines.iter().map(|m| (*m).to_owned()).collect(),
@@ -562,6 +542,22 @@ mod tests {
         )
     }
 
+    /// Finished transfer `past` keeps every need of `shards` undecided at `held` (the first
+    /// skipped for `reason`), and no longer at `free`.
+    fn holds_back(
+        p: &Policy,
+        shards: &[ShardView],
+        past: Transfer,
+        reason: SkipReason,
+        held: i64,
+        free: i64,
+    ) {
+        let r = run(p, shards, &[], std::slice::from_ref(&past), held);
+        assert!(r.decisions.is_empty());
+        assert_eq!(r.skips[0].reason, reason);
+        assert_eq!(run(p, shards, &[], &[past], free).decisions.len(), 1);
+    }
+
     #[test]
     fn a_shortfall_is_met_from_another_shards_idle_supply() {
         let shards = [
@@ -582,7 +578,7 @@ mod tests {
             ),
             (TransferKind::Idle, "s1", "s0", 2, 100)
         );
-        assert!(d.why.contains("s0 short of gpu"), "{}", d.why);
+        assert!(d.reason.contains("s0 short of gpu"), "{}", d.reason);
     }
 
     #[test]
@@ -603,10 +599,7 @@ mod tests {
 
     #[test]
     fn a_need_being_met_is_not_decided_again() {
-        let shards = [
-            shard("s0", &[], vec![need("gpu", 100)]),
-            shard("s1", &[("gpu", 5)], vec![]),
-        ];
+        let shards = gpu_short_and_free();
         let p = Policy::default();
         let first = run(&p, &shards, &[], &[], 10 * MIN);
         let t = in_flight(&first.decisions[0], "t1", 10 * MIN);
@@ -617,19 +610,12 @@ mod tests {
 
     #[test]
     fn a_met_need_settles_before_it_is_decided_again() {
-        let shards = [
-            shard("s0", &[], vec![need("gpu", 100)]),
-            shard("s1", &[("gpu", 5)], vec![]),
-        ];
+        let shards = gpu_short_and_free();
         let p = Policy::default();
         let d = run(&p, &shards, &[], &[], 10 * MIN).decisions[0].clone();
         let done = ended(&d, "t1", 10 * MIN, Phase::Done, &["m1"]);
-        let r = run(&p, &shards, &[], std::slice::from_ref(&done), 11 * MIN);
-        assert!(r.decisions.is_empty());
-        assert_eq!(r.skips[0].reason, SkipReason::InFlight);
         // Still short after the settle time: decided again.
-        let r = run(&p, &shards, &[], &[done], 13 * MIN);
-        assert_eq!(r.decisions.len(), 1);
+        holds_back(&p, &shards, done, SkipReason::InFlight, 11 * MIN, 13 * MIN);
     }
 
     #[test]
@@ -649,36 +635,33 @@ mod tests {
         assert_eq!(r.skips[0].reason, SkipReason::RateLimited);
         // A finished transfer inside the window still counts; outside it does not.
         let done = ended(&r.decisions[0], "t1", 10 * MIN, Phase::Done, &[]);
-        let later = run(&p, &shards, &[], std::slice::from_ref(&done), 12 * MIN);
-        assert!(later.decisions.is_empty());
-        let much_later = run(&p, &shards, &[], &[done], 20 * MIN);
-        assert_eq!(much_later.decisions.len(), 1);
+        holds_back(
+            &p,
+            &shards,
+            done,
+            SkipReason::RateLimited,
+            12 * MIN,
+            20 * MIN,
+        );
     }
 
     #[test]
     fn no_flapping_within_the_cooldown() {
         // gpu moved s1 -> s0 a minute ago; now s1 is short and s0 has gpus free.
-        let back = Decision {
-            kind: TransferKind::Idle,
-            donor: "s1".into(),
-            recipient: "s0".into(),
-            instance_type: "gpu".into(),
-            count: 1,
-            priority: 1,
-            why: String::new(),
-        };
+        let before = [
+            shard("s0", &[], vec![need("gpu", 1)]),
+            shard("s1", &[("gpu", 1)], vec![]),
+        ];
+        let back = run(&Policy::default(), &before, &[], &[], 9 * MIN).decisions[0].clone();
+        assert_eq!((back.donor.as_str(), back.recipient.as_str()), ("s1", "s0"));
         let moved = ended(&back, "t1", 9 * MIN, Phase::Done, &["m1"]);
         let shards = [
             shard("s0", &[("gpu", 3)], vec![]),
             shard("s1", &[], vec![need("gpu", 100)]),
         ];
         let p = Policy::default();
-        let r = run(&p, &shards, &[], std::slice::from_ref(&moved), 10 * MIN);
-        assert!(r.decisions.is_empty());
-        assert_eq!(r.skips[0].reason, SkipReason::NoSupply);
         // After the cool-down it may move back.
-        let r = run(&p, &shards, &[], &[moved], 30 * MIN);
-        assert_eq!(r.decisions.len(), 1);
+        holds_back(&p, &shards, moved, SkipReason::NoSupply, 10 * MIN, 30 * MIN);
     }
 
     #[test]
@@ -701,10 +684,7 @@ mod tests {
 
     #[test]
     fn an_empty_idle_transfer_switches_the_donor_to_speculative() {
-        let shards = [
-            shard("s0", &[], vec![need("gpu", 100)]),
-            shard("s1", &[("gpu", 5)], vec![]),
-        ];
+        let shards = gpu_short_and_free();
         let d = run(&Policy::default(), &shards, &[], &[], 10 * MIN).decisions[0].clone();
         let empty = ended(&d, "t1", 10 * MIN, Phase::Done, &[]);
         let r = run(&Policy::default(), &shards, &[], &[empty], 60 * MIN);

@@ -125,11 +125,8 @@ async fn round(replica: &Replica, cfg: &Config, term: u64, persistence: &mut Per
         );
     }
     let mut in_flight = active.len();
-    for d in decided.decisions {
-        let t = Transfer {
-            reason: d.why.clone(),
-            ..d.transfer(new_instruction_id(), new_instruction_id(), now)
-        };
+    for planned in decided.decisions {
+        let t = planned.transfer(new_instruction_id(), new_instruction_id(), now);
         match replica
             .apply(Command::StartTransfer {
                 transfer: t.clone(),
@@ -141,26 +138,26 @@ async fn round(replica: &Replica, cfg: &Config, term: u64, persistence: &mut Per
                 replica
                     .metrics
                     .rebalance_decisions
-                    .with_label_values(&[d.kind.label()])
+                    .with_label_values(&[t.kind.label()])
                     .inc();
                 tracing::info!(
                     transfer = %t.id,
-                    kind = d.kind.label(),
-                    donor = %d.donor,
-                    recipient = %d.recipient,
-                    instance_type = %d.instance_type,
-                    count = d.count,
-                    priority = d.priority,
+                    kind = t.kind.label(),
+                    donor = %t.donor,
+                    recipient = %t.recipient,
+                    instance_type = %t.instance_type,
+                    count = t.count,
+                    priority = t.priority,
                     instruction = %t.instruction_id,
-                    why = %d.why,
+                    why = %t.reason,
                     "rebalance: transfer started"
                 );
             }
             Err(e) => {
                 tracing::warn!(
-                    kind = d.kind.label(),
-                    donor = %d.donor,
-                    recipient = %d.recipient,
+                    kind = t.kind.label(),
+                    donor = %t.donor,
+                    recipient = %t.recipient,
                     error = %e,
                     "rebalance: could not start transfer"
                 );

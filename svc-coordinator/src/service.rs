@@ -12,7 +12,7 @@ use bigfleet_proto::v1alpha1::{self as pb, snapshot_save_chunk};
 use futures::Stream;
 use tonic::{Request, Response, Status};
 
-use crate::fsm::{Command, DomainKey, Effect, FsmError};
+use crate::fsm::{Command, DomainKey, Effect, FsmError, State};
 use crate::replica::{CoordError, JOIN_API_ADDR_KEY, Replica, now_unix_ns};
 use crate::soft::new_instruction_id;
 use crate::transfers::{released_ids, verdict_of};
@@ -63,6 +63,17 @@ impl CoordinatorService {
 }
 
 impl CoordinatorService {
+    /// A read RPC's answer from the replicated state: leadership and the caller are checked
+    /// first (as every read RPC does), then `f` runs under the state's read lock.
+    fn read_state<R, T>(
+        &self,
+        request: &Request<R>,
+        f: impl FnOnce(&State) -> T,
+    ) -> Result<T, CoordError> {
+        self.replica.admit(require_reader(request))?;
+        Ok(f(&self.replica.shared.read().state))
+    }
+
     /// Applies the shard's acks of transfer instructions (ADR-0130) before answering, so
     /// the next phase's instruction can ride on this very answer. A Raft failure fails the
     /// report: the shard re-sends its acks with the next one, so no ack is lost.
@@ -186,6 +197,13 @@ fn required(field: &str, v: &str) -> Result<(), CoordError> {
     }
 }
 
+/// The domain an Assign/UnassignDomain request names; both halves are required.
+fn domain_of(key: String, value: String) -> Result<DomainKey, CoordError> {
+    required("topology_key", &key)?;
+    required("topology_value", &value)?;
+    Ok(DomainKey::new(key, value))
+}
+
 type ChunkStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotSaveChunk, Status>> + Send>>;
 
 #[tonic::async_trait]
@@ -271,10 +289,8 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<pb::AssignDomainResponse>, Status> {
         self.replica.admit(require_admin(&request))?;
         let r = request.into_inner();
-        required("topology_key", &r.topology_key)?;
-        required("topology_value", &r.topology_value)?;
+        let domain = domain_of(r.topology_key, r.topology_value)?;
         required("shard_id", &r.shard_id)?;
-        let domain = DomainKey::new(r.topology_key, r.topology_value);
         self.replica
             .apply(Command::AssignDomain {
                 domain: domain.clone(),
@@ -293,9 +309,7 @@ impl Coordinator for CoordinatorService {
     ) -> Result<Response<pb::UnassignDomainResponse>, Status> {
         self.replica.admit(require_admin(&request))?;
         let r = request.into_inner();
-        required("topology_key", &r.topology_key)?;
-        required("topology_value", &r.topology_value)?;
-        let domain = DomainKey::new(r.topology_key, r.topology_value);
+        let domain = domain_of(r.topology_key, r.topology_value)?;
         let effect = self
             .replica
             .apply(Command::UnassignDomain {
@@ -338,21 +352,17 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListShardsRequest>,
     ) -> Result<Response<pb::ListShardsResponse>, Status> {
-        self.replica.admit(require_reader(&request))?;
-        let shards = self
-            .replica
-            .shared
-            .read()
-            .state
-            .shards()
-            .into_iter()
-            .map(|s| pb::ShardRegistryEntry {
-                shard_id: s.id,
-                address: s.address,
-                registered_at_unix_ns: s.registered_at_unix_ns,
-                last_heartbeat_unix_ns: s.last_heartbeat_unix_ns,
-            })
-            .collect();
+        let shards = self.read_state(&request, |st| {
+            st.shards()
+                .into_iter()
+                .map(|s| pb::ShardRegistryEntry {
+                    shard_id: s.id,
+                    address: s.address,
+                    registered_at_unix_ns: s.registered_at_unix_ns,
+                    last_heartbeat_unix_ns: s.last_heartbeat_unix_ns,
+                })
+                .collect()
+        })?;
         Ok(Response::new(pb::ListShardsResponse { shards }))
     }
 
@@ -360,20 +370,16 @@ impl Coordinator for CoordinatorService {
         &self,
         request: Request<pb::ListDomainAssignmentsRequest>,
     ) -> Result<Response<pb::ListDomainAssignmentsResponse>, Status> {
-        self.replica.admit(require_reader(&request))?;
-        let assignments = self
-            .replica
-            .shared
-            .read()
-            .state
-            .domain_assignments()
-            .into_iter()
-            .map(|a| pb::DomainAssignment {
-                topology_key: a.domain.key,
-                topology_value: a.domain.value,
-                shard_id: a.shard_id,
-            })
-            .collect();
+        let assignments = self.read_state(&request, |st| {
+            st.domain_assignments()
+                .into_iter()
+                .map(|a| pb::DomainAssignment {
+                    topology_key: a.domain.key,
+                    topology_value: a.domain.value,
+                    shard_id: a.shard_id,
+                })
+                .collect()
+        })?;
         Ok(Response::new(pb::ListDomainAssignmentsResponse {
             assignments,
         }))

@@ -112,6 +112,18 @@ pub struct Transfer {
 }
 
 impl Transfer {
+    /// A round's decision (a planned transfer, see `rebalance::Round`) carried out as
+    /// transfer `id` with release instruction `instruction_id`, started at `now`.
+    pub fn transfer(&self, id: String, instruction_id: String, now: i64) -> Transfer {
+        Transfer {
+            id,
+            instruction_id,
+            started_at_unix_ns: now,
+            updated_at_unix_ns: now,
+            ..self.clone()
+        }
+    }
+
     /// The shard the current phase's instruction goes to (`None` once finished).
     pub fn target(&self) -> Option<&str> {
         match self.phase {

@@ -3,17 +3,15 @@
 
 mod common;
 
-use std::path::Path;
-
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};
-use bigfleet_testkit::{LeafSpec, TestCa, TlsPaths};
-use common::{assign, code, mtls_channel, report, solo_over_mtls};
+use bigfleet_testkit::{LeafSpec, TlsPaths};
+use common::{MtlsSolo, assign, code, report};
 use tonic::Code;
 use tonic::transport::Channel;
 
-async fn connect(addr: std::net::SocketAddr, paths: &TlsPaths) -> CoordinatorClient<Channel> {
-    CoordinatorClient::new(mtls_channel(addr, paths).await)
+async fn connect(solo: &MtlsSolo, paths: &TlsPaths) -> CoordinatorClient<Channel> {
+    CoordinatorClient::new(solo.channel(paths).await)
 }
 
 /// The rpcs [`matrix`] calls, in its order.
@@ -96,26 +94,15 @@ async fn matrix(c: &mut CoordinatorClient<Channel>, shard: &str) -> Vec<(&'stati
     ]
 }
 
-fn write_role(ca: &TestCa, dir: &Path, stem: &str, spec: &LeafSpec) -> TlsPaths {
-    let cert = ca.issue(spec).unwrap();
-    ca.write_bundle(dir, stem, &cert).unwrap()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn identity_matrix_under_mtls() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new("test-ca").unwrap();
-    let running = solo_over_mtls(dir.path(), &ca).await;
-    let addr = running.api_addr;
-
-    let admin = ca.write_role_bundle(dir.path(), "admin").unwrap();
-    let readonly = ca.write_role_bundle(dir.path(), "readonly").unwrap();
-    let shard1 = ca.write_role_bundle(dir.path(), "shard/s1").unwrap();
-    let cluster = ca.write_role_bundle(dir.path(), "cluster/c1").unwrap();
-    let no_san = write_role(&ca, dir.path(), "nosan", &LeafSpec::loopback("nosan"));
-    let two_sans = write_role(
-        &ca,
-        dir.path(),
+    let solo = MtlsSolo::start().await;
+    let admin = solo.role("admin");
+    let readonly = solo.role("readonly");
+    let shard1 = solo.role("shard/s1");
+    let cluster = solo.role("cluster/c1");
+    let no_san = solo.leaf("nosan", &LeafSpec::loopback("nosan"));
+    let two_sans = solo.leaf(
         "twosans",
         &LeafSpec::role("admin").with_uri("bigfleet://readonly"),
     );
@@ -123,7 +110,7 @@ async fn identity_matrix_under_mtls() {
     use Code::{AlreadyExists, InvalidArgument, NotFound, Ok as OK, PermissionDenied as PD};
 
     // A shard may report as itself only, and nothing else.
-    let mut s1 = connect(addr, &shard1).await;
+    let mut s1 = connect(&solo, &shard1).await;
     assert_eq!(
         matrix(&mut s1, "s1").await,
         expect([OK, PD, PD, PD, PD, PD, PD, PD, PD])
@@ -135,7 +122,7 @@ async fn identity_matrix_under_mtls() {
 
     // Admin: everything but ReportShard (strict binding); argument errors come after the
     // identity check.
-    let mut a = connect(addr, &admin).await;
+    let mut a = connect(&solo, &admin).await;
     assert_eq!(
         matrix(&mut a, "s1").await,
         expect([PD, OK, OK, OK, OK, OK, NotFound, InvalidArgument, OK])
@@ -144,13 +131,13 @@ async fn identity_matrix_under_mtls() {
     // s2 never registered: NOT_FOUND; the conflict path is exercised next.
     assert_eq!(code(conflict), NotFound);
     s1.report_shard(report("s1", 1)).await.unwrap();
-    let mut s2 = connect(addr, &ca.write_role_bundle(dir.path(), "shard/s2").unwrap()).await;
+    let mut s2 = connect(&solo, &solo.role("shard/s2")).await;
     s2.report_shard(report("s2", 1)).await.unwrap();
     let conflict = a.assign_domain(assign("rack", "r1", "s2")).await;
     assert_eq!(code(conflict), AlreadyExists);
 
     // Readonly: every read, no mutation.
-    let mut ro = connect(addr, &readonly).await;
+    let mut ro = connect(&solo, &readonly).await;
     assert_eq!(
         matrix(&mut ro, "s1").await,
         expect([PD, OK, OK, OK, PD, PD, PD, PD, PD])
@@ -158,7 +145,7 @@ async fn identity_matrix_under_mtls() {
 
     // A cluster identity, a certificate without identity and one with two: nothing.
     for paths in [&cluster, &no_san, &two_sans] {
-        let mut c = connect(addr, paths).await;
+        let mut c = connect(&solo, paths).await;
         let got = matrix(&mut c, "c1").await;
         assert!(
             got.iter().all(|(_, c)| *c == PD),
@@ -178,7 +165,7 @@ async fn identity_matrix_under_mtls() {
     );
 
     // A client without a certificate does not get through the handshake.
-    let plain = Channel::from_shared(format!("http://127.0.0.1:{}", addr.port()))
+    let plain = Channel::from_shared(format!("http://127.0.0.1:{}", solo.running.api_addr.port()))
         .unwrap()
         .connect()
         .await;
@@ -189,5 +176,5 @@ async fn identity_matrix_under_mtls() {
         assert!(r.is_err(), "plaintext client served by an mTLS coordinator");
     }
 
-    running.shutdown().await.unwrap();
+    solo.running.shutdown().await.unwrap();
 }

@@ -9,7 +9,7 @@ use std::time::{Duration, Instant};
 use bigfleet_proto::mesh::v1::coordinator_info_client::CoordinatorInfoClient;
 use bigfleet_proto::mesh::v1::{self as mpb};
 use bigfleet_proto::v1alpha1::{self as pb};
-use bigfleet_testkit::{TestCa, TlsPaths};
+use bigfleet_testkit::TlsPaths;
 use common::*;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -160,16 +160,13 @@ async fn the_read_follows_a_transfer_from_release_to_done() {
     assert!(stranger.recent.is_empty() && stranger.shards.is_empty());
 }
 
-async fn connect_tls(addr: std::net::SocketAddr, p: &TlsPaths) -> CoordinatorInfoClient<Channel> {
-    CoordinatorInfoClient::new(mtls_channel(addr, p).await)
+async fn connect_tls(solo: &MtlsSolo, p: &TlsPaths) -> CoordinatorInfoClient<Channel> {
+    CoordinatorInfoClient::new(solo.channel(p).await)
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
-    let dir = tempfile::tempdir().unwrap();
-    let ca = TestCa::new("test-ca").unwrap();
-    let running = solo_over_mtls(dir.path(), &ca).await;
-    let addr = running.api_addr;
+    let solo = MtlsSolo::start().await;
     let mut got = Vec::new();
     for role in [
         "readonly",
@@ -178,8 +175,7 @@ async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
         "cluster/c1",
         "coordinator/solo",
     ] {
-        let paths = ca.write_role_bundle(dir.path(), role).unwrap();
-        let mut c = connect_tls(addr, &paths).await;
+        let mut c = connect_tls(&solo, &solo.role(role)).await;
         got.push((
             role,
             code(c.list_transfers(mpb::ListTransfersRequest::default()).await),
@@ -197,8 +193,7 @@ async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
         ]
     );
     // The shard registered by reporting shows up for a reader, with no domains.
-    let shard = ca.write_role_bundle(dir.path(), "shard/s1").unwrap();
-    let ch = mtls_channel(addr, &shard).await;
+    let ch = solo.channel(&solo.role("shard/s1")).await;
     bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient::new(ch)
         .report_shard(pb::ShardReport {
             shard_id: "s1".into(),
@@ -207,8 +202,7 @@ async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
         })
         .await
         .unwrap();
-    let ro = ca.write_role_bundle(dir.path(), "readonly").unwrap();
-    let resp = connect_tls(addr, &ro)
+    let resp = connect_tls(&solo, &solo.role("readonly"))
         .await
         .list_transfers(mpb::ListTransfersRequest::default())
         .await
@@ -221,5 +215,5 @@ async fn readonly_and_admin_may_read_transfers_and_nobody_else() {
             .collect::<Vec<_>>(),
         ["s1"]
     );
-    running.shutdown().await.unwrap();
+    solo.running.shutdown().await.unwrap();
 }

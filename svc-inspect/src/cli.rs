@@ -125,18 +125,14 @@ mod tests {
     use super::*;
     use clap::Parser;
 
+    /// The parsing is `bigfleet_mesh`'s (its forms are tested there); these wrappers add
+    /// the flag's value to the error.
     #[test]
     fn listen_addresses() {
         assert_eq!(parse_listen(":7795").unwrap(), "[::]:7795".parse().unwrap());
-        assert_eq!(
-            parse_listen("127.0.0.1:0").unwrap(),
-            "127.0.0.1:0".parse().unwrap()
+        assert!(
+            matches!(parse_listen("nope"), Err(InspectError::Listen { addr, .. }) if addr == "nope")
         );
-        assert_eq!(
-            parse_listen("[::1]:80").unwrap(),
-            "[::1]:80".parse().unwrap()
-        );
-        assert!(parse_listen("nope").is_err());
         assert_eq!(parse_optional_listen("0").unwrap(), None);
         assert!(parse_optional_listen(":8796").unwrap().is_some());
     }

@@ -250,6 +250,26 @@ impl CoordinatorClient {
         }
     }
 
+    /// A write RPC: each attempt sends its own copy of `req` (a retry against the hinted
+    /// leader resends it) and the empty answer is dropped.
+    async fn write<R, U, F, Fut>(
+        &self,
+        rpc: CoordinatorRpc,
+        req: R,
+        send: F,
+    ) -> Result<(), CoordinatorError>
+    where
+        R: Clone,
+        F: Fn(RawClient<MeshChannel>, R) -> Fut,
+        Fut: Future<Output = Result<tonic::Response<U>, Status>>,
+    {
+        self.call(rpc, |c| {
+            let sent = send(c, req.clone());
+            async move { sent.await.map(|_| ()) }
+        })
+        .await
+    }
+
     pub async fn list_shards(&self) -> Result<Vec<pb::ShardRegistryEntry>, CoordinatorError> {
         self.call(CoordinatorRpc::ListShards, |mut c| async move {
             Ok(c.list_shards(pb::ListShardsRequest {})
@@ -316,9 +336,8 @@ impl CoordinatorClient {
             topology_value: value.to_owned(),
             shard_id: shard.to_owned(),
         };
-        self.call(CoordinatorRpc::AssignDomain, |mut c| {
-            let req = req.clone();
-            async move { c.assign_domain(req).await.map(|_| ()) }
+        self.write(CoordinatorRpc::AssignDomain, req, |mut c, req| async move {
+            c.assign_domain(req).await
         })
         .await
     }
@@ -328,10 +347,11 @@ impl CoordinatorClient {
             topology_key: key.to_owned(),
             topology_value: value.to_owned(),
         };
-        self.call(CoordinatorRpc::UnassignDomain, |mut c| {
-            let req = req.clone();
-            async move { c.unassign_domain(req).await.map(|_| ()) }
-        })
+        self.write(
+            CoordinatorRpc::UnassignDomain,
+            req,
+            |mut c, req| async move { c.unassign_domain(req).await },
+        )
         .await
     }
 
@@ -339,9 +359,8 @@ impl CoordinatorClient {
         let req = pb::RemoveShardRequest {
             shard_id: shard.to_owned(),
         };
-        self.call(CoordinatorRpc::RemoveShard, |mut c| {
-            let req = req.clone();
-            async move { c.remove_shard(req).await.map(|_| ()) }
+        self.write(CoordinatorRpc::RemoveShard, req, |mut c, req| async move {
+            c.remove_shard(req).await
         })
         .await
     }

@@ -377,7 +377,8 @@ fn cluster_needs_view(needs: &FleetNeeds, unmet_only: bool, p: &Paging) -> Clust
         .filter(|r| !unmet_only || !r.view.satisfied)
         .collect();
     // Only the served page is converted; the rest stay as the shards sent them.
-    let page = Page::of(&selected, p.page, p.page_size);
+    let page = Page::of(&selected, p.page, p.page_size)
+        .map(|r| NeedRow::from_proto(Some(&r.shard_id), &r.view));
     ClusterNeedsView {
         cluster_id: needs.cluster_id.clone(),
         unmet_only,
@@ -386,17 +387,7 @@ fn cluster_needs_view(needs: &FleetNeeds, unmet_only: bool, p: &Paging) -> Clust
         shards: needs.shards.clone(),
         satisfied: needs.rows.len() - unmet,
         unmet,
-        needs: Page {
-            page: page.page,
-            page_size: page.page_size,
-            total: page.total,
-            pages: page.pages,
-            items: page
-                .items
-                .iter()
-                .map(|r| NeedRow::from_proto(Some(&r.shard_id), &r.view))
-                .collect(),
-        },
+        needs: page,
     }
 }
 
@@ -440,14 +431,7 @@ async fn shortfalls_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -
 }
 
 fn shortfall_page(o: &crate::fleet::FleetOverview, p: &Paging) -> Page<ShortfallView> {
-    let page = Page::of(&o.shortfalls, p.page, p.page_size);
-    Page {
-        page: page.page,
-        page_size: page.page_size,
-        total: page.total,
-        pages: page.pages,
-        items: page.items.iter().map(ShortfallView::from_proto).collect(),
-    }
+    Page::of(&o.shortfalls, p.page, p.page_size).map(|s| ShortfallView::from_proto(&s))
 }
 
 async fn domains_page(State(st): State<Shared>, Query(q): Query<ListQuery>) -> Reply {

@@ -53,7 +53,16 @@ impl Default for Shell {
 }
 
 /// The document around a page's content; `live` pages refresh in place.
-fn layout(shell: Shell, title: &str, nav: Nav, live: bool, content: Markup) -> String {
+/// `assembled_at`: when the page's data was put together (0: not said), shown below the
+/// content inside the part live refresh replaces, so it stays current.
+fn layout(
+    shell: Shell,
+    title: &str,
+    nav: Nav,
+    live: bool,
+    assembled_at: i64,
+    content: Markup,
+) -> String {
     let refresh = (live && shell.refresh_secs > 0).then_some(shell.refresh_secs);
     html! {
         (DOCTYPE)
@@ -88,7 +97,7 @@ fn layout(shell: Shell, title: &str, nav: Nav, live: bool, content: Markup) -> S
                         button { "Open" }
                     }
                 }
-                main #live { (content) }
+                main #live { (content) (assembled(assembled_at)) }
                 footer {
                     span #live-status {
                         @if let Some(s) = refresh { "Updates in place every " (s) " s." }
@@ -332,9 +341,15 @@ pub fn overview(
             (shortfall_table(&o.shortfalls.iter().take(10).map(ShortfallView::from_proto).collect::<Vec<_>>()))
             p { a href="/shortfalls" { "All " (o.shortfalls.len()) " shortfalls by age →" } }
         }
-        (assembled(o.computed_at_unix_nanos))
     };
-    layout(shell, "Fleet overview", Nav::Overview, true, content)
+    layout(
+        shell,
+        "Fleet overview",
+        Nav::Overview,
+        true,
+        o.computed_at_unix_nanos,
+        content,
+    )
 }
 
 fn unknown_if_down(sh: &ShardView, v: impl ToString) -> String {
@@ -460,13 +475,13 @@ pub fn shard(
             (shortfall_table(&shortfalls))
         }
         (ownership_section(&sh.shard_id, transfers))
-        (assembled(o.computed_at_unix_nanos))
     };
     layout(
         shell,
         &format!("Shard {}", sh.shard_id),
         Nav::None,
         true,
+        o.computed_at_unix_nanos,
         content,
     )
 }
@@ -565,9 +580,15 @@ pub fn shortfalls(shell: Shell, o: &FleetOverview, page: &Page<ShortfallView>) -
             (shortfall_table(&page.items))
             (pager("/shortfalls", "", page, "shortfalls"))
         }
-        (assembled(o.computed_at_unix_nanos))
     };
-    layout(shell, "Shortfalls", Nav::Shortfalls, true, content)
+    layout(
+        shell,
+        "Shortfalls",
+        Nav::Shortfalls,
+        true,
+        o.computed_at_unix_nanos,
+        content,
+    )
 }
 
 /// `/domains`: topology domains pinned to shards.
@@ -588,9 +609,15 @@ pub fn domains(shell: Shell, o: &FleetOverview, page: &Page<DomainView>) -> Stri
             } }
             (pager("/domains", "", page, "domains"))
         }
-        (assembled(o.computed_at_unix_nanos))
     };
-    layout(shell, "Domains", Nav::Domains, false, content)
+    layout(
+        shell,
+        "Domains",
+        Nav::Domains,
+        false,
+        o.computed_at_unix_nanos,
+        content,
+    )
 }
 
 fn unreachable_notes(shards: &[ShardFetchView]) -> Markup {
@@ -633,9 +660,15 @@ pub fn clusters(shell: Shell, index: &ClusterIndex, page: &Page<ClusterView>) ->
             } }
             (pager("/clusters", "", page, "clusters"))
         }
-        (assembled(index.computed_at_unix_nanos))
     };
-    layout(shell, "Clusters", Nav::Clusters, true, content)
+    layout(
+        shell,
+        "Clusters",
+        Nav::Clusters,
+        true,
+        index.computed_at_unix_nanos,
+        content,
+    )
 }
 
 fn reason_label(reason: &str) -> (&'static str, &'static str) {
@@ -814,13 +847,13 @@ pub fn cluster(
         @if !cycles.is_empty() {
             p.muted { "Verdicts are from each shard's last cycle: " (cycles.join("; ")) "." }
         }
-        (assembled(v.computed_at_unix_nanos))
     };
     layout(
         shell,
         &format!("Cluster {}", v.cluster_id),
         Nav::None,
         true,
+        v.computed_at_unix_nanos,
         content,
     )
 }
@@ -890,9 +923,15 @@ pub fn actions(
                 } }
             } }
         }
-        (assembled(crate::fleet::now_unix_nanos()))
     };
-    layout(shell, "Recent actions", Nav::Actions, true, content)
+    layout(
+        shell,
+        "Recent actions",
+        Nav::Actions,
+        true,
+        crate::fleet::now_unix_nanos(),
+        content,
+    )
 }
 
 /// The filters a machine list was asked with (shown, and kept by the next-page link).
@@ -945,9 +984,15 @@ pub fn machines(shell: Shell, v: &crate::http::MachinesResponse, f: &MachineFilt
                 a href=(format!("/machines?after={}{}", pct(&v.next_after), f.keep)) rel="next" { "Next »" }
             }
         }
-        (assembled(crate::fleet::now_unix_nanos()))
     };
-    layout(shell, "Machines", Nav::Machines, false, content)
+    layout(
+        shell,
+        "Machines",
+        Nav::Machines,
+        false,
+        crate::fleet::now_unix_nanos(),
+        content,
+    )
 }
 
 /// An error page (coordinator and every shard unknown, bad query, unknown path or id).
@@ -957,7 +1002,7 @@ pub fn error(title: &str, message: &str) -> String {
         div.banner role="alert" { (message) }
         p { a href="/" { "Back to the overview" } }
     };
-    layout(Shell::default(), title, Nav::None, false, content)
+    layout(Shell::default(), title, Nav::None, false, 0, content)
 }
 
 #[cfg(test)]

@@ -40,6 +40,19 @@ impl<T: Clone> Page<T> {
     }
 }
 
+impl<T> Page<T> {
+    /// The same page with each item converted (only the served page is, not the whole list).
+    pub fn map<U>(self, f: impl FnMut(T) -> U) -> Page<U> {
+        Page {
+            page: self.page,
+            page_size: self.page_size,
+            total: self.total,
+            pages: self.pages,
+            items: self.items.into_iter().map(f).collect(),
+        }
+    }
+}
+
 /// One shard in the fleet overview.
 #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
 pub struct ShardView {

@@ -122,30 +122,29 @@ async fn recent_actions_merge_newest_first_over_shards() {
     assert_eq!(all.unreachable.len(), 1);
     assert_eq!(all.unreachable[0].shard_id, "s3");
 
-    let c1 = recent_actions(
-        &mut c,
-        mesh::RecentActionsRequest {
-            cluster_id: "c1".into(),
-            limit: 2,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(finished(&c1), [("sb", 400), ("sb", 200)]);
-
-    let sa = recent_actions(
-        &mut c,
-        mesh::RecentActionsRequest {
-            shard_id: "sa".into(),
-            since_unix_nanos: 150,
-            ..Default::default()
-        },
-    )
-    .await
-    .unwrap();
-    assert_eq!(finished(&sa), [("sa", 300)]);
-    assert!(sa.unreachable.is_empty(), "only sa was asked");
+    // Filters: what each finds (newest first), and how many shards did not answer (when
+    // only sa is asked, the dead s3 is not).
+    let by_cluster = mesh::RecentActionsRequest {
+        cluster_id: "c1".into(),
+        limit: 2,
+        ..Default::default()
+    };
+    let by_shard = mesh::RecentActionsRequest {
+        shard_id: "sa".into(),
+        since_unix_nanos: 150,
+        ..Default::default()
+    };
+    for (req, want, down) in [
+        (by_cluster, vec![("sb", 400), ("sb", 200)], 1),
+        (by_shard, vec![("sa", 300)], 0),
+    ] {
+        let got = recent_actions(&mut c, req.clone()).await.unwrap();
+        assert_eq!(
+            (finished(&got), got.unreachable.len()),
+            (want, down),
+            "{req:?}"
+        );
+    }
 
     let unknown = recent_actions(
         &mut c,

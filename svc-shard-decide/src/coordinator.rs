@@ -453,11 +453,10 @@ fn applied(verdict: TransferVerdict) -> Applied {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bigfleet_telemetry::Readiness;
     use std::sync::Arc;
     use svc_shard_decide_core::reconcile::RawMachineList;
-    use svc_shard_decide_core::testing::{MapSource, provider_machine};
-    use svc_shard_decide_core::{DecideConfig, MachineSource, Publisher, ShardMetrics};
+    use svc_shard_decide_core::testing::{self, MapSource, provider_machine};
+    use svc_shard_decide_core::{DecideConfig, MachineSource};
 
     /// Never listed: these tests run no cycle.
     struct NoProvider;
@@ -470,15 +469,7 @@ mod tests {
 
     /// A shard's decide reading `source`; its session frames go nowhere.
     fn decide(cfg: DecideConfig, source: impl MachineSource) -> Decide {
-        let (publisher, _events) = Publisher::channel(16);
-        Decide::new(
-            cfg,
-            Arc::new(source),
-            publisher,
-            ShardMetrics::unregistered(),
-            Readiness::not_ready("test"),
-        )
-        .unwrap()
+        testing::decide(cfg, Arc::new(source))
     }
 
     fn view(shard: &str) -> CoordView {

@@ -201,39 +201,8 @@ pub fn churn(s: &mut Scenario, fraction: f64, seed: u64) {
     s.demand = kept;
 }
 
-/// SplitMix64: tiny, deterministic, good enough for synthetic fleets.
-#[derive(Debug, Clone)]
-pub struct Rng(u64);
-
-impl Rng {
-    /// A generator for `seed`, mixed so that neighbouring seeds start far apart.
-    pub fn new(seed: u64) -> Rng {
-        Rng::from_state(seed ^ 0x9E37_79B9_7F4A_7C15)
-    }
-    /// A generator whose raw SplitMix64 state is `state` (no seed mixing).
-    pub fn from_state(state: u64) -> Rng {
-        Rng(state)
-    }
-    pub fn next_u64(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    /// Uniform in `0..n` (`n > 0`).
-    pub fn below(&mut self, n: usize) -> usize {
-        (self.next_u64() % n as u64) as usize
-    }
-    /// Uniform in `[0, 1)`.
-    pub fn unit(&mut self) -> f64 {
-        (self.next_u64() >> 11) as f64 / (1u64 << 53) as f64
-    }
-    /// True with probability `p`.
-    pub fn chance(&mut self, p: f64) -> bool {
-        self.unit() > 1.0 - p
-    }
-}
+/// The synthetic fleets' generator, seeded with [`bigfleet_model::SplitMix64::new`].
+pub use bigfleet_model::SplitMix64 as Rng;
 
 #[derive(Debug, Clone)]
 struct Kind {
@@ -662,23 +631,6 @@ mod tests {
     use super::*;
 
     #[test]
-    fn the_rng_is_splitmix64_over_its_state() {
-        // SplitMix64's published first output from state 0.
-        assert_eq!(Rng::from_state(0).next_u64(), 0xE220_A839_7B1D_CDAF);
-        let (mut seeded, mut raw) = (Rng::new(7), Rng::from_state(7 ^ 0x9E37_79B9_7F4A_7C15));
-        for _ in 0..4 {
-            assert_eq!(seeded.next_u64(), raw.next_u64());
-        }
-        let mut a = Rng::from_state(42);
-        let mut b = Rng::from_state(42);
-        for _ in 0..1000 {
-            let u = a.unit();
-            assert!((0.0..1.0).contains(&u), "{u}");
-            assert_eq!(b.chance(0.25), u > 0.75);
-        }
-    }
-
-    #[test]
     fn small_scenarios_are_valid_and_deterministic() {
         for s in [
             aggregated(2_000, 4, 4, 1),
@@ -696,16 +648,6 @@ mod tests {
         let b = realistic("r", 3, 40, 50, 50, 3);
         assert_eq!(a.machines, b.machines);
         assert_eq!(a.demand, b.demand);
-    }
-
-    #[test]
-    fn rng_is_deterministic() {
-        let mut a = Rng::new(5);
-        let mut b = Rng::new(5);
-        assert_eq!(
-            (0..10).map(|_| a.next_u64()).collect::<Vec<_>>(),
-            (0..10).map(|_| b.next_u64()).collect::<Vec<_>>()
-        );
     }
 }
 

@@ -9,34 +9,29 @@ use crate::intern::NONE;
 use crate::phase1::Phase1;
 use crate::phase2::Phase2;
 use crate::qty::{self, Qty};
-use bigfleet_model::{MachineState, Need, ResourceVector};
+use bigfleet_model::{MachineState, Need, ResourceVector, wire_enum};
 use rustc_hash::FxHashMap;
 use serde::Serialize;
 
-/// Why a need is unmet (wire enum `UnmetReason` ordinals).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
-#[repr(u8)]
-pub enum UnmetReason {
-    /// Also used for satisfied needs.
-    Unspecified = 0,
-    /// Matching supply exists but is held: by needs at least as important, by
-    /// this need itself (it holds every matching machine and is still short),
-    /// by machines in transit (Configuring, Creating, Draining, Deleting), or
-    /// by victims Phase 2 picked that are still draining (ADR-0115).
-    PriorityStarved = 1,
-    /// No machine matching the profile and fitting MinUnit exists in any state
-    /// but Failed, whoever holds it (`matching_supply` is then all zero).
-    NoMatchingSupply = 2,
-    /// A Same need with no satisfiable domain (checked before every supply
-    /// reason, as the seed's Tier 1 defines it).
-    TopologyUnsatisfiable = 3,
-    /// Phase 2 picked victims for the need and it is still short after them.
-    PreemptionExhausted = 4,
-}
-
-impl UnmetReason {
-    pub const fn ordinal(self) -> u8 {
-        self as u8
+wire_enum! {
+    /// Why a need is unmet (wire enum `UnmetReason` ordinals).
+    #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize)]
+    pub enum UnmetReason {
+        /// Also used for satisfied needs.
+        Unspecified = 0,
+        /// Matching supply exists but is held: by needs at least as important, by
+        /// this need itself (it holds every matching machine and is still short),
+        /// by machines in transit (Configuring, Creating, Draining, Deleting), or
+        /// by victims Phase 2 picked that are still draining (ADR-0115).
+        PriorityStarved = 1,
+        /// No machine matching the profile and fitting MinUnit exists in any state
+        /// but Failed, whoever holds it (`matching_supply` is then all zero).
+        NoMatchingSupply = 2,
+        /// A Same need with no satisfiable domain (checked before every supply
+        /// reason, as the seed's Tier 1 defines it).
+        TopologyUnsatisfiable = 3,
+        /// Phase 2 picked victims for the need and it is still short after them.
+        PreemptionExhausted = 4,
     }
 }
 

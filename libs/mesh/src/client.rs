@@ -15,12 +15,12 @@ use tokio::time::Instant;
 use tonic::body::Body;
 use tonic::{Code, Status};
 use tower::util::BoxCloneSyncService;
-use tower::{Layer, Service, ServiceBuilder, ServiceExt};
+use tower::{Service, ServiceBuilder, ServiceExt};
 
 use crate::backoff::{BackoffPolicy, Jitter};
 use crate::channel::{ChannelConfig, ChannelError, Target, connect, connect_lazy};
 use crate::error::BoxError;
-use crate::layers::{format_grpc_timeout, parse_grpc_timeout};
+use crate::layers::{format_grpc_timeout, parse_grpc_timeout, wrapping_layer};
 use crate::metrics::{GrpcMetrics, MetricsLayer, grpc_status};
 
 /// What generated clients are built on: `FooClient::new(channel)`. Cheap to clone, `Sync`.
@@ -267,13 +267,7 @@ pub fn dial_lazy(
 #[derive(Debug, Clone, Copy)]
 struct TracePropagationLayer;
 
-impl<S> Layer<S> for TracePropagationLayer {
-    type Service = TracePropagation<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        TracePropagation { inner }
-    }
-}
+wrapping_layer!(TracePropagationLayer => TracePropagation {});
 
 #[derive(Debug, Clone)]
 struct TracePropagation<S> {
@@ -311,17 +305,7 @@ struct RetryLayer {
     metrics: Option<GrpcMetrics>,
 }
 
-impl<S> Layer<S> for RetryLayer {
-    type Service = Retry<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        Retry {
-            inner,
-            policy: Arc::clone(&self.policy),
-            metrics: self.metrics.clone(),
-        }
-    }
-}
+wrapping_layer!(RetryLayer => Retry { policy, metrics });
 
 #[derive(Clone)]
 struct Retry<S> {
@@ -564,16 +548,7 @@ struct AttemptTimeoutLayer {
     timeout: Option<Duration>,
 }
 
-impl<S> Layer<S> for AttemptTimeoutLayer {
-    type Service = AttemptTimeout<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        AttemptTimeout {
-            inner,
-            timeout: self.timeout,
-        }
-    }
-}
+wrapping_layer!(AttemptTimeoutLayer => AttemptTimeout { timeout });
 
 #[derive(Debug, Clone)]
 struct AttemptTimeout<S> {

@@ -19,19 +19,31 @@ use crate::error::{BoxError, MeshError, status_from_box_error};
 use crate::peer::Peer;
 use crate::rate_limit::TokenBuckets;
 
+/// Writes the `Layer` impl of a layer whose service is the inner service plus a copy of the
+/// layer's fields: `wrapping_layer!(FooLayer => FooService { a, b })`.
+macro_rules! wrapping_layer {
+    ($layer:ident => $service:ident { $($field:ident),* $(,)? }) => {
+        impl<S> ::tower::Layer<S> for $layer {
+            type Service = $service<S>;
+
+            fn layer(&self, inner: S) -> Self::Service {
+                $service {
+                    inner,
+                    $($field: self.$field.clone(),)*
+                }
+            }
+        }
+    };
+}
+pub(crate) use wrapping_layer;
+
 // === Trace ===
 
 /// Opens one `grpc.server` span per request whose parent is the caller's `traceparent`.
 #[derive(Debug, Clone, Copy, Default)]
 pub struct TraceLayer;
 
-impl<S> Layer<S> for TraceLayer {
-    type Service = TraceService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        TraceService { inner }
-    }
-}
+wrapping_layer!(TraceLayer => TraceService {});
 
 #[derive(Debug, Clone)]
 pub struct TraceService<S> {
@@ -74,13 +86,7 @@ where
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ErrorMapLayer;
 
-impl<S> Layer<S> for ErrorMapLayer {
-    type Service = ErrorMapService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        ErrorMapService { inner }
-    }
-}
+wrapping_layer!(ErrorMapLayer => ErrorMapService {});
 
 #[derive(Debug, Clone)]
 pub struct ErrorMapService<S> {
@@ -343,16 +349,7 @@ impl DeadlineLayer {
     }
 }
 
-impl<S> Layer<S> for DeadlineLayer {
-    type Service = DeadlineService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        DeadlineService {
-            inner,
-            timeout: self.timeout,
-        }
-    }
-}
+wrapping_layer!(DeadlineLayer => DeadlineService { timeout });
 
 #[derive(Debug, Clone)]
 pub struct DeadlineService<S> {
@@ -460,33 +457,20 @@ mod tests {
 
     #[test]
     fn grpc_timeout_units() {
-        assert_eq!(
-            parse_grpc_timeout(&headers("5S")),
-            Some(Duration::from_secs(5))
-        );
-        assert_eq!(
-            parse_grpc_timeout(&headers("250m")),
-            Some(Duration::from_millis(250))
-        );
-        assert_eq!(
-            parse_grpc_timeout(&headers("2M")),
-            Some(Duration::from_secs(120))
-        );
-        assert_eq!(
-            parse_grpc_timeout(&headers("1H")),
-            Some(Duration::from_secs(3600))
-        );
-        assert_eq!(
-            parse_grpc_timeout(&headers("7u")),
-            Some(Duration::from_micros(7))
-        );
-        assert_eq!(
-            parse_grpc_timeout(&headers("9n")),
-            Some(Duration::from_nanos(9))
-        );
-        assert_eq!(parse_grpc_timeout(&headers("5")), None);
-        assert_eq!(parse_grpc_timeout(&headers("123456789S")), None);
-        assert_eq!(parse_grpc_timeout(&headers("xS")), None);
+        let cases = [
+            ("5S", Some(Duration::from_secs(5))),
+            ("250m", Some(Duration::from_millis(250))),
+            ("2M", Some(Duration::from_secs(120))),
+            ("1H", Some(Duration::from_secs(3600))),
+            ("7u", Some(Duration::from_micros(7))),
+            ("9n", Some(Duration::from_nanos(9))),
+            ("5", None),
+            ("123456789S", None),
+            ("xS", None),
+        ];
+        for (value, want) in cases {
+            assert_eq!(parse_grpc_timeout(&headers(value)), want, "{value}");
+        }
         assert_eq!(parse_grpc_timeout(&http::HeaderMap::new()), None);
     }
 

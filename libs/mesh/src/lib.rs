@@ -71,10 +71,10 @@ pub use metrics::{GrpcMetrics, MetricsLayer};
 pub use peer::{Peer, peer_of};
 pub use rate_limit::{RateLimit, TokenBuckets};
 pub use server::{
-    DEFAULT_DRAIN_DEADLINE, MAX_MESSAGE_SIZE, MeshServer, RunningServer, ServerError,
-    shutdown_signal, stop_signal, until_shutdown_signal,
+    DEFAULT_DRAIN_DEADLINE, MAX_MESSAGE_SIZE, MeshServer, RoutableService, RunningServer,
+    ServerError, shutdown_signal, stop_signal, until_shutdown_signal,
 };
-pub use stack::{MeshLayer, ServerStackConfig, ServerStackService, server_stack};
+pub use stack::{InnerService, MeshLayer, ServerStackConfig, ServerStackService, server_stack};
 
 pub use bigfleet_identity::{PeerIdentity, Role};
 pub use tonic_health::ServingStatus;

@@ -13,9 +13,10 @@ use pin_project_lite::pin_project;
 use prometheus::{HistogramVec, IntCounterVec};
 use tonic::body::Body;
 use tonic::{Code, Status};
-use tower::{Layer, Service};
+use tower::Service;
 
 use crate::error::{BoxError, code_label};
+use crate::layers::wrapping_layer;
 
 /// Counters and histograms for one side (server or client) of every RPC in a process.
 /// Register once per registry and clone the handle into every stack.
@@ -158,16 +159,7 @@ impl MetricsLayer {
     }
 }
 
-impl<S> Layer<S> for MetricsLayer {
-    type Service = MetricsService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        MetricsService {
-            inner,
-            metrics: self.metrics.clone(),
-        }
-    }
-}
+wrapping_layer!(MetricsLayer => MetricsService { metrics });
 
 #[derive(Debug, Clone)]
 pub struct MetricsService<S> {

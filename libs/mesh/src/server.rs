@@ -25,7 +25,7 @@ use crate::conn::MeshConn;
 use crate::limits::ServerLimits;
 use crate::local::{LocalPeers, SocketDirError, prepare_socket_dir, restrict_socket_file};
 use crate::metrics::GrpcMetrics;
-use crate::stack::{MeshLayer, ServerStackConfig};
+use crate::stack::{MeshLayer, ServerStackConfig, bounds_alias};
 
 /// Message size limit for every server and client, both directions (256 MiB): full
 /// inventories and roll-ups of the largest fleets fit in one message. The one definition in
@@ -49,6 +49,20 @@ macro_rules! with_message_limits {
         $svc.max_decoding_message_size($crate::MAX_MESSAGE_SIZE)
             .max_encoding_message_size($crate::MAX_MESSAGE_SIZE)
     };
+}
+
+bounds_alias! {
+    /// A tonic-generated service [`MeshServer`] can route: what tonic's router asks of it.
+    pub trait RoutableService: Service<
+            Request<Body>,
+            Error = Infallible,
+            Response: axum::response::IntoResponse,
+            Future: Send + 'static,
+        > + NamedService
+        + Clone
+        + Send
+        + Sync
+        + 'static
 }
 
 /// Errors starting or running a server.
@@ -208,33 +222,17 @@ impl MeshServer {
     }
 
     /// Adds a service reported SERVING.
-    pub fn add_service<S>(self, svc: S) -> Self
-    where
-        S: Service<Request<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Response: axum::response::IntoResponse,
-        S::Future: Send + 'static,
-    {
+    pub fn add_service<S: RoutableService>(self, svc: S) -> Self {
         self.add_service_with_status(svc, ServingStatus::Serving)
     }
 
     /// Adds a service with an initial health status (a coordinator starts NOT_SERVING until
     /// it sees a leader).
-    pub fn add_service_with_status<S>(mut self, svc: S, status: ServingStatus) -> Self
-    where
-        S: Service<Request<Body>, Error = Infallible>
-            + NamedService
-            + Clone
-            + Send
-            + Sync
-            + 'static,
-        S::Response: axum::response::IntoResponse,
-        S::Future: Send + 'static,
-    {
+    pub fn add_service_with_status<S: RoutableService>(
+        mut self,
+        svc: S,
+        status: ServingStatus,
+    ) -> Self {
         self.services.push((S::NAME.to_owned(), status));
         self.routes.add_service(svc);
         self

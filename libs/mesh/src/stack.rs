@@ -23,6 +23,30 @@ use crate::rate_limit::{RateLimit, TokenBuckets};
 /// nominal: the error-mapping layer turns every failure into a status response.
 pub type ServerStackService = BoxCloneService<Request<Body>, Response<Body>, BoxError>;
 
+/// Names a set of bounds once: a trait with them as supertraits and a blanket impl for every
+/// type meeting them, so each generic function or impl that needs the bounds writes one name.
+macro_rules! bounds_alias {
+    ($(#[$meta:meta])* $vis:vis trait $name:ident: $($bounds:tt)+) => {
+        $(#[$meta])*
+        $vis trait $name: $($bounds)+ {}
+        impl<T: $($bounds)+> $name for T {}
+    };
+}
+pub(crate) use bounds_alias;
+
+bounds_alias! {
+    /// What [`server_stack`] and [`MeshLayer`] wrap: a tonic router, or any infallible HTTP
+    /// service like it.
+    pub trait InnerService: Service<
+            Request<Body>,
+            Response = Response<Body>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + 'static
+}
+
 /// What a service configures about its server stack.
 #[derive(Debug, Clone)]
 pub struct ServerStackConfig {
@@ -68,14 +92,7 @@ impl Default for ServerStackConfig {
 ///
 /// The order is the contract (ADR-0002); each position is chosen for what the layers
 /// *above* a layer must observe:
-pub fn server_stack<S>(inner: S, cfg: &ServerStackConfig) -> ServerStackService
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+pub fn server_stack<S: InnerService>(inner: S, cfg: &ServerStackConfig) -> ServerStackService {
     let svc = ServiceBuilder::new()
         // 1. Trace, outermost: the span (child of the caller's `traceparent`) is current for
         //    everything below, so rejections logged by inner layers carry the trace id and a
@@ -132,14 +149,7 @@ impl MeshLayer {
     }
 }
 
-impl<S> Layer<S> for MeshLayer
-where
-    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>
-        + Clone
-        + Send
-        + 'static,
-    S::Future: Send + 'static,
-{
+impl<S: InnerService> Layer<S> for MeshLayer {
     type Service = ServerStackService;
 
     fn layer(&self, inner: S) -> Self::Service {

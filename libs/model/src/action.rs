@@ -4,7 +4,7 @@ use crate::machine::{ClusterId, MachineId};
 use crate::profile::Profile;
 use crate::requirement::Requirement;
 use crate::state::MachineState;
-use crate::wire::wire_enum;
+use crate::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! Penalty buckets: the dollar ladder both penalties use.
 
-use crate::wire::wire_enum;
+use crate::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

@@ -15,6 +15,7 @@ pub mod profile;
 pub mod quantity;
 pub mod requirement;
 pub mod resources;
+pub mod rng;
 pub mod state;
 mod wire;
 
@@ -34,4 +35,5 @@ pub use requirement::{
     strict_spread,
 };
 pub use resources::{ResourceError, ResourceVector};
+pub use rng::SplitMix64;
 pub use state::{MachineState, TransitionError, check_transition};

@@ -1,7 +1,7 @@
 //! Requirements, topology spread and matching against machines.
 
 use crate::machine::{Machine, MachineProfile};
-use crate::wire::wire_enum;
+use crate::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::cmp::Ordering;
 use std::fmt;

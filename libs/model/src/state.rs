@@ -1,6 +1,6 @@
 //! Machine lifecycle states and the legal-transition table.
 
-use crate::wire::wire_enum;
+use crate::wire_enum;
 use serde::{Deserialize, Serialize};
 use std::fmt;
 

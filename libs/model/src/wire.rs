@@ -1,10 +1,12 @@
 //! Enums whose discriminants are wire ordinals.
 //!
 //! Each such enum lists its variants once; `ALL`, `ordinal` and `from_ordinal` are generated
-//! from that list, so adding a variant cannot leave one of them behind.
+//! from that list, so adding a variant cannot leave one of them behind. Exported, so the
+//! decision engine's wire enums (e.g. `UnmetReason`) are declared the same way.
 
 /// Declares a fieldless `#[repr(u8)]` enum whose discriminants are the wire ordinals (written
 /// `Variant = n,`, in ordinal order), with `ALL`, `ordinal()` and `from_ordinal()`.
+#[macro_export]
 macro_rules! wire_enum {
     (
         $(#[$attr:meta])*
@@ -37,8 +39,6 @@ macro_rules! wire_enum {
         }
     };
 }
-
-pub(crate) use wire_enum;
 
 #[cfg(test)]
 mod tests {

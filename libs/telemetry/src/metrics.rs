@@ -55,6 +55,27 @@ impl std::fmt::Debug for MetricsRegistry {
     }
 }
 
+/// The registry's constructors for metrics described by plain `Opts` (name and help): per
+/// kind, one without labels and one labelled family, registered the same way.
+macro_rules! opts_metrics {
+    ($($scalar:ident: $Scalar:ident, $family:ident: $Family:ident;)+) => {
+        $(
+            pub fn $scalar(&self, name: &str, help: &str) -> Result<$Scalar, TelemetryError> {
+                self.register($Scalar::with_opts(Opts::new(name, help))?)
+            }
+
+            pub fn $family(
+                &self,
+                name: &str,
+                help: &str,
+                labels: &[&str],
+            ) -> Result<$Family, TelemetryError> {
+                self.register($Family::new(Opts::new(name, help), labels)?)
+            }
+        )+
+    };
+}
+
 impl MetricsRegistry {
     pub fn new() -> Self {
         Self::default()
@@ -121,43 +142,10 @@ impl MetricsRegistry {
             .any(|d| d.name == name)
     }
 
-    pub fn int_counter(&self, name: &str, help: &str) -> Result<IntCounter, TelemetryError> {
-        self.register(IntCounter::with_opts(Opts::new(name, help))?)
-    }
-
-    pub fn int_counter_vec(
-        &self,
-        name: &str,
-        help: &str,
-        labels: &[&str],
-    ) -> Result<IntCounterVec, TelemetryError> {
-        self.register(IntCounterVec::new(Opts::new(name, help), labels)?)
-    }
-
-    pub fn int_gauge(&self, name: &str, help: &str) -> Result<IntGauge, TelemetryError> {
-        self.register(IntGauge::with_opts(Opts::new(name, help))?)
-    }
-
-    pub fn int_gauge_vec(
-        &self,
-        name: &str,
-        help: &str,
-        labels: &[&str],
-    ) -> Result<IntGaugeVec, TelemetryError> {
-        self.register(IntGaugeVec::new(Opts::new(name, help), labels)?)
-    }
-
-    pub fn gauge(&self, name: &str, help: &str) -> Result<Gauge, TelemetryError> {
-        self.register(Gauge::with_opts(Opts::new(name, help))?)
-    }
-
-    pub fn gauge_vec(
-        &self,
-        name: &str,
-        help: &str,
-        labels: &[&str],
-    ) -> Result<GaugeVec, TelemetryError> {
-        self.register(GaugeVec::new(Opts::new(name, help), labels)?)
+    opts_metrics! {
+        int_counter: IntCounter, int_counter_vec: IntCounterVec;
+        int_gauge: IntGauge, int_gauge_vec: IntGaugeVec;
+        gauge: Gauge, gauge_vec: GaugeVec;
     }
 
     pub fn histogram(

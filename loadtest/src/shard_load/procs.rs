@@ -109,12 +109,46 @@ impl Proc {
     }
 
     fn signal_group(&self, signal: Signal) {
-        // Never pid 0 or 1: those would address our own group or everything.
-        if self.pid > 1
-            && let Some(pid) = i32::try_from(self.pid).ok().and_then(Pid::from_raw)
+        signal_group(self.pid, signal);
+    }
+}
+
+/// A command for a supervised service child (here and in `bigfleet up`): in its own process
+/// group, so a terminal's Ctrl-C reaches only the supervisor, which stops the children in
+/// order, and a group signal reaches anything the child starts; stdout and stderr appended
+/// to `log`; killed when dropped. The caller's `BIGFLEET_*` variables other than `keep_env`
+/// are removed: every service flag also reads `BIGFLEET_<FLAG>`, and the children are
+/// configured entirely by flags.
+pub fn group_command(
+    program: &Path,
+    log: std::fs::File,
+    keep_env: &[&str],
+) -> std::io::Result<Command> {
+    let err = log.try_clone()?;
+    let mut cmd = Command::new(program);
+    for (key, _) in std::env::vars_os() {
+        if key
+            .to_str()
+            .is_some_and(|k| k.starts_with("BIGFLEET_") && !keep_env.contains(&k))
         {
-            let _ = rustix::process::kill_process_group(pid, signal);
+            cmd.env_remove(key);
         }
+    }
+    cmd.stdin(Stdio::null())
+        .stdout(Stdio::from(log))
+        .stderr(Stdio::from(err))
+        .process_group(0)
+        .kill_on_drop(true);
+    Ok(cmd)
+}
+
+/// Sends `signal` to the process group of the child `pid` started by [`group_command`].
+pub fn signal_group(pid: u32, signal: Signal) {
+    // Never pid 0 or 1: those would address our own group or everything.
+    if pid > 1
+        && let Some(pid) = i32::try_from(pid).ok().and_then(Pid::from_raw)
+    {
+        let _ = rustix::process::kill_process_group(pid, signal);
     }
 }
 
@@ -173,24 +207,11 @@ impl Children {
             .append(true)
             .open(&log)
             .map_err(io)?;
-        let err = out.try_clone().map_err(io)?;
-        let mut cmd = Command::new(program);
-        // Every service flag also reads BIGFLEET_<FLAG>: the caller's environment must not
-        // reconfigure children that are configured entirely by flags.
-        for (key, _) in std::env::vars_os() {
-            if key.to_str().is_some_and(|k| k.starts_with("BIGFLEET_")) {
-                cmd.env_remove(key);
-            }
-        }
+        let mut cmd = group_command(program, out, &[]).map_err(io)?;
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "warn");
         }
-        cmd.args(args)
-            .stdin(Stdio::null())
-            .stdout(Stdio::from(out))
-            .stderr(Stdio::from(err))
-            .process_group(0)
-            .kill_on_drop(true);
+        cmd.args(args);
         let child = cmd.spawn().map_err(|source| ShardLoadError::Io {
             what: format!("starting {} ({})", name, program.display()),
             source,

@@ -525,9 +525,46 @@ pub fn gpu_shortfall() -> pb::Shortfall {
     }
 }
 
-/// One bootstrapped replica, in process, serving mTLS under the admin identity (replicas
-/// call JoinRaftCluster on each other), returned once it leads.
-pub async fn solo_over_mtls(dir: &Path, ca: &bigfleet_testkit::TestCa) -> svc_coordinator::Running {
+/// One bootstrapped replica, in process, serving mTLS, with the CA and scratch directory
+/// that issue its callers' identities.
+pub struct MtlsSolo {
+    pub dir: tempfile::TempDir,
+    pub ca: bigfleet_testkit::TestCa,
+    pub running: svc_coordinator::Running,
+}
+
+impl MtlsSolo {
+    /// Started under the admin identity (replicas call JoinRaftCluster on each other) and
+    /// returned once it leads.
+    pub async fn start() -> Self {
+        let dir = tempfile::tempdir().unwrap();
+        let ca = bigfleet_testkit::TestCa::new("test-ca").unwrap();
+        let running = solo_over_mtls(dir.path(), &ca).await;
+        Self { dir, ca, running }
+    }
+
+    /// Certificate files of a caller with `role`'s identity (`readonly`, `shard/s1`, ...).
+    pub fn role(&self, role: &str) -> bigfleet_testkit::TlsPaths {
+        self.ca.write_role_bundle(self.dir.path(), role).unwrap()
+    }
+
+    /// Certificate files of a caller whose leaf is `spec` (odd identities), named `stem`.
+    pub fn leaf(
+        &self,
+        stem: &str,
+        spec: &bigfleet_testkit::LeafSpec,
+    ) -> bigfleet_testkit::TlsPaths {
+        let cert = self.ca.issue(spec).unwrap();
+        self.ca.write_bundle(self.dir.path(), stem, &cert).unwrap()
+    }
+
+    /// A channel to the replica as the identity in `paths`.
+    pub async fn channel(&self, paths: &bigfleet_testkit::TlsPaths) -> tonic::transport::Channel {
+        mtls_channel(self.running.api_addr, paths).await
+    }
+}
+
+async fn solo_over_mtls(dir: &Path, ca: &bigfleet_testkit::TestCa) -> svc_coordinator::Running {
     use clap::Parser;
     let server = ca.write_role_bundle(dir, "admin").unwrap();
     let data = dir.join("data");

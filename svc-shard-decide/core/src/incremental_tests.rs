@@ -1,15 +1,15 @@
 //! Decide's own cycle against a from-scratch one, and ingest against a busy cycle
 //! (issue 17). In-crate, because the comparison reads the cycle's room.
 
+use crate::RailsConfig;
 use crate::edge;
 use crate::reconcile::{MachineSource, RawMachineList};
 use crate::shard::{Decide, DecideConfig};
-use crate::{Publisher, RailsConfig, ShardMetrics};
+use crate::testing::decide;
 use bigfleet_decision::{CycleInput, CycleOptions, CycleOutput, Fleet, run_cycle};
 use bigfleet_model::Machine;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_telemetry::Readiness;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use proptest::prelude::*;
@@ -98,18 +98,6 @@ fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>, at: i64) -> mesh::ApplyRo
     }
 }
 
-fn decide(source: Arc<Source>, cfg: DecideConfig) -> Decide {
-    let (publisher, _events) = Publisher::channel(100_000);
-    Decide::new(
-        cfg,
-        source,
-        publisher,
-        ShardMetrics::unregistered(),
-        Readiness::not_ready("test"),
-    )
-    .expect("decide")
-}
-
 fn quiet_cfg() -> DecideConfig {
     DecideConfig {
         rails: RailsConfig::off(),
@@ -194,7 +182,7 @@ proptest! {
         let rt = runtime();
         let source = Arc::new(Source::default());
         *source.machines.lock() = (0..8).map(|i| machine(i, (i % 2) as u8, (i % 2) as u8, i % 3 == 0, 0)).collect();
-        let d = decide(Arc::clone(&source), quiet_cfg());
+        let d = decide(quiet_cfg(), Arc::clone(&source));
         let clusters = ["a", "b", "c", "d"];
         let mut last: Vec<Option<Vec<pb::CapacityNeed>>> = vec![None; clusters.len()];
         for (round, (rollups, fleet)) in steps.into_iter().enumerate() {
@@ -233,7 +221,7 @@ fn an_identical_resend_neither_applies_demand_nor_wakes_a_cycle() {
     let rt = runtime();
     let source = Arc::new(Source::default());
     *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
-    let d = decide(Arc::clone(&source), quiet_cfg());
+    let d = decide(quiet_cfg(), Arc::clone(&source));
     let m = d.metrics().clone();
     let wakeups = || m.cycle_wakeups.with_label_values(&["rollup"]).get();
     let demand = vec![need(4, 1, 0), need(2, 0, 1)];
@@ -258,12 +246,12 @@ fn a_resend_after_a_held_drop_is_judged_again() {
     let rt = runtime();
     let source = Arc::new(Source::default());
     let d = decide(
-        Arc::clone(&source),
         DecideConfig {
             rails: RailsConfig::default(),
             engine_threads: 1,
             ..DecideConfig::default()
         },
+        Arc::clone(&source),
     );
     rt.block_on(d.run_cycle()).expect("first reconcile");
     let big: Vec<_> = (0..12).map(|i| need(4, i, 0)).collect();
@@ -307,7 +295,7 @@ fn acks_stay_fast_while_a_cycle_is_stuck_in_a_slow_list() {
             ..Source::default()
         });
         *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
-        let d = decide(Arc::clone(&source), quiet_cfg());
+        let d = decide(quiet_cfg(), Arc::clone(&source));
         d.run_cycle().await.expect("first cycle");
         // The first List left a wake-up behind; the next List blocks until the test
         // lets it go.
@@ -347,11 +335,11 @@ fn hints_sweep_every_cluster_once_per_interval_and_changed_clusters_in_between()
     let source = Arc::new(Source::default());
     *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
     let d = decide(
-        Arc::clone(&source),
         DecideConfig {
             available_capacity_interval: Duration::from_millis(300),
             ..quiet_cfg()
         },
+        Arc::clone(&source),
     );
     rt.block_on(async {
         d.run_cycle().await.expect("first reconcile");

@@ -156,7 +156,7 @@ pub struct SummaryView {
 /// Clock of decide: UNIX nanos. Injectable for tests.
 pub type Clock = Arc<dyn Fn() -> i64 + Send + Sync>;
 
-fn system_clock() -> i64 {
+pub(crate) fn system_clock() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_nanos()).unwrap_or(i64::MAX))

@@ -1,12 +1,15 @@
 //! Test support that decide's own tests and the decide binary's share (feature `testing`,
 //! enabled from dev-dependencies only; production builds never compile it): a valid
-//! provider record, a provider the test edits in process, and an execute worker on the
-//! Work stream.
+//! provider record, a provider the test edits in process, a decide built around one,
+//! and an execute worker on the Work stream.
 
 use crate::reconcile::{MachineSource, RawMachineList};
+use crate::shard::{Clock, Decide, DecideConfig};
+use crate::{Publisher, ShardMetrics};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
+use bigfleet_telemetry::Readiness;
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::BTreeMap;
@@ -79,6 +82,29 @@ impl MachineSource for MapSource {
         };
         Box::pin(async move { Ok(RawMachineList::from(&list)) })
     }
+}
+
+/// A decide over `source` for tests that look at decide's own state, on the wall clock;
+/// see [`decide_on_clock`].
+pub fn decide(cfg: DecideConfig, source: Arc<impl MachineSource>) -> Decide {
+    decide_on_clock(cfg, source, Arc::new(crate::shard::system_clock))
+}
+
+/// A decide over `source` whose clock is `clock` (UNIX nanos), for tests that look at
+/// decide's own state: nobody reads its session frames (they queue one deep and are
+/// dropped), its metrics are in no registry, and it is not ready before its first
+/// reconcile. Panics if the config is refused: the test is wrong then.
+pub fn decide_on_clock(cfg: DecideConfig, source: Arc<impl MachineSource>, clock: Clock) -> Decide {
+    let (publisher, _) = Publisher::channel(1);
+    Decide::with_clock(
+        cfg,
+        source,
+        publisher,
+        ShardMetrics::unregistered(),
+        Readiness::not_ready("test"),
+        clock,
+    )
+    .expect("decide")
 }
 
 /// An execute worker on a Work stream. Panics when the stream cannot be sent to: a test

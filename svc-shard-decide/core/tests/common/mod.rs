@@ -420,19 +420,9 @@ pub fn decide_on_clock(
     source: impl svc_shard_decide_core::MachineSource,
     clock: &Arc<AtomicI64>,
 ) -> Decide {
-    // Frames to the operators are not what these tests look at.
-    let (publisher, _) = Publisher::channel(1);
     let c = Arc::clone(clock);
     let clock: Clock = Arc::new(move || c.load(Ordering::SeqCst));
-    Decide::with_clock(
-        cfg,
-        Arc::new(source),
-        publisher,
-        ShardMetrics::unregistered(),
-        Readiness::not_ready("first provider reconcile not yet complete"),
-        clock,
-    )
-    .unwrap()
+    svc_shard_decide_core::testing::decide_on_clock(cfg, Arc::new(source), clock)
 }
 
 /// The simulated worker starts a reclaim: Configured → Draining, at decide and at the
