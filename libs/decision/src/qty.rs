@@ -8,7 +8,6 @@
 
 use bigfleet_model::ResourceVector;
 use smallvec::SmallVec;
-use std::collections::HashSet;
 
 /// An owned dense vector (length = number of dimensions in the cycle).
 pub(crate) type Qty = SmallVec<[i64; 6]>;
@@ -51,29 +50,7 @@ impl<'a> Dims<'a> {
     /// Builds the table from every vector the cycle will convert, in time linear in the
     /// number of names read (ADR-0104).
     pub(crate) fn collect(vectors: impl IntoIterator<Item = &'a ResourceVector>) -> Dims<'a> {
-        // Vectors repeat a handful of names: a linear probe of the few seen so
-        // far beats hashing every occurrence. Past LINEAR_NAMES distinct names the probe
-        // would make the walk quadratic (demand can name many), so a hash set takes over.
-        // It is keyed (std's SipHash): the names come from operators' roll-ups.
-        const LINEAR_NAMES: usize = 16;
-        let mut names: Vec<&'a str> = Vec::new();
-        let mut index: Option<HashSet<&'a str>> = None;
-        for v in vectors {
-            for (n, _) in v.iter() {
-                let new = match &mut index {
-                    Some(set) => set.insert(n),
-                    None => !names.contains(&n),
-                };
-                if new {
-                    names.push(n);
-                    if index.is_none() && names.len() > LINEAR_NAMES {
-                        index = Some(names.iter().copied().collect());
-                    }
-                }
-            }
-        }
-        names.sort_unstable();
-        Dims::from_sorted(names)
+        Dims::from_sorted(bigfleet_model::distinct_names(vectors))
     }
 
     fn from_sorted(names: Vec<&'a str>) -> Dims<'a> {
@@ -329,24 +306,6 @@ mod tests {
         assert!(dims.names.windows(2).all(|w| w[0] < w[1]));
         assert_eq!(dims.names[0], "cpu");
         assert_eq!(dims.dense(&vs[7]).iter().sum::<i64>(), 2);
-    }
-
-    proptest::proptest! {
-        /// The table is the sorted distinct names, whatever the mix of few and many.
-        #[test]
-        fn collect_is_sorted_distinct_names(
-            names in proptest::collection::vec(proptest::collection::vec(0u32..60, 0..6), 0..40),
-        ) {
-            let vs: Vec<ResourceVector> = names
-                .iter()
-                .map(|ns| ResourceVector::from_milli(ns.iter().map(|n| (format!("d{n}"), 1))))
-                .collect();
-            let mut want: Vec<String> = names.iter().flatten().map(|n| format!("d{n}")).collect();
-            want.sort();
-            want.dedup();
-            let dims = Dims::collect(&vs);
-            proptest::prop_assert_eq!(dims.names, want);
-        }
     }
 
     #[test]

@@ -34,6 +34,6 @@ pub use requirement::{
     ZONE_KEY, matches_machine, matches_requirements, pinned_instance_types, same_requirement,
     strict_spread,
 };
-pub use resources::{ResourceError, ResourceVector};
+pub use resources::{ResourceError, ResourceVector, distinct_names};
 pub use rng::SplitMix64;
 pub use state::{MachineState, TransitionError, check_transition};

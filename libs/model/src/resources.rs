@@ -2,7 +2,7 @@
 
 use crate::quantity::{QuantityError, format_milli, parse_quantity};
 use serde::{Deserialize, Serialize};
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, HashSet};
 use std::fmt;
 
 /// A quantity map entry that failed to parse.
@@ -190,6 +190,34 @@ impl ResourceVector {
     }
 }
 
+/// The distinct dimension names of `vectors`, sorted, in time linear in the names read.
+///
+/// Vectors repeat a handful of names: a linear probe of the few seen so far beats hashing
+/// every occurrence. Past a few distinct names the probe would make the walk quadratic
+/// (demand can name many, ADR-0104), so a hash set takes over; it is keyed (std's SipHash)
+/// because the names come from operators' roll-ups.
+pub fn distinct_names<'a>(vectors: impl IntoIterator<Item = &'a ResourceVector>) -> Vec<&'a str> {
+    const LINEAR_NAMES: usize = 16;
+    let mut names: Vec<&'a str> = Vec::new();
+    let mut index: Option<HashSet<&'a str>> = None;
+    for v in vectors {
+        for (n, _) in v.iter() {
+            let new = match &mut index {
+                Some(set) => set.insert(n),
+                None => !names.contains(&n),
+            };
+            if new {
+                names.push(n);
+                if index.is_none() && names.len() > LINEAR_NAMES {
+                    index = Some(names.iter().copied().collect());
+                }
+            }
+        }
+    }
+    names.sort_unstable();
+    names
+}
+
 impl From<BTreeMap<String, i64>> for ResourceVector {
     fn from(map: BTreeMap<String, i64>) -> Self {
         ResourceVector {
@@ -231,6 +259,24 @@ mod tests {
 
     fn rv(pairs: &[(&str, i64)]) -> ResourceVector {
         ResourceVector::from_milli(pairs.iter().map(|&(n, v)| (n, v)))
+    }
+
+    proptest! {
+        /// The sorted distinct names, whether few (the linear probe) or many (past it, the
+        /// hash set), and however they repeat across vectors.
+        #[test]
+        fn distinct_names_are_sorted_and_each_once(
+            names in prop::collection::vec(prop::collection::vec(0u32..60, 0..6), 0..40),
+        ) {
+            let vs: Vec<ResourceVector> = names
+                .iter()
+                .map(|ns| ResourceVector::from_milli(ns.iter().map(|n| (format!("d{n:02}"), 1))))
+                .collect();
+            let mut want: Vec<String> = names.iter().flatten().map(|n| format!("d{n:02}")).collect();
+            want.sort();
+            want.dedup();
+            prop_assert_eq!(distinct_names(&vs), want);
+        }
     }
 
     #[test]

@@ -66,28 +66,13 @@ impl SharedProfiles {
     }
 }
 
-/// The distinct resource names of `needs` (aggregates and min units), sorted. A linear
-/// probe while there are few (the usual handful), a keyed hash set past that.
+/// The distinct resource names of `needs` (aggregates and min units), sorted.
 fn distinct_names(needs: &[Need]) -> Vec<&str> {
-    const LINEAR_NAMES: usize = 16;
-    let mut names: Vec<&str> = Vec::new();
-    let mut index: Option<HashSet<&str>> = None;
-    for n in needs {
-        for (name, _) in n.aggregate_resources.iter().chain(n.min_unit.iter()) {
-            let new = match &mut index {
-                Some(set) => set.insert(name),
-                None => !names.contains(&name),
-            };
-            if new {
-                names.push(name);
-                if index.is_none() && names.len() > LINEAR_NAMES {
-                    index = Some(names.iter().copied().collect());
-                }
-            }
-        }
-    }
-    names.sort_unstable();
-    names
+    bigfleet_model::distinct_names(
+        needs
+            .iter()
+            .flat_map(|n| [&n.aggregate_resources, &n.min_unit]),
+    )
 }
 
 impl NeedsTable {
