@@ -50,6 +50,7 @@ use crate::operator::{Backoff, Operator, OperatorConfig, OperatorHandle, Totals}
 
 use self::procs::{Binaries, Children, Role};
 use self::prom::Scrape;
+use svc_shard_decide_core::CyclePhase;
 
 /// decide's cycle histogram.
 pub const CYCLE_METRIC: &str = "bigfleet_shard_cycle_duration_seconds";
@@ -768,22 +769,15 @@ async fn run_in(
 fn phase_means(a: &Scrape, b: &Scrape) -> std::collections::BTreeMap<String, f64> {
     const PHASE_SUM: &str = "bigfleet_shard_cycle_phase_duration_seconds_sum";
     const PHASE_COUNT: &str = "bigfleet_shard_cycle_phase_duration_seconds_count";
-    [
-        "reconcile",
-        "snapread",
-        "engine",
-        "ledgers",
-        "emit",
-        "execute",
-        "verdicts",
-    ]
-    .into_iter()
-    .filter_map(|p| {
-        let n = b.sum_where(PHASE_COUNT, "phase", p) - a.sum_where(PHASE_COUNT, "phase", p);
-        let secs = b.sum_where(PHASE_SUM, "phase", p) - a.sum_where(PHASE_SUM, "phase", p);
-        (n > 0.0).then(|| (p.to_owned(), round3(secs / n * 1e3)))
-    })
-    .collect()
+    CyclePhase::ALL
+        .map(CyclePhase::as_str)
+        .into_iter()
+        .filter_map(|p| {
+            let n = b.sum_where(PHASE_COUNT, "phase", p) - a.sum_where(PHASE_COUNT, "phase", p);
+            let secs = b.sum_where(PHASE_SUM, "phase", p) - a.sum_where(PHASE_SUM, "phase", p);
+            (n > 0.0).then(|| (p.to_owned(), round3(secs / n * 1e3)))
+        })
+        .collect()
 }
 
 async fn measure(

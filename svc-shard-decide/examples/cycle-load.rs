@@ -21,7 +21,7 @@ use futures::future::BoxFuture;
 use prost::Message as _;
 use svc_shard_decide_core::edge;
 use svc_shard_decide_core::reconcile::{MachineSource, RawMachineList};
-use svc_shard_decide_core::{Decide, DecideConfig, Publisher, ShardMetrics};
+use svc_shard_decide_core::{CyclePhase, Decide, DecideConfig, Publisher, ShardMetrics};
 
 struct Opts {
     clusters: usize,
@@ -207,15 +207,7 @@ async fn main() -> anyhow::Result<()> {
         hist(&reg, "bigfleet_shard_cycle_duration_seconds", None),
         hist(&reg, "bigfleet_shard_demand_to_decision_seconds", None),
     );
-    let phases = [
-        "reconcile",
-        "snapread",
-        "engine",
-        "ledgers",
-        "emit",
-        "execute",
-        "verdicts",
-    ];
+    let phases = CyclePhase::ALL.map(CyclePhase::as_str);
     let base_phases: Vec<_> = phases
         .iter()
         .map(|p| hist(&reg, "bigfleet_shard_cycle_phase_duration_seconds", Some(p)))

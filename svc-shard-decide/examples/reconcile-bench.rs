@@ -35,7 +35,7 @@ use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use bigfleet_telemetry::Readiness;
 use svc_shard_decide_core::edge;
 use svc_shard_decide_core::{
-    Decide, DecideConfig, ProviderClient, Publisher, RailsConfig, ShardMetrics,
+    CyclePhase, Decide, DecideConfig, ProviderClient, Publisher, RailsConfig, ShardMetrics,
 };
 
 struct Opts {
@@ -263,18 +263,24 @@ async fn main() -> anyhow::Result<()> {
     }
     let report = last.context("cycle")?;
     // Mean time per cycle phase over those cycles (decide's own histograms).
-    let phases: serde_json::Map<String, serde_json::Value> =
-        ["reconcile", "snapread", "engine", "emit", "execute"]
-            .iter()
-            .map(|p| {
-                let h = d.metrics().cycle_phase_duration.with_label_values(&[p]);
-                let n = h.get_sample_count().max(1) as f64;
-                (
-                    (*p).to_owned(),
-                    serde_json::json!(ms(Duration::from_secs_f64(h.get_sample_sum() / n))),
-                )
-            })
-            .collect();
+    let phases: serde_json::Map<String, serde_json::Value> = [
+        CyclePhase::Reconcile,
+        CyclePhase::Snapread,
+        CyclePhase::Engine,
+        CyclePhase::Emit,
+        CyclePhase::Execute,
+    ]
+    .map(CyclePhase::as_str)
+    .iter()
+    .map(|p| {
+        let h = d.metrics().cycle_phase_duration.with_label_values(&[p]);
+        let n = h.get_sample_count().max(1) as f64;
+        (
+            (*p).to_owned(),
+            serde_json::json!(ms(Duration::from_secs_f64(h.get_sample_sum() / n))),
+        )
+    })
+    .collect();
     let rss = rss_kib("VmRSS:");
     let live = heap_live_mib();
     // Between cycles: the allocator hands freed pages back within its decay

@@ -11,6 +11,7 @@ use crate::demand::DemandView;
 use crate::errors::CycleError;
 use crate::inventory::Inventory;
 use crate::ledgers::{AGE_BUCKETS, HintValue, VerdictTable};
+use crate::metrics::CyclePhase;
 use crate::rails::{AuditRecord, kind_label};
 use crate::shard::{CycleReport, Decide, applicable, label_bucket, label_capacity_type};
 use crate::trace::current_trace_context;
@@ -194,7 +195,7 @@ impl Decide {
         let rec = self.reconcile().await;
         if observe {
             m.cycle_phase_duration
-                .with_label_values(&["reconcile"])
+                .with_label_values(&[CyclePhase::Reconcile.as_str()])
                 .observe(t.elapsed().as_secs_f64());
         }
         let stale = match rec {
@@ -254,7 +255,7 @@ impl Decide {
                 this.inner
                     .metrics
                     .cycle_phase_duration
-                    .with_label_values(&["verdicts"])
+                    .with_label_values(&[CyclePhase::Verdicts.as_str()])
                     .observe(t.elapsed().as_secs_f64());
             }
         })
@@ -287,10 +288,10 @@ impl Decide {
         let trace = current_trace_context();
         let inner = &self.inner;
         let m = &inner.metrics;
-        let phase = |name: &str, t: Instant| {
+        let phase = |p: CyclePhase, t: Instant| {
             if observe {
                 m.cycle_phase_duration
-                    .with_label_values(&[name])
+                    .with_label_values(&[p.as_str()])
                     .observe(t.elapsed().as_secs_f64());
             }
         };
@@ -307,7 +308,7 @@ impl Decide {
         room.gate.extend(taken.gate_opened);
         room.parking.prepare(now);
         let destinations = inner.work.lock().ledger.creating_destinations();
-        phase("snapread", t);
+        phase(CyclePhase::Snapread, t);
 
         let t = Instant::now();
         let gate = &room.gate;
@@ -332,7 +333,7 @@ impl Decide {
             ..CycleOptions::default()
         };
         let out = run_cycle(&input, &opts)?;
-        phase("engine", t);
+        phase(CyclePhase::Engine, t);
         let cycle = inner.cycle.fetch_add(1, Ordering::AcqRel) + 1;
         // The original counts a need whose OCC proposals never committed; without OCC the
         // same signal is a need starved by others' claims while matching supply exists.
@@ -367,7 +368,7 @@ impl Decide {
             listed_at,
             stale,
         };
-        phase("ledgers", t);
+        phase(CyclePhase::Ledgers, t);
 
         let t = Instant::now();
         // Every connected cluster's hints once per available-capacity interval, a slice
@@ -386,7 +387,7 @@ impl Decide {
         let hints_sent = self.emit_hints(&inv, &room.demand, |cluster| {
             touched.contains(cluster) || due.is_some_and(|d| d.contains(cluster))
         });
-        phase("emit", t);
+        phase(CyclePhase::Emit, t);
 
         let t = Instant::now();
         let decided = out.actions.len();
@@ -476,7 +477,7 @@ impl Decide {
         m.actions_deferred.inc_by(rails.deferred as u64);
         m.actions_deduped.inc_by(stats.deduped as u64);
         m.actions_dropped.inc_by(stats.dropped as u64);
-        phase("execute", t);
+        phase(CyclePhase::Execute, t);
         m.actuation_paused
             .set(i64::from(inner.cfg.rails.actuation_paused));
         self.export_gauges(&inv, demand);

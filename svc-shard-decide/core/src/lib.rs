@@ -55,7 +55,7 @@ mod work;
 pub use actuation::EpochSource;
 pub use history::{ActionRecord, DEFAULT_ACTION_HISTORY, HistoryQuery};
 pub use intake::RollupVerdict;
-pub use metrics::ShardMetrics;
+pub use metrics::{CyclePhase, ShardMetrics};
 pub use ownership::TransferVerdict;
 pub use publish::{Events, Publisher, SessionSink, forward_to_gateway};
 pub use rails::RailsConfig;

@@ -19,6 +19,48 @@ fn lifecycle_buckets() -> Vec<f64> {
     (0..16).map(|i| 0.01 * f64::from(1u32 << i)).collect()
 }
 
+/// A phase of the cycle: the `phase` label of `bigfleet_shard_cycle_phase_duration_seconds`.
+/// The one list of them, so the cycle that observes them and the benchmarks that read them
+/// back cannot drift apart.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CyclePhase {
+    Reconcile,
+    Snapread,
+    Engine,
+    Ledgers,
+    Emit,
+    Execute,
+    /// Publishing the verdict table once the actions are enqueued (ADR-0134): after the
+    /// cycle proper, outside `bigfleet_shard_cycle_duration_seconds`.
+    Verdicts,
+}
+
+impl CyclePhase {
+    /// Every phase, in the order a cycle runs them.
+    pub const ALL: [CyclePhase; 7] = [
+        CyclePhase::Reconcile,
+        CyclePhase::Snapread,
+        CyclePhase::Engine,
+        CyclePhase::Ledgers,
+        CyclePhase::Emit,
+        CyclePhase::Execute,
+        CyclePhase::Verdicts,
+    ];
+
+    /// The metric label.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            CyclePhase::Reconcile => "reconcile",
+            CyclePhase::Snapread => "snapread",
+            CyclePhase::Engine => "engine",
+            CyclePhase::Ledgers => "ledgers",
+            CyclePhase::Emit => "emit",
+            CyclePhase::Execute => "execute",
+            CyclePhase::Verdicts => "verdicts",
+        }
+    }
+}
+
 /// Every shard metric decide owns. Cheap to clone (handles are shared).
 #[derive(Clone)]
 pub struct ShardMetrics {
@@ -295,7 +337,7 @@ mod tests {
         let m = ShardMetrics::register(&registry).unwrap();
         // Label vectors only show up once a child exists.
         m.cycle_phase_duration
-            .with_label_values(&["engine"])
+            .with_label_values(&[CyclePhase::Engine.as_str()])
             .observe(0.1);
         m.inventory_machines
             .with_label_values(&["idle", "x", "y"])
