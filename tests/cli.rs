@@ -206,29 +206,8 @@ where
 }
 
 fn snapshot_parts() -> (Vec<u8>, Vec<u8>) {
-    use svc_coordinator::fsm::{Command, DomainKey, State};
-    let mut st = State::new();
-    st.apply(&Command::AddShard {
-        shard_id: "s1".into(),
-        address: "127.0.0.1:7780".into(),
-        registered_at_unix_ns: 1,
-    })
-    .unwrap();
-    st.apply(&Command::AssignDomain {
-        domain: DomainKey::new("rack", "r1"),
-        shard_id: "s1".into(),
-    })
-    .unwrap();
-    let last = openraft::LogId::new(openraft::CommittedLeaderId::new(7, 3), 12);
-    let meta = svc_coordinator::raft_types::SnapshotMeta {
-        last_log_id: Some(last),
-        last_membership: Default::default(),
-        snapshot_id: "test".into(),
-    };
-    (
-        serde_json::to_vec_pretty(&meta).unwrap(),
-        st.to_snapshot_json(),
-    )
+    let archive = svc_coordinator::testing::snapshot_archive("127.0.0.1:7780", 12);
+    (archive.meta_json(), archive.state)
 }
 
 fn refused(r: &Result<(), CliError>) -> String {

@@ -208,32 +208,10 @@ pub fn restore_snapshot(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::fsm::{Command, DomainKey};
-    use openraft::CommittedLeaderId;
     use openraft::storage::RaftLogStorage;
 
     fn archive(index: u64) -> SnapshotArchive {
-        let mut st = State::new();
-        st.apply(&Command::AddShard {
-            shard_id: "s1".into(),
-            address: "a:1".into(),
-            registered_at_unix_ns: 1,
-        })
-        .unwrap();
-        st.apply(&Command::AssignDomain {
-            domain: DomainKey::new("rack", "r1"),
-            shard_id: "s1".into(),
-        })
-        .unwrap();
-        let last = openraft::LogId::new(CommittedLeaderId::new(7, 3), index);
-        SnapshotArchive {
-            meta: SnapshotMeta {
-                last_log_id: Some(last),
-                last_membership: StoredMembership::default(),
-                snapshot_id: "x".into(),
-            },
-            state: st.to_snapshot_json(),
-        }
+        crate::testing::snapshot_archive("a:1", index)
     }
 
     #[test]

@@ -30,6 +30,8 @@ pub mod replica;
 pub mod service;
 pub mod soft;
 pub mod store;
+#[cfg(any(test, feature = "testing"))]
+pub mod testing;
 pub mod transfers;
 
 pub use args::Args;
