@@ -230,15 +230,7 @@ fn rollup(cluster: &str, units: u32) -> mesh::ApplyRollupRequest {
             ..Default::default()
         }]
     };
-    mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: cluster.to_owned(),
-            timestamp_unix_nanos: 1,
-            needs,
-        }),
-        received_at_unix_nanos: 0,
-        session_id: 0,
-    }
+    svc_shard_decide_core::testing::rollup_request(cluster, 1, needs)
 }
 
 /// The coordinator: replicated state that survives a failover, the leader's soft state and

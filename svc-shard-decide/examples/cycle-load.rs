@@ -128,15 +128,11 @@ fn rollup(c: usize, needs: usize, v: u64) -> mesh::ApplyRollupRequest {
             ..Default::default()
         })
         .collect();
-    mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: format!("cluster-{c:05}"),
-            timestamp_unix_nanos: i64::try_from(v).unwrap_or(0),
-            needs: rows,
-        }),
-        received_at_unix_nanos: 0,
-        session_id: 0,
-    }
+    svc_shard_decide_core::testing::rollup_request(
+        &format!("cluster-{c:05}"),
+        i64::try_from(v).unwrap_or(0),
+        rows,
+    )
 }
 
 /// Sum and count of a histogram family's samples (optionally one label value).

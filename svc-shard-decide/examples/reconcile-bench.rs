@@ -160,13 +160,8 @@ fn rollups(needs: usize) -> Vec<mesh::ApplyRollupRequest> {
                 })
                 .collect();
             mesh::ApplyRollupRequest {
-                rollup: Some(pb::ClusterCapacityNeeds {
-                    cluster_id: format!("cluster-{c}"),
-                    timestamp_unix_nanos: 1,
-                    needs: rows,
-                }),
-                received_at_unix_nanos: 0,
                 session_id: 1,
+                ..svc_shard_decide_core::testing::rollup_request(&format!("cluster-{c}"), 1, rows)
             }
         })
         .collect()

@@ -58,13 +58,8 @@ async fn in_process_decide_with_a_dead_coordinator_is_ready_and_cycles() {
     let mut client = IngestClient::new(channel);
     let resp = client
         .apply_rollup(mesh::ApplyRollupRequest {
-            rollup: Some(bigfleet_proto::v1alpha1::ClusterCapacityNeeds {
-                cluster_id: "c1".into(),
-                timestamp_unix_nanos: 1,
-                needs: vec![],
-            }),
-            received_at_unix_nanos: 0,
             session_id: 1,
+            ..svc_shard_decide_core::testing::rollup_request("c1", 1, vec![])
         })
         .await
         .unwrap()

@@ -88,13 +88,8 @@ fn need(cpu: u8, priority: i32, itype: u8) -> pb::CapacityNeed {
 
 fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>, at: i64) -> mesh::ApplyRollupRequest {
     mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: cluster.to_owned(),
-            timestamp_unix_nanos: at,
-            needs,
-        }),
         received_at_unix_nanos: at,
-        session_id: 0,
+        ..crate::testing::rollup_request(cluster, at, needs)
     }
 }
 

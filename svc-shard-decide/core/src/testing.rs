@@ -48,6 +48,25 @@ pub fn provider_machine(id: &str, state: pb::MachineState, cluster: &str) -> pb:
     }
 }
 
+/// `cluster`'s full-replacement roll-up of `needs`, stamped `at` by the operator, as the
+/// gateway forwards it: with no receive time, and not tied to a session (id 0 skips the
+/// supersession check; tests of session ordering set `session_id`).
+pub fn rollup_request(
+    cluster: &str,
+    at: i64,
+    needs: Vec<pb::CapacityNeed>,
+) -> mesh::ApplyRollupRequest {
+    mesh::ApplyRollupRequest {
+        rollup: Some(pb::ClusterCapacityNeeds {
+            cluster_id: cluster.to_owned(),
+            timestamp_unix_nanos: at,
+            needs,
+        }),
+        received_at_unix_nanos: 0,
+        session_id: 0,
+    }
+}
+
 /// The provider as a map the test edits, listed in process (no socket), in id order.
 /// Clones share the map.
 #[derive(Clone, Default)]

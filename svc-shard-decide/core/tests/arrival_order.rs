@@ -14,6 +14,7 @@ use pb::shard_read_server::ShardRead;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
 use svc_shard_decide_core::edge;
+use svc_shard_decide_core::testing::rollup_request;
 use svc_shard_decide_core::{Decide, DecideConfig, DecideService, RailsConfig};
 
 const SEC: i64 = 1_000_000_000;
@@ -39,15 +40,7 @@ fn ask_with(d: &Decide, clock: &AtomicI64, cluster: &str, at: i64, more: &[u32])
     clock.store(at, Ordering::SeqCst);
     let mut needs = vec![need(4, 5)];
     needs.extend(more.iter().map(|cpu| need(*cpu, 1)));
-    let req = mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: cluster.to_owned(),
-            timestamp_unix_nanos: at,
-            needs,
-        }),
-        received_at_unix_nanos: 0,
-        session_id: 0,
-    };
+    let req = rollup_request(cluster, at, needs);
     let resp = edge::apply_rollup(d, &req).unwrap();
     assert_eq!(resp.outcome, mesh::RollupOutcome::Accepted as i32);
 }
@@ -132,14 +125,6 @@ async fn the_cluster_that_asked_first_gets_the_machine_however_often_it_resends(
 /// An empty roll-up (withdrawal) at `at`.
 fn ask_nothing(d: &Decide, clock: &AtomicI64, cluster: &str, at: i64) {
     clock.store(at, Ordering::SeqCst);
-    let req = mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: cluster.to_owned(),
-            timestamp_unix_nanos: at,
-            needs: vec![],
-        }),
-        received_at_unix_nanos: 0,
-        session_id: 0,
-    };
+    let req = rollup_request(cluster, at, vec![]);
     edge::apply_rollup(d, &req).unwrap();
 }

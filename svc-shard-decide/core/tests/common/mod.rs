@@ -232,17 +232,7 @@ pub fn need(cpu: u32, priority: i32) -> pb::CapacityNeed {
 }
 
 pub fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>) -> mesh::ApplyRollupRequest {
-    mesh::ApplyRollupRequest {
-        rollup: Some(pb::ClusterCapacityNeeds {
-            cluster_id: cluster.to_owned(),
-            timestamp_unix_nanos: 1,
-            needs,
-        }),
-        received_at_unix_nanos: 0,
-        // 0: not tied to a session (the supersession check is skipped); tests of session
-        // ordering set it explicitly.
-        session_id: 0,
-    }
+    svc_shard_decide_core::testing::rollup_request(cluster, 1, needs)
 }
 
 pub struct Harness {
