@@ -462,15 +462,12 @@ async fn remote_worker_reaches_decide_over_mtls_as_shard_execute() {
             &server.key_pem,
         ))
         .client_ca_root(tonic::transport::Certificate::from_pem(ca.ca_pem()));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let srv = tokio::spawn(
+    let srv = bigfleet_mesh::BareServer::spawn(
         tonic::transport::Server::builder()
             .tls_config(tls)
             .unwrap()
-            .add_service(m.decide.service())
-            .serve_with_incoming_shutdown(TcpListenerStream::new(listener), async {
-                let _ = stopped.await;
-            }),
+            .add_service(m.decide.service()),
+        TcpListenerStream::new(listener),
     );
 
     let files =
@@ -501,6 +498,5 @@ async fn remote_worker_reaches_decide_over_mtls_as_shard_execute() {
         Err(StartError::WrongIdentity { .. })
     ));
     m.decide.end_streams();
-    let _ = stop.send(());
-    let _ = srv.await;
+    srv.stop().await.unwrap();
 }

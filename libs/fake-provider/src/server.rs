@@ -1,19 +1,19 @@
 //! Serving the fake over TCP or a Unix socket (with gRPC health and reflection), and
 //! dialling any provider by URI.
 //!
-//! Plain tonic plus tonic-health / tonic-reflection (v1 and v1alpha, so grpcurl 1.8 can
-//! list and describe): the shared mesh builders were not available when this was written.
+//! A plain tonic router (health, reflection v1 and v1alpha so grpcurl 1.8 can list and
+//! describe) on a [`BareServer`]: the fake stands in for an out-of-tree provider, which
+//! carries none of the mesh's server stack.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use bigfleet_mesh::BareServer;
 use bigfleet_proto::service_names::CAPACITY_PROVIDER;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
 use hyper_util::rt::TokioIo;
 use tokio::net::{TcpListener, UnixListener, UnixStream};
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::TcpIncoming;
 use tonic::transport::{Channel, Endpoint, Server, Uri};
@@ -39,8 +39,7 @@ pub enum Bound {
 #[derive(Debug)]
 pub struct ServerHandle {
     bound: Bound,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    server: BareServer,
 }
 
 impl ServerHandle {
@@ -57,30 +56,15 @@ impl ServerHandle {
     }
 
     /// Stops accepting, lets in-flight calls finish and waits for the server task.
-    pub async fn shutdown(mut self) {
-        self.stop.take();
-        if let Some(task) = self.task.take() {
-            match task.await {
-                Ok(Ok(())) => {}
-                Ok(Err(e)) => tracing::warn!(error = %e, "provider server ended with an error"),
-                Err(e) => tracing::warn!(error = %e, "provider server task failed"),
-            }
+    pub async fn shutdown(self) {
+        if let Err(e) = self.server.stop().await {
+            tracing::warn!(error = %e, "provider server ended with an error");
         }
     }
 
     /// Waits until the server stops on its own (an error) — for `run`.
-    pub async fn wait(mut self) -> Result<(), tonic::transport::Error> {
-        match self.task.take() {
-            Some(task) => task.await.unwrap_or(Ok(())),
-            None => Ok(()),
-        }
-    }
-}
-
-impl Drop for ServerHandle {
-    fn drop(&mut self) {
-        // Dropping the sender resolves the shutdown future.
-        self.stop.take();
+    pub async fn wait(self) -> Result<(), tonic::transport::Error> {
+        self.server.wait().await
     }
 }
 
@@ -144,21 +128,13 @@ pub async fn spawn_tcp_with(
     let listener = TcpListener::bind(addr).await?;
     let local = listener.local_addr()?;
     let router = router(provider, opts).await?;
-    let (stop, stopped) = oneshot::channel::<()>();
     // Small answers must not wait for a delayed ACK (Nagle adds ~40 ms per call).
     let incoming = TcpIncoming::from(listener).with_nodelay(Some(true));
-    let task = tokio::spawn(async move {
-        router
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let server = BareServer::spawn(router, incoming);
     tracing::info!(addr = %local, "fake provider serving over tcp");
     Ok(ServerHandle {
         bound: Bound::Tcp(local),
-        stop: Some(stop),
-        task: Some(task),
+        server,
     })
 }
 
@@ -175,20 +151,11 @@ pub async fn spawn_uds_with(
     remove_stale_socket(path)?;
     let listener = UnixListener::bind(path)?;
     let router = router(provider, opts).await?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let incoming = UnixListenerStream::new(listener);
-    let task = tokio::spawn(async move {
-        router
-            .serve_with_incoming_shutdown(incoming, async {
-                let _ = stopped.await;
-            })
-            .await
-    });
+    let server = BareServer::spawn(router, UnixListenerStream::new(listener));
     tracing::info!(socket = %path.display(), "fake provider serving over a unix socket");
     Ok(ServerHandle {
         bound: Bound::Unix(path.to_owned()),
-        stop: Some(stop),
-        task: Some(task),
+        server,
     })
 }
 

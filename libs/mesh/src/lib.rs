@@ -21,9 +21,13 @@
 //! **Retry loops** wait through [`backoff`] (exponential, capped, jittered). **Listen flags**
 //! parse with [`parse_listen_addr`] (`:port` ⇒ `[::]:port`) and bind with [`bind_tcp`]
 //! (dual-stack, IPv4 fallback).
+//!
+//! **Fakes and doubles** that stand in for something outside the mesh serve a plain router
+//! with [`BareServer`].
 
 mod authz;
 pub mod backoff;
+mod bare;
 pub mod binary;
 mod channel;
 mod client;
@@ -43,6 +47,7 @@ mod stack;
 
 pub use authz::{AuthzPolicy, HEALTH_SERVICE, REFLECTION_SERVICES, RoleSet};
 pub use backoff::{Backoff, BackoffPolicy, Jitter};
+pub use bare::BareServer;
 pub use channel::{
     ChannelConfig, ChannelError, ClientStream, Target, TargetError, connect, connect_lazy,
 };

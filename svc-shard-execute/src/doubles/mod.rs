@@ -23,9 +23,8 @@ use std::path::{Path, PathBuf};
 pub use decide::{DecideDouble, DoneRecord, StreamRecord, TransitionRecord, WorkDoubleService};
 pub use gateway::{BlobScript, BootstrapCall, GatewayDouble, ReclaimCall};
 
+use bigfleet_mesh::BareServer;
 use tokio::net::UnixListener;
-use tokio::sync::oneshot;
-use tokio::task::JoinHandle;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::Router;
 
@@ -33,8 +32,7 @@ use tonic::transport::server::Router;
 #[derive(Debug)]
 pub struct Served {
     path: PathBuf,
-    stop: Option<oneshot::Sender<()>>,
-    task: Option<JoinHandle<Result<(), tonic::transport::Error>>>,
+    server: BareServer,
 }
 
 impl Served {
@@ -49,17 +47,9 @@ impl Served {
 
     /// Stops accepting and waits for open calls to end. Streams that never
     /// end (a Work stream) must be ended first (e.g. [`DecideDouble::end_streams`]).
-    pub async fn stop(mut self) {
-        self.stop.take();
-        if let Some(task) = self.task.take() {
-            let _ = task.await;
-        }
-    }
-}
-
-impl Drop for Served {
-    fn drop(&mut self) {
-        self.stop.take();
+    pub async fn stop(self) {
+        // How a double's server ended tells a test nothing; its records do.
+        let _ = self.server.stop().await;
     }
 }
 
@@ -69,16 +59,8 @@ pub fn serve_uds(router: Router, path: &Path) -> std::io::Result<Served> {
         std::fs::remove_file(path)?;
     }
     let listener = UnixListener::bind(path)?;
-    let (stop, stopped) = oneshot::channel::<()>();
-    let task = tokio::spawn(router.serve_with_incoming_shutdown(
-        UnixListenerStream::new(listener),
-        async {
-            let _ = stopped.await;
-        },
-    ));
     Ok(Served {
         path: path.to_owned(),
-        stop: Some(stop),
-        task: Some(task),
+        server: BareServer::spawn(router, UnixListenerStream::new(listener)),
     })
 }

@@ -2,6 +2,7 @@
 //! Unix socket, and a decide instance serving its gRPC API on another one.
 #![allow(dead_code)]
 
+use bigfleet_mesh::BareServer;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
@@ -21,7 +22,6 @@ use svc_shard_decide_core::{
     Decide, DecideConfig, DecideService, ProviderClient, Publisher, RailsConfig, ShardMetrics, edge,
 };
 use tokio::net::{UnixListener, UnixStream};
-use tokio::sync::oneshot;
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::{Channel, Endpoint, Server};
 use tonic::{Request, Response, Status};
@@ -191,18 +191,14 @@ impl CapacityProvider for TestProvider {
 }
 
 /// Serves `svc` on a fresh socket in `dir`; returns the path and a stopper.
-pub async fn serve_provider(dir: &Path, p: TestProvider) -> (PathBuf, oneshot::Sender<()>) {
+pub async fn serve_provider(dir: &Path, p: TestProvider) -> (PathBuf, BareServer) {
     let path = dir.join("provider.sock");
     let listener = UnixListener::bind(&path).unwrap();
-    let (tx, rx) = oneshot::channel::<()>();
-    tokio::spawn(
-        Server::builder()
-            .add_service(CapacityProviderServer::new(p))
-            .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                let _ = rx.await;
-            }),
+    let server = BareServer::spawn(
+        Server::builder().add_service(CapacityProviderServer::new(p)),
+        UnixListenerStream::new(listener),
     );
-    (path, tx)
+    (path, server)
 }
 
 /// A valid provider record.
@@ -242,7 +238,7 @@ pub struct Harness {
     pub events: svc_shard_decide_core::Events,
     pub decide_sock: PathBuf,
     pub readiness: Readiness,
-    stops: Vec<oneshot::Sender<()>>,
+    stops: Vec<BareServer>,
 }
 
 impl Harness {
@@ -281,16 +277,13 @@ impl Harness {
         let decide_sock = dir.path().join("decide.sock");
         let listener = UnixListener::bind(&decide_sock).unwrap();
         let svc = DecideService::new(decide.clone());
-        let (tx, rx) = oneshot::channel::<()>();
-        tokio::spawn(
+        let decide_server = BareServer::spawn(
             Server::builder()
                 .add_service(svc.ingest_server())
                 .add_service(svc.work_server())
                 .add_service(svc.shard_read_server())
-                .add_service(svc.shard_info_server())
-                .serve_with_incoming_shutdown(UnixListenerStream::new(listener), async {
-                    let _ = rx.await;
-                }),
+                .add_service(svc.shard_info_server()),
+            UnixListenerStream::new(listener),
         );
         Harness {
             dir,
@@ -299,7 +292,7 @@ impl Harness {
             events,
             decide_sock,
             readiness,
-            stops: vec![stop_provider, tx],
+            stops: vec![stop_provider, decide_server],
         }
     }
 
