@@ -390,17 +390,16 @@ async fn a_transfer_resumes_on_the_new_leader_after_failover() {
     let mut recipient = FakeShard::short_of_gpus("s0", 1);
     let mut donor = FakeShard::with_idle_gpus("s1", &["m1", "m2"]);
     donor.answering = false;
-    let start = Instant::now();
-    while donor.transfers().is_empty() {
+    wait_until(FORM, "a release instruction", async || {
         recipient.report(&mut c).await.unwrap();
         donor.report(&mut c).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            start.elapsed() < FORM,
-            "no release instruction\n{}",
-            dump_logs(&mut rs)
-        );
-    }
+        if donor.transfers().is_empty() {
+            Err(dump_logs(&mut rs))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let (release_id, _, term1) = donor.transfers()[0].clone();
 
     rs[leader].kill();
@@ -408,18 +407,17 @@ async fn a_transfer_resumes_on_the_new_leader_after_failover() {
     assert_ne!(new_leader, leader);
     let mut c = client(&rs[new_leader].api_addr()).await.unwrap();
     donor.answering = true;
-    let start = Instant::now();
-    while recipient.transfers().is_empty() {
+    wait_until(FORM, "an adopt instruction after failover", async || {
         // A report may land while the new leader is still settling; the shard just retries.
         let _ = donor.report(&mut c).await;
         let _ = recipient.report(&mut c).await;
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(
-            start.elapsed() < FORM,
-            "no adopt instruction after failover\n{}",
-            dump_logs(&mut rs)
-        );
-    }
+        if recipient.transfers().is_empty() {
+            Err(dump_logs(&mut rs))
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let after: Vec<_> = donor
         .transfers()
         .into_iter()

@@ -4,7 +4,7 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bigfleet_proto::v1alpha1::{self as pb};
 use clap::Parser;
@@ -78,12 +78,10 @@ async fn probes_follow_leadership_and_metrics_are_exposed() {
         .await
         .unwrap();
     let mport = r.metrics_addr.unwrap().port();
-    let start = Instant::now();
-    while health(r.api_addr, "bigfleet.v1alpha1.Coordinator").await != ServingStatus::Serving as i32
-    {
-        assert!(start.elapsed() < Duration::from_secs(10), "never SERVING");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    bigfleet_testkit::wait_until(Duration::from_secs(10), "SERVING", async || {
+        health(r.api_addr, "bigfleet.v1alpha1.Coordinator").await == ServingStatus::Serving as i32
+    })
+    .await;
     assert_eq!(http_get(mport, "/readyz").await.unwrap().0, 200);
 
     let mut c = client(&r.api_addr.to_string()).await.unwrap();

@@ -4,12 +4,12 @@
 
 mod common;
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bigfleet_proto::mesh::v1::coordinator_info_client::CoordinatorInfoClient;
 use bigfleet_proto::mesh::v1::{self as mpb};
 use bigfleet_proto::v1alpha1::{self as pb};
-use bigfleet_testkit::TlsPaths;
+use bigfleet_testkit::{TlsPaths, wait_until};
 use common::*;
 use tonic::Code;
 use tonic::transport::Channel;
@@ -75,13 +75,16 @@ async fn the_read_follows_a_transfer_from_release_to_done() {
     assert_eq!(owned, vec![("s0", vec![]), ("s1", vec![("zone", "z1")])]);
 
     // The rebalancer starts a transfer; the donor holds its ack, so it stays in release.
-    let start = Instant::now();
-    while donor.transfers().is_empty() {
+    wait_until(WITHIN, "a release instruction", async || {
         recipient.report(&mut c).await.unwrap();
         donor.report(&mut c).await.unwrap();
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(start.elapsed() < WITHIN, "no release\n{}", r.log_tail());
-    }
+        if donor.transfers().is_empty() {
+            Err(r.log_tail())
+        } else {
+            Ok(())
+        }
+    })
+    .await;
     let (release_id, _, _) = donor.transfers()[0].clone();
     let got = transfers(&mut info, "").await;
     assert_eq!(got.active.len(), 1, "{got:?}");
@@ -125,17 +128,17 @@ async fn the_read_follows_a_transfer_from_release_to_done() {
 
     // The donor answers, the recipient adopts: the transfer finishes into `recent`.
     donor.answering = true;
-    let start = Instant::now();
-    let done = loop {
+    let done = wait_until(WITHIN, "the transfer to finish", async || {
         donor.report(&mut c).await.unwrap();
         recipient.report(&mut c).await.unwrap();
         let got = transfers(&mut info, "").await;
         if got.active.is_empty() && !got.recent.is_empty() {
-            break got;
+            Ok(got)
+        } else {
+            Err(format!("{got:?}\n{}", r.log_tail()))
         }
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        assert!(start.elapsed() < WITHIN, "never finished\n{}", r.log_tail());
-    };
+    })
+    .await;
     let t = &done.recent[0];
     assert_eq!(
         (

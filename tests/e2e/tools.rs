@@ -9,9 +9,9 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use crate::harness::exe;
+use crate::harness::{exe, wait_until};
 use bigfleet_testkit::tools::{dump_and_shoot, run, tool};
 
 /// Renders `url` with Chromium (a screenshot into the target dir as `png`) and asserts the
@@ -63,16 +63,15 @@ impl Up {
             .kill_on_drop(true)
             .spawn()
             .expect("spawn bigfleet up");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        let ports = loop {
-            if let Ok(text) = std::fs::read_to_string(&ports)
-                && let Ok(v) = serde_json::from_str::<serde_json::Value>(&text)
-            {
-                break v;
-            }
-            assert!(Instant::now() < deadline, "no ports file from bigfleet up");
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        };
+        let ports = wait_until(
+            Duration::from_secs(60),
+            "the ports file of bigfleet up",
+            async || {
+                let text = std::fs::read_to_string(&ports).map_err(|e| e.to_string())?;
+                serde_json::from_str::<serde_json::Value>(&text).map_err(|e| e.to_string())
+            },
+        )
+        .await;
         Up {
             child,
             ports,
@@ -88,22 +87,16 @@ impl Up {
     async fn wait_for_needs(&self, cluster: &str) {
         let addr = self.inspect_http();
         let path = format!("/api/v1/clusters/{cluster}/needs");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
+        let what = format!("needs of {cluster} in inspect");
+        wait_until(Duration::from_secs(60), &what, async || {
             let body = http_get(&addr, &path).await;
             let total = serde_json::from_str::<serde_json::Value>(&body)
                 .ok()
                 .and_then(|v| v["needs"]["total"].as_u64())
                 .unwrap_or(0);
-            if total > 0 {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "no needs of {cluster} in inspect: {body}"
-            );
-            tokio::time::sleep(Duration::from_millis(250)).await;
-        }
+            if total > 0 { Ok(()) } else { Err(body) }
+        })
+        .await
     }
 
     async fn stop(mut self) {

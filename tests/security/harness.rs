@@ -5,7 +5,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use bigfleet_identity::ca::{CertificateAuthority, DEFAULT_CA_VALIDITY, IssuedLeaf, LeafRequest};
 use bigfleet_identity::{TlsContext, TlsFiles};
@@ -158,20 +158,15 @@ pub async fn channel(
 
 /// Waits until `addr` accepts TCP connections, failing with the process's log.
 pub async fn wait_listening(proc: &mut Proc, addr: SocketAddr) {
-    let start = Instant::now();
-    loop {
+    let what = format!("{} to listen on {addr}", proc.name);
+    wait_until(WAIT, &what, async || {
         if tokio::net::TcpStream::connect(addr).await.is_ok() {
-            return;
+            return Ok(());
         }
         proc.assert_running();
-        assert!(
-            start.elapsed() < WAIT,
-            "{} not listening on {addr}:\n{}",
-            proc.name,
-            proc.log_text()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+        Err(proc.log_text())
+    })
+    .await
 }
 
 /// A Prometheus sample from an ops port (`name` may carry labels in exposition order).
@@ -200,7 +195,7 @@ pub async fn http_get(addr: SocketAddr, path: &str) -> Option<String> {
     http_request(addr, path, &[]).await.map(|(_, body)| body)
 }
 
-pub use bigfleet_testkit::http_request;
+pub use bigfleet_testkit::{http_request, wait_until};
 
 /// The gRPC code of a call's outcome (`Ok` for success).
 pub fn code<T>(r: &Result<T, tonic::Status>) -> tonic::Code {
@@ -239,12 +234,11 @@ impl Shard {
                 "--metrics-addr=0".into(),
             ],
         );
-        let start = Instant::now();
-        while !provider_sock.exists() {
+        wait_until(WAIT, "the provider socket", async || {
             provider.assert_running();
-            assert!(start.elapsed() < WAIT, "provider socket never appeared");
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            provider_sock.exists()
+        })
+        .await;
         let work_addr = port();
         let decide_metrics = port();
         let mut decide_args = vec![
@@ -310,19 +304,14 @@ impl Coordinator {
         wait_listening(&mut proc, api).await;
         wait_listening(&mut proc, raft).await;
         // Leader elected: readiness turns 200.
-        let start = Instant::now();
-        loop {
+        wait_until(WAIT, "the coordinator to be ready", async || {
             if let Some((200, _)) = http_request(metrics, "/readyz", &[]).await {
-                break;
+                return Ok(());
             }
             proc.assert_running();
-            assert!(
-                start.elapsed() < WAIT,
-                "coordinator never ready:\n{}",
-                proc.log_text()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+            Err(proc.log_text())
+        })
+        .await;
         Self {
             proc,
             api,

@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use bigfleet_shardlease::testing::EtcdServer;
 use bigfleet_shardlease::{Campaign, EtcdConfig, EtcdShards, LeaderGate, ShardLeaseError, Term};
+use bigfleet_testkit::wait_until;
 
 /// A fresh etcd for one test (with test logging on), or `None` when etcd is not installed
 /// and the test skips.
@@ -125,11 +126,10 @@ async fn racing_campaigners_elect_exactly_one() {
         let s = shards(etcd.endpoints(), 2).await;
         gates.push(s.campaign(Campaign::new("shard-c")));
     }
-    let deadline = Instant::now() + Duration::from_secs(5);
-    while gates.iter().all(|g| g.current().is_none()) {
-        assert!(Instant::now() < deadline, "nobody won");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_until(Duration::from_secs(5), "a winner", async || {
+        gates.iter().any(|g| g.current().is_some())
+    })
+    .await;
     // Give any second winner time to show up.
     tokio::time::sleep(Duration::from_millis(500)).await;
     let leaders: Vec<Term> = gates.iter().filter_map(LeaderGate::current).collect();
@@ -405,19 +405,12 @@ async fn epochs_survive_an_etcd_leader_change() {
         .collect();
     let s = shards(survivors, 2).await;
     // The survivors elect a new leader; minting continues strictly above.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    let grant = loop {
-        match s.next_epoch("shard-l", 0).await {
-            Ok(g) => break g,
-            Err(e) => {
-                assert!(
-                    Instant::now() < deadline,
-                    "no epoch after leader change: {e}"
-                );
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    };
+    let grant = wait_until(
+        Duration::from_secs(10),
+        "an epoch after the leader change",
+        async || s.next_epoch("shard-l", 0).await,
+    )
+    .await;
     assert_eq!(grant.epoch, last + 1);
     let gate = s.campaign(Campaign::new("shard-l"));
     let term = term_within(&gate, Duration::from_secs(5)).await;

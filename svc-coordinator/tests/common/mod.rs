@@ -6,7 +6,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU16, Ordering};
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use bigfleet_testkit::wait_until;
 
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};
@@ -220,44 +222,38 @@ pub async fn leader_of(rs: &[Replica]) -> Option<usize> {
 }
 
 pub async fn wait_leader(rs: &mut [Replica], within: Duration) -> usize {
-    let start = Instant::now();
-    loop {
-        if let Some(i) = leader_of(rs).await {
-            return i;
+    wait_until(within, "a leader", async || match leader_of(rs).await {
+        Some(i) => Ok(i),
+        None => {
+            assert_none_died(rs);
+            Err(format!("none yet\n{}", dump_logs(rs)))
         }
-        assert_none_died(rs);
-        assert!(
-            start.elapsed() < within,
-            "no leader within {within:?}\n{}",
-            dump_logs(rs)
-        );
-        tokio::time::sleep(Duration::from_millis(25)).await;
-    }
+    })
+    .await
 }
 
 /// Waits until every running replica is ready and counts `voters` voters.
 pub async fn wait_formed(rs: &mut [Replica], voters: usize, within: Duration) {
-    let start = Instant::now();
-    loop {
+    let what = format!("the cluster to form with {voters} voters");
+    wait_until(within, &what, async || {
         assert_none_died(rs);
-        let mut ok = true;
+        let mut behind = Vec::new();
         for r in rs.iter().filter(|r| r.running()) {
-            let v = r.metric("bigfleet_coordinator_raft_voters").await;
-            if !(r.ready().await && v == Some(voters as f64)) {
-                ok = false;
-                break;
+            let (ready, v) = (
+                r.ready().await,
+                r.metric("bigfleet_coordinator_raft_voters").await,
+            );
+            if !(ready && v == Some(voters as f64)) {
+                behind.push(format!("{} ready {ready}, voters {v:?}", r.name));
             }
         }
-        if ok {
-            return;
+        if behind.is_empty() {
+            Ok(())
+        } else {
+            Err(format!("{}\n{}", behind.join("; "), dump_logs(rs)))
         }
-        assert!(
-            start.elapsed() < within,
-            "cluster did not form with {voters} voters within {within:?}\n{}",
-            dump_logs(rs)
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    })
+    .await
 }
 
 pub fn report(shard: &str, cycle: i64) -> pb::ShardReport {
