@@ -4,8 +4,9 @@
 //! and answers in a `.response` file next to it. Files, not a socket: nothing listens, and
 //! only someone who can write the run directory can ask.
 
+use std::convert::Infallible;
 use std::path::{Path, PathBuf};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use crate::cli::LabCommand;
 use crate::error::CliError;
@@ -90,23 +91,23 @@ pub async fn run(cmd: &LabCommand, timeout: Duration) -> Result<String, CliError
             path: req.clone(),
             source,
         })?;
-    let deadline = Instant::now() + timeout.max(Duration::from_secs(30));
-    loop {
-        if let Ok(text) = std::fs::read_to_string(&resp) {
-            let _ = std::fs::remove_file(&resp);
-            return match text.strip_prefix("error: ") {
-                Some(e) => Err(err(e.trim().to_owned())),
-                None => Ok(text),
-            };
-        }
-        if Instant::now() >= deadline {
-            let _ = std::fs::remove_file(&req);
-            return Err(err(format!(
-                "`bigfleet up` (run dir {}) did not answer in time; is it still running?",
-                run_dir.display()
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(100)).await;
+    let within = timeout.max(Duration::from_secs(30));
+    // The check owns its path: one borrowing it would leave this future Send for only
+    // one lifetime (a known async-closure limitation), and callers spawn it.
+    let answer_file = resp.clone();
+    let read = async move || Ok::<_, Infallible>(std::fs::read_to_string(&answer_file).ok());
+    let Ok(answer) = bigfleet_mesh::poll_until(within, Duration::from_millis(100), read).await;
+    let Some(text) = answer else {
+        let _ = std::fs::remove_file(&req);
+        return Err(err(format!(
+            "`bigfleet up` (run dir {}) did not answer in time; is it still running?",
+            run_dir.display()
+        )));
+    };
+    let _ = std::fs::remove_file(&resp);
+    match text.strip_prefix("error: ") {
+        Some(e) => Err(err(e.trim().to_owned())),
+        None => Ok(text),
     }
 }
 

@@ -17,8 +17,11 @@
 pub mod workers;
 
 use std::collections::BTreeMap;
+use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+
+use bigfleet_mesh::poll_until;
 
 use bigfleet_fake_provider::{
     CapacityKind, Catalog, FakeProvider, InstanceType, Pool, ProviderConfig, StateCounts,
@@ -284,30 +287,26 @@ impl InProcessShard {
             ),
         };
 
-        let deadline = Instant::now() + Duration::from_secs(30);
-        while !decide.decide().is_ready() {
-            if Instant::now() > deadline {
-                return Err(start_err("decide")("not ready after 30s".into()));
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let (within, every) = (Duration::from_secs(30), Duration::from_millis(10));
+        let Ok(ready) = poll_until(within, every, async || {
+            Ok::<_, Infallible>(decide.decide().is_ready().then_some(()))
+        })
+        .await;
+        ready.ok_or_else(|| start_err("decide")("not ready after 30s".into()))?;
         // Every worker process holds a Work stream before any demand arrives, so the
         // hand-out is shared from the first action on.
         if let Execute::Processes(procs) = &mut execute {
             let want = procs.len() as u64;
-            loop {
+            poll_until(within, every, async || {
                 procs.check_alive()?;
                 let text = decide_registry.encode_text().unwrap_or_default();
-                if sum_metric(&text, "bigfleet_shard_work_streams", None) >= want {
-                    break;
-                }
-                if Instant::now() > deadline {
-                    return Err(start_err("execute processes")(format!(
-                        "fewer than {want} work streams after 30s"
-                    )));
-                }
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
+                let streams = sum_metric(&text, "bigfleet_shard_work_streams", None);
+                Ok::<_, HarnessError>((streams >= want).then_some(()))
+            })
+            .await?
+            .ok_or_else(|| {
+                start_err("execute processes")(format!("fewer than {want} work streams after 30s"))
+            })?;
         }
         Ok(Self {
             provider,

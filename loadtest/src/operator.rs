@@ -16,6 +16,7 @@
 //! ```
 
 use std::collections::{BTreeMap, VecDeque};
+use std::convert::Infallible;
 use std::hash::{Hash, Hasher};
 use std::pin::Pin;
 use std::sync::Arc;
@@ -359,16 +360,12 @@ impl OperatorHandle {
         timeout: Duration,
         mut check: impl FnMut(&OperatorStats) -> bool,
     ) -> bool {
-        let deadline = Instant::now() + timeout;
-        loop {
-            if check(&self.stats()) {
-                return true;
-            }
-            if Instant::now() >= deadline {
-                return false;
-            }
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
+        let every = Duration::from_millis(10);
+        let Ok(held) = mesh_backoff::poll_until(timeout, every, async || {
+            Ok::<_, Infallible>(check(&self.stats()).then_some(()))
+        })
+        .await;
+        held.is_some()
     }
 
     /// Closes the session and stops reconnecting.

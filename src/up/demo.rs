@@ -148,9 +148,9 @@ pub async fn transfers(mesh: &Mesh) -> Result<TransfersView, UpError> {
 /// domain (no instruction pending), so no machine has two owners once demand arrives.
 pub async fn assign_zones(mesh: &Mesh, within: Duration) -> Result<(), UpError> {
     let shards = mesh.ports().shards.len();
-    let deadline = tokio::time::Instant::now() + within;
     let mut assigned = vec![false; shards];
-    loop {
+    let every = Duration::from_millis(250);
+    let settled = bigfleet_mesh::poll_until(within, every, async || {
         for (i, done) in assigned.iter_mut().enumerate() {
             if *done {
                 continue;
@@ -172,23 +172,22 @@ pub async fn assign_zones(mesh: &Mesh, within: Duration) -> Result<(), UpError> 
                 }
             }
         }
-        if assigned.iter().all(|d| *d)
-            && let Ok(v) = transfers(mesh).await
-            && v.shards.len() == shards
-            && v.shards
-                .iter()
-                .all(|s| s.domains.len() == 1 && s.pending_instruction_ids.is_empty())
-        {
-            return Ok(());
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return Err(UpError::Config(format!(
-                "the shards did not take their zones within {} (assigned: {assigned:?})",
-                humantime::format_duration(within)
-            )));
-        }
-        tokio::time::sleep(Duration::from_millis(250)).await;
-    }
+        let acknowledged = assigned.iter().all(|d| *d)
+            && transfers(mesh).await.is_ok_and(|v| {
+                v.shards.len() == shards
+                    && v.shards
+                        .iter()
+                        .all(|s| s.domains.len() == 1 && s.pending_instruction_ids.is_empty())
+            });
+        Ok::<_, UpError>(acknowledged.then_some(()))
+    })
+    .await?;
+    settled.ok_or_else(|| {
+        UpError::Config(format!(
+            "the shards did not take their zones within {} (assigned: {assigned:?})",
+            humantime::format_duration(within)
+        ))
+    })
 }
 
 #[cfg(test)]

@@ -8,6 +8,10 @@
 //! with a caller's RNG; [`Backoff`] is the stateful loop companion (next delay, reset on
 //! success, sleep) that owns its RNG, seedable for reproducible tests and load runs. It is
 //! also an endless [`Iterator`] of delays, the shape openraft's `Backoff` takes.
+//!
+//! [`poll_until`] is the other kind of wait: a condition polled at a fixed pace until a
+//! deadline (a child answering `/readyz`, a file appearing), for production code. Tests wait
+//! through `bigfleet_testkit::wait_until`, which panics instead of returning.
 
 use rand::rngs::SmallRng;
 use rand::{Rng, SeedableRng};
@@ -173,10 +177,69 @@ impl Iterator for Backoff {
     }
 }
 
+/// Runs `check` every `every` until it is done (`Ok(Some(v))`) or fails (`Err(e)`), both
+/// returned at once; `Ok(None)` once `within` has passed with the check still not done.
+/// The check always runs once more at the deadline, so a zero `within` is one try.
+///
+/// A check that borrows from its caller can leave the caller's future `Send` for one
+/// lifetime only (a compiler limitation of async closures); where that future is spawned,
+/// give the check owned copies (`async move ||`).
+pub async fn poll_until<T, E>(
+    within: Duration,
+    every: Duration,
+    mut check: impl AsyncFnMut() -> Result<Option<T>, E>,
+) -> Result<Option<T>, E> {
+    let deadline = tokio::time::Instant::now() + within;
+    loop {
+        if let Some(done) = check().await? {
+            return Ok(Some(done));
+        }
+        let now = tokio::time::Instant::now();
+        if now >= deadline {
+            return Ok(None);
+        }
+        tokio::time::sleep(every.min(deadline - now)).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use proptest::prelude::*;
+
+    #[tokio::test(start_paused = true)]
+    async fn poll_until_returns_the_value_an_error_or_none_at_the_deadline() {
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        let done = poll_until(Duration::from_secs(1), 10 * MS, async || {
+            tries += 1;
+            Ok::<_, String>((tries == 3).then_some(tries))
+        })
+        .await;
+        assert_eq!(done, Ok(Some(3)));
+        assert_eq!(started.elapsed(), 20 * MS, "two pauses between three tries");
+
+        let failed = poll_until(Duration::from_secs(1), 10 * MS, async || {
+            Err::<Option<()>, _>("child exited")
+        })
+        .await;
+        assert_eq!(
+            failed,
+            Err("child exited"),
+            "an error ends the wait at once"
+        );
+
+        let started = tokio::time::Instant::now();
+        let mut tries = 0;
+        let timed_out = poll_until(Duration::from_millis(95), 10 * MS, async || {
+            tries += 1;
+            Ok::<Option<()>, String>(None)
+        })
+        .await;
+        assert_eq!(timed_out, Ok(None));
+        assert_eq!(started.elapsed(), 95 * MS, "no sleep past the deadline");
+        assert_eq!(tries, 11, "ten paced tries and one at the deadline");
+    }
 
     const MS: Duration = Duration::from_millis(1);
 

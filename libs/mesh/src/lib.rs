@@ -18,7 +18,8 @@
 //! [`IntoStatus`] ([`error`]). Generated servers and clients get the 256 MiB limits with
 //! [`with_message_limits!`].
 //!
-//! **Retry loops** wait through [`backoff`] (exponential, capped, jittered). **Listen flags**
+//! **Retry loops** wait through [`backoff`] (exponential, capped, jittered); waits for a
+//! condition poll with [`poll_until`]. **Listen flags**
 //! parse with [`parse_listen_addr`] (`:port` ⇒ `[::]:port`) and bind with [`bind_tcp`]
 //! (dual-stack, IPv4 fallback).
 //!
@@ -46,7 +47,7 @@ mod server;
 mod stack;
 
 pub use authz::{AuthzPolicy, HEALTH_SERVICE, REFLECTION_SERVICES, RoleSet};
-pub use backoff::{Backoff, BackoffPolicy, Jitter};
+pub use backoff::{Backoff, BackoffPolicy, Jitter, poll_until};
 pub use bare::BareServer;
 pub use channel::{
     ChannelConfig, ChannelError, ClientStream, Target, TargetError, connect, connect_lazy,

@@ -13,7 +13,6 @@ use std::time::Duration;
 
 use rustix::process::{Pid, Signal};
 use tokio::process::{Child, Command};
-use tokio::time::Instant;
 
 use super::ShardLoadError;
 use super::prom;
@@ -236,38 +235,36 @@ impl Children {
         names: &[&str],
         timeout: Duration,
     ) -> Result<(), ShardLoadError> {
-        let deadline = Instant::now() + timeout;
-        loop {
+        let mut pending = Vec::new();
+        let ready = bigfleet_mesh::poll_until(timeout, Duration::from_millis(100), async || {
             self.check_alive()?;
-            let mut pending = Vec::new();
+            pending.clear();
             for p in self
                 .procs
                 .iter()
                 .filter(|p| names.contains(&p.name.as_str()))
             {
-                let ready = matches!(prom::http_get(p.ops, "/readyz").await, Ok((200, _)));
-                if !ready {
+                if !matches!(prom::http_get(p.ops, "/readyz").await, Ok((200, _))) {
                     pending.push(p.name.clone());
                 }
             }
-            if pending.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let tails = pending
-                    .iter()
-                    .filter_map(|n| self.procs.iter().find(|p| &p.name == n))
-                    .map(|p| format!("--- {} ({}) ---\n{}", p.name, p.log.display(), tail(&p.log)))
-                    .collect::<Vec<_>>()
-                    .join("\n");
-                return Err(ShardLoadError::NotReady {
-                    names: pending.join(", "),
-                    timeout,
-                    tails,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok::<_, ShardLoadError>(pending.is_empty().then_some(()))
+        })
+        .await?;
+        if ready.is_some() {
+            return Ok(());
         }
+        let tails = pending
+            .iter()
+            .filter_map(|n| self.procs.iter().find(|p| &p.name == n))
+            .map(|p| format!("--- {} ({}) ---\n{}", p.name, p.log.display(), tail(&p.log)))
+            .collect::<Vec<_>>()
+            .join("\n");
+        Err(ShardLoadError::NotReady {
+            names: pending.join(", "),
+            timeout,
+            tails,
+        })
     }
 
     /// An error naming (with its log) the first child that exited.
@@ -404,19 +401,15 @@ mod tests {
         drop(c);
         // The sleeper's group was killed: its pid goes away (reaped by tokio's orphan queue
         // or left a zombie only briefly).
-        let deadline = std::time::Instant::now() + Duration::from_secs(10);
-        loop {
+        bigfleet_testkit::wait_until(Duration::from_secs(10), "the sleeper to go", async || {
             let state =
                 std::fs::read_to_string(format!("/proc/{sleeper}/stat")).unwrap_or_default();
-            let gone = state.is_empty() || state.contains(") Z ");
-            if gone {
-                break;
+            if state.is_empty() || state.contains(") Z ") {
+                Ok(())
+            } else {
+                Err(format!("still running: {state}"))
             }
-            assert!(
-                std::time::Instant::now() < deadline,
-                "sleeper still running: {state}"
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
+        })
+        .await;
     }
 }

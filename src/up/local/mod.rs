@@ -170,6 +170,7 @@ impl Mesh {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[tokio::test]
     async fn start_rejects_inconsistent_specs() {
@@ -192,5 +193,52 @@ mod tests {
             Err(UpError::Spawn { name, .. }) => assert_eq!(name, "coordinator"),
             other => panic!("{other:?}"),
         }
+    }
+
+    /// A stand-in for the `bigfleet` executable: every child runs `script`.
+    fn spec_running(dir: &Path, script: &str) -> MeshSpec {
+        use std::os::unix::fs::PermissionsExt;
+        let exe = dir.join("fake-bigfleet");
+        std::fs::write(&exe, format!("#!/bin/sh\n{script}\n")).unwrap();
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(0o755)).unwrap();
+        let mut spec = MeshSpec::new(&exe, dir.join("run"));
+        spec.ready_timeout = Duration::from_millis(600);
+        spec
+    }
+
+    #[tokio::test]
+    async fn a_child_that_exits_before_ready_fails_start_with_its_log() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec_running(dir.path(), "echo boom-before-ready; exit 3");
+        match Mesh::start(spec).await {
+            Err(UpError::ChildFailed(crash)) => {
+                assert_eq!(crash.name, "coordinator");
+                assert!(
+                    crash.tail.iter().any(|l| l.contains("boom-before-ready")),
+                    "{crash}"
+                );
+            }
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_child_never_ready_fails_start_at_the_deadline_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let spec = spec_running(dir.path(), "echo still-starting; exec sleep 60");
+        let started = std::time::Instant::now();
+        match Mesh::start(spec).await {
+            Err(UpError::NotReady {
+                children,
+                tails,
+                timeout,
+            }) => {
+                assert_eq!(timeout, Duration::from_millis(600));
+                assert!(children.starts_with("coordinator ("), "{children}");
+                assert!(tails.contains("still-starting"), "{tails}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(started.elapsed() >= Duration::from_millis(600));
     }
 }

@@ -1,7 +1,9 @@
 //! Waiting for children to answer `/readyz`, failing early with the log tail of one that
 //! exits and, at the deadline, with why each one is still not ready.
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
+
+use bigfleet_mesh::poll_until;
 
 use super::children::{CRASH_TAIL_LINES, Crash};
 use super::{Mesh, UpError};
@@ -10,9 +12,9 @@ use crate::up::probe;
 impl Mesh {
     /// Waits until every listed child answers `/readyz` 200; fails early when one exits.
     pub(super) async fn wait_ready(&mut self, idx: &[usize]) -> Result<(), UpError> {
-        let deadline = Instant::now() + self.spec.ready_timeout;
         let mut pending: Vec<usize> = idx.to_vec();
-        loop {
+        let every = Duration::from_millis(100);
+        let ready = poll_until(self.spec.ready_timeout, every, async || {
             for &i in &pending {
                 let c = &mut self.children[i];
                 if let Some(status) = c.proc.try_exited() {
@@ -36,36 +38,35 @@ impl Mesh {
                 }
             }
             pending = still;
-            if pending.is_empty() {
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let mut names = Vec::new();
-                let mut tails = String::new();
-                for &i in &pending {
-                    let c = &self.children[i];
-                    let why = match c.ready {
-                        Some(a) => probe::http_get(a, "/readyz", Duration::from_secs(1))
-                            .await
-                            .map_or_else(
-                                |e| e.to_string(),
-                                |(code, b)| format!("{code} {}", b.trim()),
-                            ),
-                        None => String::new(),
-                    };
-                    names.push(format!("{} ({why})", c.proc.name()));
-                    tails.push_str(&format!("--- {} ---\n", c.proc.name()));
-                    for l in c.proc.log_tail(CRASH_TAIL_LINES) {
-                        tails.push_str(&format!("  | {l}\n"));
-                    }
-                }
-                return Err(UpError::NotReady {
-                    children: names.join(", "),
-                    timeout: self.spec.ready_timeout,
-                    tails,
-                });
-            }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            Ok(pending.is_empty().then_some(()))
+        })
+        .await?;
+        if ready.is_some() {
+            return Ok(());
         }
+        let mut names = Vec::new();
+        let mut tails = String::new();
+        for &i in &pending {
+            let c = &self.children[i];
+            let why = match c.ready {
+                Some(a) => probe::http_get(a, "/readyz", Duration::from_secs(1))
+                    .await
+                    .map_or_else(
+                        |e| e.to_string(),
+                        |(code, b)| format!("{code} {}", b.trim()),
+                    ),
+                None => String::new(),
+            };
+            names.push(format!("{} ({why})", c.proc.name()));
+            tails.push_str(&format!("--- {} ---\n", c.proc.name()));
+            for l in c.proc.log_tail(CRASH_TAIL_LINES) {
+                tails.push_str(&format!("  | {l}\n"));
+            }
+        }
+        Err(UpError::NotReady {
+            children: names.join(", "),
+            timeout: self.spec.ready_timeout,
+            tails,
+        })
     }
 }
