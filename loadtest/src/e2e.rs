@@ -21,11 +21,10 @@ use std::convert::Infallible;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bigfleet_mesh::poll_until;
-
 use bigfleet_fake_provider::{
     CapacityKind, Catalog, FakeProvider, InstanceType, Pool, ProviderConfig, StateCounts,
 };
+use bigfleet_mesh::poll_until;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::MetricsRegistry;
 use clap::Parser;

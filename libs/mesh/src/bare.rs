@@ -86,9 +86,19 @@ mod tests {
 
     #[tokio::test]
     async fn serves_until_stopped_then_refuses() {
+        use tonic_health::pb::HealthCheckRequest;
+        use tonic_health::pb::health_client::HealthClient;
         let (addr, incoming) = bound().await;
         let server = BareServer::spawn(health_router(), incoming);
-        assert!(tokio::net::TcpStream::connect(addr).await.is_ok());
+        let channel = tonic::transport::Endpoint::from_shared(format!("http://{addr}"))
+            .unwrap()
+            .connect()
+            .await
+            .unwrap();
+        let answer = HealthClient::new(channel)
+            .check(HealthCheckRequest::default())
+            .await;
+        assert!(answer.is_ok(), "the router is not served: {answer:?}");
         server.stop().await.unwrap();
         assert!(
             tokio::net::TcpStream::connect(addr).await.is_err(),

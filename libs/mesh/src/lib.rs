@@ -19,9 +19,8 @@
 //! [`with_message_limits!`].
 //!
 //! **Retry loops** wait through [`backoff`] (exponential, capped, jittered); waits for a
-//! condition poll with [`poll_until`]. **Listen flags**
-//! parse with [`parse_listen_addr`] (`:port` ⇒ `[::]:port`) and bind with [`bind_tcp`]
-//! (dual-stack, IPv4 fallback).
+//! condition poll with [`poll_until`]. **Listen flags** parse with [`parse_listen_addr`]
+//! (`:port` ⇒ `[::]:port`) and bind with [`bind_tcp`] (dual-stack, IPv4 fallback).
 //!
 //! **Fakes and doubles** that stand in for something outside the mesh serve a plain router
 //! with [`BareServer`].
