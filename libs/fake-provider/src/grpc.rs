@@ -116,7 +116,12 @@ impl CapacityProvider for ProviderGrpc {
     /// The slow path, used only when this trait impl is served without
     /// [`FakeProviderService`]; the answer is the same.
     async fn list(&self, request: Request<ListFilter>) -> Result<Response<MachineList>, Status> {
-        self.observe("List", Ok(self.provider.list(request.get_ref())))
+        let filter = request.get_ref();
+        let answer = self
+            .provider
+            .begin_list(filter)
+            .map(|lie| lie.unwrap_or_else(|| self.provider.list(filter)));
+        self.observe("List", answer)
     }
 }
 
@@ -213,9 +218,18 @@ fn server_span(req: &http::Request<Body>) -> tracing::Span {
 /// directly into the outgoing buffer, so no `MachineList` value and no second copy of a
 /// 100 MB answer ever exists.
 pub struct PendingList {
-    provider: Arc<FakeProvider>,
-    filter: ListFilter,
+    answer: ListAnswer,
     metrics: Option<ProviderMetrics>,
+}
+
+enum ListAnswer {
+    /// The store's content for the filter, encoded when sent.
+    Truth {
+        provider: Arc<FakeProvider>,
+        filter: ListFilter,
+    },
+    /// A scripted lie ([`crate::ListFault`]), already built.
+    Lie(MachineList),
 }
 
 #[derive(Clone)]
@@ -229,9 +243,22 @@ impl UnaryService<ListFilter> for ListHandler {
     type Future = std::future::Ready<Result<Response<PendingList>, Status>>;
 
     fn call(&mut self, request: Request<ListFilter>) -> Self::Future {
+        let filter = request.into_inner();
+        let answer = match self.provider.begin_list(&filter) {
+            Ok(None) => ListAnswer::Truth {
+                provider: self.provider.clone(),
+                filter,
+            },
+            Ok(Some(lie)) => ListAnswer::Lie(lie),
+            Err(e) => {
+                if let Some(m) = &self.metrics {
+                    m.observe("List", e.code());
+                }
+                return std::future::ready(Err(e.into()));
+            }
+        };
         std::future::ready(Ok(Response::new(PendingList {
-            provider: self.provider.clone(),
-            filter: request.into_inner(),
+            answer,
             metrics: self.metrics.clone(),
         })))
     }
@@ -263,7 +290,14 @@ impl Encoder for ListEncoder {
 
     fn encode(&mut self, item: PendingList, dst: &mut EncodeBuf<'_>) -> Result<(), Status> {
         let started = Instant::now();
-        let n = item.provider.encode_list(&item.filter, dst);
+        let n = match &item.answer {
+            ListAnswer::Truth { provider, filter } => provider.encode_list(filter, dst),
+            ListAnswer::Lie(list) => {
+                list.encode(dst)
+                    .map_err(|e| Status::internal(format!("encoding a scripted List: {e}")))?;
+                list.machines.len()
+            }
+        };
         if let Some(m) = &item.metrics {
             m.observe("List", tonic::Code::Ok);
             m.observe_list(n, started.elapsed());

@@ -9,7 +9,8 @@
 //!   `shard_metadata` stored and echoed verbatim and cleared with `cluster` when a drain
 //!   reaches IDLE, revisions with `since_revision` deltas, `max_results` and state
 //!   filters, and test hooks (failure injection, staged completion, readiness hold,
-//!   removal, shedding, adding machines in any state).
+//!   removal, shedding, adding or rewriting machines in any state, scripted List faults:
+//!   [`ListFault`]).
 //! * [`grpc`] adapts it to tonic; [`server`] serves it over TCP or a Unix socket with
 //!   health and reflection ([`spawn_tcp`], [`spawn_uds`]) and dials providers
 //!   ([`connect`]). List is written straight to the wire from pre-encoded templates so a
@@ -102,8 +103,8 @@ pub use fence::Mark;
 pub use grpc::FakeProviderService;
 pub use server::{ConnectError, ServerHandle, connect, spawn_tcp, spawn_uds};
 pub use store::{
-    Completion, FailureRates, FailureStyle, FakeProvider, Injection, OpKind, ProviderConfig,
-    ReserveBufMut, Stats, Token, TransitionModel,
+    Completion, FailureRates, FailureStyle, FakeProvider, Injection, ListFault, OpKind,
+    ProviderConfig, ReserveBufMut, Stats, Token, TransitionModel,
 };
 
 /// Every provider server and client here allows messages this large: the mesh's one

@@ -1,4 +1,4 @@
-//! The cycle end to end against an in-test provider over a Unix socket:
+//! The cycle end to end against the fake provider over a Unix socket:
 //! reconcile, readiness, the first-roll-up gate, rails and the ledgers.
 
 mod common;
@@ -35,11 +35,12 @@ fn configured_with_metadata(id: &str, cluster: &str, priority: i32) -> pb::Machi
 
 #[tokio::test]
 async fn readiness_latches_after_first_reconcile_and_restart_rebuilds_assignment() {
-    let p = TestProvider::default();
-    p.put(configured_with_metadata("m1", "c1", 700));
-    p.put(pm("m2", pb::MachineState::Idle, ""));
+    let p = provider();
+    p.add_machine(configured_with_metadata("m1", "c1", 700))
+        .unwrap();
+    p.add_machine(pm("m2", pb::MachineState::Idle, "")).unwrap();
     // More failures than the client's retries: the List fails for real.
-    p.fail_next_lists(1000);
+    list_down(&p);
     let h = Harness::start_with(cfg_rails_off(), p).await;
     assert!(!h.decide.is_ready());
     assert!(
@@ -49,7 +50,7 @@ async fn readiness_latches_after_first_reconcile_and_restart_rebuilds_assignment
     assert!(!h.readiness.is_ready());
     assert_eq!(h.decide.cycle_count(), 0);
 
-    h.provider.fail_next_lists(0);
+    h.provider.clear_list_script();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.machines, 2);
     assert!(h.decide.is_ready() && h.readiness.is_ready());
@@ -62,7 +63,7 @@ async fn readiness_latches_after_first_reconcile_and_restart_rebuilds_assignment
 
     // A later provider outage never un-readies the shard, and the shard keeps deciding
     // on what it last knew (ADR-0118).
-    h.provider.fail_next_lists(1000);
+    list_down(&h.provider);
     let r = h.decide.run_cycle().await.unwrap();
     assert!(r.stale);
     assert!(h.readiness.is_ready());
@@ -82,7 +83,7 @@ async fn stale_fixture() -> Harness {
 #[tokio::test]
 async fn a_failed_list_keeps_serving_demand_from_known_idle_machines() {
     let h = stale_fixture().await;
-    h.provider.fail_next_lists(1000);
+    list_down(&h.provider);
     // Demand arrives while the provider cannot be listed.
     edge::apply_rollup(&h.decide, &rollup("c2", vec![need(8, 5)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
@@ -116,7 +117,7 @@ async fn a_failed_list_never_reclaims_and_reclaims_resume_after_it() {
     edge::apply_rollup(&h.decide, &rollup("c1", vec![need(16, 10)])).unwrap();
     let r = h.decide.run_cycle().await.unwrap();
     assert_eq!(r.decided, 0, "c1's demand holds its machines");
-    h.provider.fail_next_lists(1000);
+    list_down(&h.provider);
     // c1 withdraws its demand while the provider cannot be listed: its machines may have
     // changed in ways decide cannot see, so nothing is taken away.
     edge::apply_rollup(&h.decide, &rollup("c1", vec![])).unwrap();
@@ -133,7 +134,7 @@ async fn a_failed_list_never_reclaims_and_reclaims_resume_after_it() {
     );
     assert_eq!(h.decide.action_counts(), (0, 0));
     // The List recovers: the same reclaims go out.
-    h.provider.fail_next_lists(0);
+    h.provider.clear_list_script();
     let r = h.decide.run_cycle().await.unwrap();
     assert!(!r.stale && !h.decide.verdicts().inventory_stale);
     assert_eq!((r.enqueued, r.held_stale), (4, 0), "{r:?}");
@@ -187,14 +188,16 @@ async fn needs_starved_by_others_are_counted_as_retries_exhausted() {
 async fn rejected_records_keep_last_known_good_over_the_wire() {
     let h = Harness::listing(cfg_rails_off(), [pm("m1", pb::MachineState::Idle, "")]).await;
     h.decide.run_cycle().await.unwrap();
-    h.provider.update("m1", |m| {
-        m.state = pb::MachineState::Configured as i32;
-        m.cluster = "c1".into();
-        m.price_per_hour = f64::NAN;
-    });
+    h.provider
+        .update_machine("m1", |m| {
+            m.state = pb::MachineState::Configured as i32;
+            m.cluster = "c1".into();
+            m.price_per_hour = f64::NAN;
+        })
+        .unwrap();
     let mut bad = pm("m2", pb::MachineState::Idle, "");
     bad.interruption_probability = 1.5;
-    h.provider.put(bad);
+    h.provider.add_machine(bad).unwrap();
     h.decide.run_cycle().await.unwrap();
     let m = h.decide.machine("m1").await.unwrap();
     assert_eq!(m.state, MachineState::Idle, "last-known-good kept");
@@ -225,14 +228,16 @@ async fn incremental_mode_pumps_the_cursor_and_skips_removals() {
         (5, false),
         "cold start lists everything"
     );
-    assert!(h.provider.state.lock().last_since.is_empty());
+    assert!(h.provider.last_since_revision().is_empty());
+    let cursor = h.provider.revision().to_string().into_bytes();
 
     h.provider
-        .update("m3", |m| m.state = pb::MachineState::Speculative as i32);
-    h.provider.update("m3", |m| m.host = None);
-    h.provider.remove("m4");
+        .update_machine("m3", |m| m.state = pb::MachineState::Speculative as i32)
+        .unwrap();
+    h.provider.update_machine("m3", |m| m.host = None).unwrap();
+    h.provider.remove_machine("m4").unwrap();
     let stats = h.decide.reconcile().await.unwrap();
-    assert_eq!(h.provider.state.lock().last_since, b"5".to_vec());
+    assert_eq!(h.provider.last_since_revision(), cursor);
     assert!(stats.incremental);
     assert_eq!(
         (
@@ -264,7 +269,7 @@ async fn incremental_mode_lists_everything_every_full_list_interval() {
     };
     let h = Harness::listing(cfg, idle_fleet(10, |i| format!("m{i}"))).await;
     assert!(!h.decide.reconcile().await.unwrap().incremental);
-    h.provider.remove("m9");
+    h.provider.remove_machine("m9").unwrap();
     let stats = h.decide.reconcile().await.unwrap();
     assert!(stats.incremental);
     assert!(
@@ -293,7 +298,7 @@ async fn full_mode_removes_unlisted_machines() {
     )
     .await;
     h.decide.reconcile().await.unwrap();
-    h.provider.remove("b");
+    h.provider.remove_machine("b").unwrap();
     let s = h.decide.reconcile().await.unwrap();
     assert_eq!(s.counts.removed, 1);
     assert!(h.decide.machine("b").await.is_none());
@@ -371,7 +376,8 @@ async fn reclaim_budget_spans_cycles_and_counts_at_hand_out() {
             let id = item.action.as_ref().unwrap().machine_id.clone();
             begin_drain(&mut client, &item).await.unwrap();
             h.provider
-                .update(&id, |m| m.state = pb::MachineState::Draining as i32);
+                .update_machine(&id, |m| m.state = pb::MachineState::Draining as i32)
+                .unwrap();
             total += 1;
         }
     }

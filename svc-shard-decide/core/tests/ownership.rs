@@ -151,13 +151,13 @@ async fn a_machine_with_a_decided_action_is_busy_until_it_settles() {
 
 #[tokio::test]
 async fn a_selector_release_chooses_owned_idle_machines_of_the_type() {
-    let p = TestProvider::default();
-    p.put(idle("a", "za", 0.1));
-    p.put(idle("b", "za", 0.1));
+    let p = provider();
+    p.add_machine(idle("a", "za", 0.1)).unwrap();
+    p.add_machine(idle("b", "za", 0.1)).unwrap();
     let mut other = idle("c", "za", 0.1);
     other.instance_type = "c5.large".into();
-    p.put(other);
-    p.put(idle("d-foreign", "zb", 0.1));
+    p.add_machine(other).unwrap();
+    p.add_machine(idle("d-foreign", "zb", 0.1)).unwrap();
     let h = Harness::start_with(cfg_rails_off(), p).await;
     h.decide.run_cycle().await.unwrap();
     h.decide.assign_domain(ZONE_KEY, "za");

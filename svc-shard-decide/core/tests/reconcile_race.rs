@@ -51,8 +51,10 @@ impl MachineSource for GatedSource {
 #[tokio::test]
 async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
     let dir = tempfile::tempdir().unwrap();
-    let provider = TestProvider::default();
-    provider.put(pm("i000", pb::MachineState::Idle, ""));
+    let provider = provider();
+    provider
+        .add_machine(pm("i000", pb::MachineState::Idle, ""))
+        .unwrap();
     let (provider_sock, _stop_provider) = serve_provider(dir.path(), provider.clone()).await;
     let source = Arc::new(GatedSource {
         inner: ProviderClient::new(bigfleet_mesh::client_stack(
@@ -113,10 +115,12 @@ async fn a_listing_older_than_a_finished_action_does_not_roll_it_back() {
         .expect("the cycle lists the provider");
 
     // Meanwhile the worker configures the machine and finishes the action.
-    provider.update("i000", |m| {
-        m.state = pb::MachineState::Configured as i32;
-        m.cluster = "c1".into();
-    });
+    provider
+        .update_machine("i000", |m| {
+            m.state = pb::MachineState::Configured as i32;
+            m.cluster = "c1".into();
+        })
+        .unwrap();
     report(
         &mut client,
         &item,

@@ -3,6 +3,7 @@
 
 mod common;
 
+use bigfleet_fake_provider::ListFault;
 use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;
@@ -338,11 +339,14 @@ async fn drain_completion_notifies_the_cluster_it_left() {
 
 #[tokio::test]
 async fn sessions_resync_and_hints_are_deduplicated() {
-    let p = TestProvider::default();
-    p.put(pm("b1", pb::MachineState::Configured, "c1"));
-    p.put(pm("b2", pb::MachineState::Configured, "c2"));
+    let p = provider();
+    p.add_machine(pm("b1", pb::MachineState::Configured, "c1"))
+        .unwrap();
+    p.add_machine(pm("b2", pb::MachineState::Configured, "c2"))
+        .unwrap();
     for i in 0..3 {
-        p.put(pm(&format!("i{i}"), pb::MachineState::Idle, ""));
+        p.add_machine(pm(&format!("i{i}"), pb::MachineState::Idle, ""))
+            .unwrap();
     }
     let mut h = Harness::start_with(cfg_rails_off(), p).await;
     h.decide.reconcile().await.unwrap();
@@ -537,7 +541,7 @@ async fn the_run_loop_wakes_on_accepted_rollups() {
 
 #[tokio::test]
 async fn a_roll_up_from_a_replaced_session_never_overwrites_the_newer_demand() {
-    let h = Harness::start_with(cfg_rails_off(), TestProvider::default()).await;
+    let h = Harness::start_with(cfg_rails_off(), provider()).await;
     let open = |session: u64| mesh::SessionOpenedRequest {
         cluster_id: "c1".into(),
         session_id: session,
@@ -582,12 +586,14 @@ async fn a_roll_up_from_a_replaced_session_never_overwrites_the_newer_demand() {
 /// is exactly where it was.
 #[tokio::test]
 async fn a_lying_provider_causes_no_removal_wave() {
-    let p = TestProvider::default();
+    let p = provider();
     for i in 0..40 {
-        p.put(pm(&format!("b{i:02}"), pb::MachineState::Configured, "c1"));
+        p.add_machine(pm(&format!("b{i:02}"), pb::MachineState::Configured, "c1"))
+            .unwrap();
     }
     for i in 0..10 {
-        p.put(pm(&format!("i{i:02}"), pb::MachineState::Idle, ""));
+        p.add_machine(pm(&format!("i{i:02}"), pb::MachineState::Idle, ""))
+            .unwrap();
     }
     let mut h = Harness::start_with(cfg_rails_off(), p.clone()).await;
     h.decide.reconcile().await.unwrap();
@@ -601,17 +607,17 @@ async fn a_lying_provider_causes_no_removal_wave() {
     let steady = h.decide.run_cycle().await.unwrap().decided;
     h.drain_events();
 
-    p.script([
-        Scripted::Empty,
-        Scripted::Empty,
-        Scripted::Empty,
-        Scripted::Truncated(5),
-        Scripted::Invalid,
+    p.script_lists([
+        ListFault::Empty,
+        ListFault::Empty,
+        ListFault::Empty,
+        ListFault::Truncated(5),
+        ListFault::Invalid,
     ]);
     // Every scripted answer is consumed (a cycle may List too); after each, nothing moved.
     let mut held = 0;
     let mut round = 0;
-    while !p.state.lock().script.is_empty() {
+    while p.list_script_len() > 0 {
         h.decide.reconcile().await.unwrap();
         held = held.max(h.decide.metrics().removals_held.get());
         assert_eq!(

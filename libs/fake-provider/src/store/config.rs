@@ -137,6 +137,20 @@ pub enum Injection {
     Fail { message: String },
 }
 
+/// What one List answers instead of the truth: the hostile or broken provider a consumer
+/// must survive without moving machines (issue 16's "a lying provider").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ListFault {
+    /// The call fails with UNAVAILABLE (the provider is down).
+    Unavailable,
+    /// No machines and no cursor: a provider that restarted with an empty store.
+    Empty,
+    /// Only the first `n` machines, and no cursor: a truncated answer.
+    Truncated(usize),
+    /// Every machine with a negative price, and no cursor: records that fail validation.
+    Invalid,
+}
+
 /// What the per-kind failure rates inject.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, clap::ValueEnum)]
 pub enum FailureStyle {

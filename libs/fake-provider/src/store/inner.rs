@@ -52,6 +52,18 @@ impl Inner {
         self.rec_mut(slot).framed = framed.into_boxed_slice();
     }
 
+    /// Puts `record` in the place of `slot`'s (same id), as a change: the operation on
+    /// record stays (idempotency), queued timers of the old state are dropped.
+    pub(super) fn replace(&mut self, slot: u32, mut record: Record) {
+        let old = self.rec(slot);
+        record.last_op = old.last_op;
+        record.generation = old.generation.wrapping_add(1);
+        self.counts[old.state as usize] -= 1;
+        self.counts[record.state as usize] += 1;
+        self.slots[slot as usize] = Some(record);
+        self.touch(slot);
+    }
+
     pub(super) fn remove(&mut self, slot: u32) {
         if let Some(rec) = self.slots[slot as usize].take() {
             self.counts[rec.state as usize] -= 1;

@@ -9,7 +9,7 @@
 //! machine nobody looks at cannot be observed to lag).
 
 use std::cmp::Reverse;
-use std::collections::{BTreeMap, BinaryHeap};
+use std::collections::{BTreeMap, BinaryHeap, VecDeque};
 use std::path::Path;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -20,7 +20,7 @@ use bigfleet_proto::v1alpha1::{
     MachineList, MachineState, TransitionAck,
 };
 use bytes::BufMut;
-use parking_lot::RwLock;
+use parking_lot::{Mutex, RwLock};
 use prost::Message;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -89,6 +89,46 @@ struct Record {
 }
 
 impl Record {
+    /// `machine` as a record, in whatever state it says (host, cluster, metadata and
+    /// last_error as given; an empty host in a state that has one gets the default host).
+    fn given(machine: Machine) -> Result<Self, ProviderError> {
+        let state = MachineState::try_from(machine.state)
+            .ok()
+            .filter(|s| *s != MachineState::Unspecified)
+            .ok_or_else(|| {
+                ProviderError::InvalidArgument(format!("machine {} has no valid state", machine.id))
+            })?;
+        if machine.id.is_empty() || machine.instance_type.is_empty() {
+            return Err(ProviderError::InvalidArgument(
+                "machine id and instance_type are required".into(),
+            ));
+        }
+        let mut statics = machine;
+        let id = std::mem::take(&mut statics.id);
+        statics.state = 0;
+        let host = match statics.host.take() {
+            Some(h) if !h.r#ref.is_empty() || !h.provider.is_empty() => Host::Custom {
+                provider: h.provider.into(),
+                reference: h.r#ref.into(),
+            },
+            _ if has_host_in(state) => Host::Own,
+            _ => Host::None,
+        };
+        let cluster = Some(std::mem::take(&mut statics.cluster))
+            .filter(|c| !c.is_empty())
+            .map(Into::into);
+        let metadata = Some(std::mem::take(&mut statics.shard_metadata))
+            .filter(|m| !m.is_empty())
+            .map(Box::new);
+        let last_error = Some(std::mem::take(&mut statics.last_error))
+            .filter(|e| !e.is_empty())
+            .map(Into::into);
+        let mut record = Record::arriving(id.into(), state, Template::new(statics), host, cluster);
+        record.metadata = metadata;
+        record.last_error = last_error;
+        Ok(record)
+    }
+
     /// A machine as it enters the store (seeded or added): no metadata, no error, no
     /// operation on record yet; its `framed` entry is written when it is inserted.
     fn arriving(
@@ -156,6 +196,17 @@ pub struct FakeProvider {
     /// Nanoseconds since `origin` of the earliest queued timer (`u64::MAX`: none), so reads
     /// only take the write lock when a timer is actually due.
     next_due: AtomicU64,
+    /// Lists seen and scripted List faults. Apart from the store's lock: a List must not
+    /// take the write lock just to be counted.
+    lists: Mutex<ListCalls>,
+}
+
+/// What the Lists so far asked for, and the faults the next ones answer with.
+#[derive(Debug, Default)]
+struct ListCalls {
+    calls: u64,
+    last_since: Vec<u8>,
+    script: VecDeque<ListFault>,
 }
 
 impl std::fmt::Debug for FakeProvider {
@@ -222,6 +273,7 @@ impl FakeProvider {
             }),
             origin: Instant::now(),
             next_due: AtomicU64::new(u64::MAX),
+            lists: Mutex::default(),
         }
     }
 
@@ -430,6 +482,43 @@ impl FakeProvider {
         }
     }
 
+    /// Counts a List call (cursor included) and takes the next scripted fault: `Ok(None)`
+    /// means answer the truth ([`FakeProvider::list`] / [`FakeProvider::encode_list`]),
+    /// `Ok(Some(_))` is the lie to answer instead. Both gRPC List paths call this first.
+    pub fn begin_list(&self, filter: &ListFilter) -> Result<Option<MachineList>, ProviderError> {
+        let fault = {
+            let mut lists = self.lists.lock();
+            lists.calls += 1;
+            lists.last_since.clone_from(&filter.since_revision);
+            lists.script.pop_front()
+        };
+        let Some(fault) = fault else {
+            return Ok(None);
+        };
+        let truth = || self.list(&ListFilter::default()).machines;
+        let machines = match fault {
+            ListFault::Unavailable => {
+                return Err(ProviderError::Injected {
+                    code: tonic::Code::Unavailable,
+                    message: "provider down (injected list fault)".into(),
+                });
+            }
+            ListFault::Empty => Vec::new(),
+            ListFault::Truncated(n) => truth().into_iter().take(n).collect(),
+            ListFault::Invalid => truth()
+                .into_iter()
+                .map(|mut m| {
+                    m.price_per_hour = -1.0;
+                    m
+                })
+                .collect(),
+        };
+        Ok(Some(MachineList {
+            machines,
+            revision: Vec::new(),
+        }))
+    }
+
     /// Writes the encoded `MachineList` for `filter` into `buf` (reserving the exact size
     /// first) and returns how many machines it holds.
     pub fn encode_list<B: ReserveBufMut>(&self, filter: &ListFilter, buf: &mut B) -> usize {
@@ -526,6 +615,32 @@ impl FakeProvider {
             .insert((id.into(), kind), injection);
     }
 
+    /// The next Lists answer `faults`, one each and in order (after any still queued),
+    /// then the truth again.
+    pub fn script_lists(&self, faults: impl IntoIterator<Item = ListFault>) {
+        self.lists.lock().script.extend(faults);
+    }
+
+    /// Drops the List faults not answered yet: the provider tells the truth again.
+    pub fn clear_list_script(&self) {
+        self.lists.lock().script.clear();
+    }
+
+    /// How many scripted List faults are still to be answered.
+    pub fn list_script_len(&self) -> usize {
+        self.lists.lock().script.len()
+    }
+
+    /// Lists called so far (answered truthfully or not).
+    pub fn list_calls(&self) -> u64 {
+        self.lists.lock().calls
+    }
+
+    /// The `since_revision` of the latest List (empty: a full List).
+    pub fn last_since_revision(&self) -> Vec<u8> {
+        self.lists.lock().last_since.clone()
+    }
+
     /// The machine vanishes (a delta List cannot tell; a full List no longer shows it).
     pub fn remove_machine(&self, id: &str) -> Result<(), ProviderError> {
         self.with_record(id, |g, slot| {
@@ -553,47 +668,38 @@ impl FakeProvider {
     /// Adds a machine in whatever state `machine` says (host, cluster, metadata,
     /// last_error as given; an empty host in a state that has one gets the default host).
     pub fn add_machine(&self, machine: Machine) -> Result<(), ProviderError> {
-        let state = MachineState::try_from(machine.state)
-            .ok()
-            .filter(|s| *s != MachineState::Unspecified)
-            .ok_or_else(|| {
-                ProviderError::InvalidArgument(format!("machine {} has no valid state", machine.id))
-            })?;
-        if machine.id.is_empty() || machine.instance_type.is_empty() {
-            return Err(ProviderError::InvalidArgument(
-                "machine id and instance_type are required".into(),
-            ));
-        }
-        let mut statics = machine;
-        let id = std::mem::take(&mut statics.id);
-        statics.state = 0;
-        let host = match statics.host.take() {
-            Some(h) if !h.r#ref.is_empty() || !h.provider.is_empty() => Host::Custom {
-                provider: h.provider.into(),
-                reference: h.r#ref.into(),
-            },
-            _ if has_host_in(state) => Host::Own,
-            _ => Host::None,
-        };
-        let cluster = Some(std::mem::take(&mut statics.cluster))
-            .filter(|c| !c.is_empty())
-            .map(Into::into);
-        let metadata = Some(std::mem::take(&mut statics.shard_metadata))
-            .filter(|m| !m.is_empty())
-            .map(Box::new);
-        let last_error = Some(std::mem::take(&mut statics.last_error))
-            .filter(|e| !e.is_empty())
-            .map(Into::into);
+        let record = Record::given(machine)?;
         let mut g = self.inner.write();
-        if g.index.contains_key(id.as_str()) {
-            return Err(ProviderError::AlreadyExists { id });
+        if g.index.contains_key(&record.id) {
+            return Err(ProviderError::AlreadyExists {
+                id: record.id.into(),
+            });
         }
-        let mut record = Record::arriving(id.into(), state, Template::new(statics), host, cluster);
-        record.metadata = metadata;
-        record.last_error = last_error;
         let slot = g.insert(record);
         g.touch(slot);
         Ok(())
+    }
+
+    /// Rewrites an existing machine through `edit` (state, host, cluster, price, anything,
+    /// read as [`FakeProvider::get`] shows it), as a change at a new revision: the
+    /// provider's view moved without a call through this API (a console, another
+    /// controller). Records that fail a consumer's validation are allowed on purpose.
+    pub fn update_machine(
+        &self,
+        id: &str,
+        edit: impl FnOnce(&mut Machine),
+    ) -> Result<Machine, ProviderError> {
+        self.with_record(id, |g, slot| {
+            let mut machine = g.to_proto(slot);
+            edit(&mut machine);
+            if machine.id != id {
+                return Err(ProviderError::InvalidArgument(format!(
+                    "an update cannot rename machine {id}"
+                )));
+            }
+            g.replace(slot, Record::given(machine)?);
+            Ok(g.to_proto(slot))
+        })
     }
 
     /// Adds every machine of `catalog` (ids must not collide with existing ones).

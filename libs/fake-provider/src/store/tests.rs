@@ -1034,3 +1034,81 @@ fn the_actuation_log_holds_accepted_calls_only() {
     assert!(audit.machines_actuated_twice.is_empty());
     assert_eq!(audit.fenced_calls_accepted, 0);
 }
+
+#[test]
+fn update_machine_is_a_change_and_keeps_the_state_counts() {
+    let p = instant();
+    let idle = first(&p, MachineState::Idle);
+    let idle_before = p.stats().by_state["idle"];
+    let ack = p.create(&create(&first(&p, MachineState::Speculative), "s", 1, 1));
+    assert!(ack.is_ok());
+    let r0 = rev_of(&p.list(&ListFilter::default()));
+    let m = p
+        .update_machine(&idle, |m| {
+            m.state = MachineState::Configured as i32;
+            m.cluster = "c9".into();
+            m.price_per_hour = f64::NAN;
+        })
+        .unwrap();
+    assert_eq!(
+        (m.state, m.cluster.as_str()),
+        (MachineState::Configured as i32, "c9")
+    );
+    assert!(m.price_per_hour.is_nan(), "invalid records pass on purpose");
+    // One more idle from the create, one less from the update.
+    assert_eq!(p.stats().by_state["idle"], idle_before);
+    let delta = p.list(&since(&r0));
+    assert_eq!(
+        delta
+            .machines
+            .iter()
+            .map(|m| m.id.as_str())
+            .collect::<Vec<_>>(),
+        [idle.as_str()]
+    );
+    assert!(matches!(
+        p.update_machine(&idle, |m| m.id = "other".into()),
+        Err(ProviderError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        p.update_machine("nope", |_| {}),
+        Err(ProviderError::NotFound { .. })
+    ));
+}
+
+#[test]
+fn scripted_list_faults_are_answered_in_order_then_the_truth() {
+    let p = instant();
+    let all = p.list(&ListFilter::default()).machines.len();
+    assert!(p.begin_list(&ListFilter::default()).unwrap().is_none());
+    p.script_lists([
+        ListFault::Unavailable,
+        ListFault::Empty,
+        ListFault::Truncated(2),
+        ListFault::Invalid,
+    ]);
+    assert_eq!(p.list_script_len(), 4);
+    let cursor = ListFilter {
+        since_revision: b"42".to_vec(),
+        ..ListFilter::default()
+    };
+    let down = p.begin_list(&cursor).unwrap_err();
+    assert_eq!(down.code(), tonic::Code::Unavailable);
+    assert_eq!(p.last_since_revision(), b"42");
+    let empty = p.begin_list(&ListFilter::default()).unwrap().unwrap();
+    assert!(empty.machines.is_empty() && empty.revision.is_empty());
+    assert!(p.last_since_revision().is_empty());
+    let cut = p.begin_list(&ListFilter::default()).unwrap().unwrap();
+    assert_eq!((cut.machines.len(), cut.revision.len()), (2, 0));
+    let bad = p.begin_list(&ListFilter::default()).unwrap().unwrap();
+    assert_eq!(bad.machines.len(), all);
+    assert!(bad.machines.iter().all(|m| m.price_per_hour < 0.0));
+    assert!(bad.revision.is_empty());
+    assert!(p.begin_list(&ListFilter::default()).unwrap().is_none());
+    assert_eq!(p.list_calls(), 6);
+
+    p.script_lists([ListFault::Unavailable; 3]);
+    p.clear_list_script();
+    assert_eq!(p.list_script_len(), 0);
+    assert!(p.begin_list(&ListFilter::default()).unwrap().is_none());
+}

@@ -1,19 +1,15 @@
-//! Shared fixtures: an in-test CapacityProvider (List/Get only) served over a
-//! Unix socket, and a decide instance serving its gRPC API on another one.
+//! Shared fixtures: the fake capacity provider served over a Unix socket, and a decide
+//! instance serving its gRPC API on another one.
 #![allow(dead_code)]
 
+use bigfleet_fake_provider::{FakeProvider, ListFault, ProviderConfig, ServerHandle, spawn_uds};
 use bigfleet_mesh::BareServer;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::ingest_client::IngestClient;
 use bigfleet_proto::mesh::v1::work_client::WorkClient;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_proto::v1alpha1::capacity_provider_server::{
-    CapacityProvider, CapacityProviderServer,
-};
 use bigfleet_telemetry::Readiness;
 use hyper_util::rt::TokioIo;
-use parking_lot::Mutex;
-use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -23,8 +19,8 @@ use svc_shard_decide_core::{
 };
 use tokio::net::{UnixListener, UnixStream};
 use tokio_stream::wrappers::UnixListenerStream;
+use tonic::Status;
 use tonic::transport::{Channel, Endpoint, Server};
-use tonic::{Request, Response, Status};
 
 /// A channel to a Unix socket.
 pub fn uds_channel(path: &Path) -> Channel {
@@ -37,167 +33,23 @@ pub fn uds_channel(path: &Path) -> Channel {
     ))
 }
 
-#[derive(Default)]
-pub struct ProviderState {
-    pub machines: BTreeMap<String, pb::Machine>,
-    pub rev: u64,
-    pub log: Vec<(u64, String)>,
-    pub fail_lists: u32,
-    /// Answers for the next Lists, in order, instead of the truth (hostile-provider tests).
-    pub script: std::collections::VecDeque<Scripted>,
-    pub list_calls: u32,
-    pub last_since: Vec<u8>,
+/// An empty provider (the one fake, `bigfleet-fake-provider`); tests add machines with
+/// `add_machine`, change them behind decide's back with `update_machine` /
+/// `remove_machine`, and script hostile Lists with `script_lists`.
+pub fn provider() -> Arc<FakeProvider> {
+    Arc::new(FakeProvider::new(ProviderConfig::default()))
 }
 
-/// A lie a scripted List tells.
-#[derive(Debug, Clone, Copy)]
-pub enum Scripted {
-    /// Nothing at all (a provider that restarted with an empty store).
-    Empty,
-    /// Only the first n machines (a truncated answer).
-    Truncated(usize),
-    /// Every machine, each failing validation (negative price).
-    Invalid,
+/// The provider's List fails until `clear_list_script`: more failures than any test lists
+/// and more than the client's retries.
+pub fn list_down(p: &FakeProvider) {
+    p.script_lists(std::iter::repeat_n(ListFault::Unavailable, 1000));
 }
 
-/// In-memory provider: List with a decimal revision cursor, Get; mutations
-/// are test hooks, the lifecycle RPCs are Unimplemented.
-#[derive(Clone, Default)]
-pub struct TestProvider {
-    pub state: Arc<Mutex<ProviderState>>,
-}
-
-impl TestProvider {
-    pub fn put(&self, m: pb::Machine) {
-        let mut s = self.state.lock();
-        s.rev += 1;
-        let rev = s.rev;
-        s.log.push((rev, m.id.clone()));
-        s.machines.insert(m.id.clone(), m);
-    }
-
-    pub fn remove(&self, id: &str) {
-        let mut s = self.state.lock();
-        s.rev += 1;
-        s.machines.remove(id);
-    }
-
-    pub fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
-        let mut m = self.state.lock().machines[id].clone();
-        f(&mut m);
-        self.put(m);
-    }
-
-    /// The next Lists answer `answers` in order, then the truth again.
-    pub fn script(&self, answers: impl IntoIterator<Item = Scripted>) {
-        self.state.lock().script.extend(answers);
-    }
-
-    pub fn fail_next_lists(&self, n: u32) {
-        self.state.lock().fail_lists = n;
-    }
-
-    pub fn list_calls(&self) -> u32 {
-        self.state.lock().list_calls
-    }
-}
-
-#[tonic::async_trait]
-impl CapacityProvider for TestProvider {
-    async fn create(
-        &self,
-        _: Request<pb::CreateRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        Err(Status::unimplemented("test provider"))
-    }
-    async fn configure(
-        &self,
-        _: Request<pb::ConfigureRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        Err(Status::unimplemented("test provider"))
-    }
-    async fn drain(
-        &self,
-        _: Request<pb::DrainRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        Err(Status::unimplemented("test provider"))
-    }
-    async fn delete(
-        &self,
-        _: Request<pb::DeleteRequest>,
-    ) -> Result<Response<pb::TransitionAck>, Status> {
-        Err(Status::unimplemented("test provider"))
-    }
-    async fn get(&self, r: Request<pb::MachineRef>) -> Result<Response<pb::Machine>, Status> {
-        self.state
-            .lock()
-            .machines
-            .get(&r.get_ref().id)
-            .cloned()
-            .map(Response::new)
-            .ok_or_else(|| Status::not_found("no such machine"))
-    }
-    async fn list(&self, r: Request<pb::ListFilter>) -> Result<Response<pb::MachineList>, Status> {
-        let mut s = self.state.lock();
-        s.list_calls += 1;
-        if s.fail_lists > 0 {
-            s.fail_lists -= 1;
-            return Err(Status::unavailable("provider down"));
-        }
-        if let Some(answer) = s.script.pop_front() {
-            let all: Vec<pb::Machine> = s.machines.values().cloned().collect();
-            let machines = match answer {
-                Scripted::Empty => Vec::new(),
-                Scripted::Truncated(n) => all.into_iter().take(n).collect(),
-                Scripted::Invalid => all
-                    .into_iter()
-                    .map(|mut m| {
-                        m.price_per_hour = -1.0;
-                        m
-                    })
-                    .collect(),
-            };
-            return Ok(Response::new(pb::MachineList {
-                machines,
-                revision: Vec::new(),
-            }));
-        }
-        let since = r.get_ref().since_revision.clone();
-        s.last_since.clone_from(&since);
-        let cursor: Option<u64> = std::str::from_utf8(&since)
-            .ok()
-            .and_then(|t| t.parse().ok());
-        let machines = match cursor {
-            None => s.machines.values().cloned().collect(),
-            Some(c) => {
-                let mut ids: Vec<&String> = s
-                    .log
-                    .iter()
-                    .filter(|(r, _)| *r > c)
-                    .map(|(_, id)| id)
-                    .collect();
-                ids.sort();
-                ids.dedup();
-                ids.into_iter()
-                    .filter_map(|id| s.machines.get(id).cloned())
-                    .collect()
-            }
-        };
-        Ok(Response::new(pb::MachineList {
-            machines,
-            revision: s.rev.to_string().into_bytes(),
-        }))
-    }
-}
-
-/// Serves `svc` on a fresh socket in `dir`; returns the path and a stopper.
-pub async fn serve_provider(dir: &Path, p: TestProvider) -> (PathBuf, BareServer) {
+/// Serves `p` on a fresh socket in `dir`; returns the path and the server (stops on drop).
+pub async fn serve_provider(dir: &Path, p: Arc<FakeProvider>) -> (PathBuf, ServerHandle) {
     let path = dir.join("provider.sock");
-    let listener = UnixListener::bind(&path).unwrap();
-    let server = BareServer::spawn(
-        Server::builder().add_service(CapacityProviderServer::new(p)),
-        UnixListenerStream::new(listener),
-    );
+    let server = spawn_uds(&path, p).await.expect("serve the fake provider");
     (path, server)
 }
 
@@ -233,17 +85,18 @@ pub fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>) -> mesh::ApplyRollupR
 
 pub struct Harness {
     pub dir: tempfile::TempDir,
-    pub provider: TestProvider,
+    pub provider: Arc<FakeProvider>,
     pub decide: Decide,
     pub events: svc_shard_decide_core::Events,
     pub decide_sock: PathBuf,
     pub readiness: Readiness,
-    stops: Vec<BareServer>,
+    _provider_server: ServerHandle,
+    _decide_server: BareServer,
 }
 
 impl Harness {
     pub async fn start(cfg: DecideConfig) -> Harness {
-        Self::start_with(cfg, TestProvider::default()).await
+        Self::start_with(cfg, provider()).await
     }
 
     /// A harness whose provider starts out listing `machines`.
@@ -251,16 +104,16 @@ impl Harness {
         cfg: DecideConfig,
         machines: impl IntoIterator<Item = pb::Machine>,
     ) -> Harness {
-        let provider = TestProvider::default();
+        let provider = provider();
         for m in machines {
-            provider.put(m);
+            provider.add_machine(m).unwrap();
         }
         Self::start_with(cfg, provider).await
     }
 
-    pub async fn start_with(cfg: DecideConfig, provider: TestProvider) -> Harness {
+    pub async fn start_with(cfg: DecideConfig, provider: Arc<FakeProvider>) -> Harness {
         let dir = tempfile::tempdir().unwrap();
-        let (provider_sock, stop_provider) = serve_provider(dir.path(), provider.clone()).await;
+        let (provider_sock, provider_server) = serve_provider(dir.path(), provider.clone()).await;
         let (publisher, events) = Publisher::channel(100_000);
         let readiness = Readiness::not_ready("first provider reconcile not yet complete");
         let decide = Decide::new(
@@ -292,7 +145,8 @@ impl Harness {
             events,
             decide_sock,
             readiness,
-            stops: vec![stop_provider, decide_server],
+            _provider_server: provider_server,
+            _decide_server: decide_server,
         }
     }
 
