@@ -15,7 +15,7 @@ use tokio::time::Instant;
 use crate::certs::{CertError, DirCa};
 use crate::demand::{Churn, Demand};
 use crate::latency::LatencyRecorder;
-use crate::operator::{Operator, OperatorConfig, OperatorHandle, Totals};
+use crate::operator::{Operator, OperatorConfig, OperatorHandle, SessionErrors, Totals};
 
 /// A load-test run.
 #[derive(Debug, Clone)]
@@ -79,8 +79,9 @@ pub struct LoadReport {
     pub ack_p50_ms: f64,
     pub ack_p99_ms: f64,
     /// Failed connects, lost sessions, rejected or unapplied roll-ups and dropped responses
-    /// over the whole run.
-    pub errors: u64,
+    /// over the whole run, and their sum.
+    #[serde(flatten)]
+    pub errors: SessionErrors,
     /// Gateway resident memory at the end of the window, under roll-up load (needs
     /// `--gateway-pid`).
     pub rss_mb_gateway: Option<f64>,
@@ -101,10 +102,6 @@ pub struct LoadReport {
     pub cpu_s_load: Option<f64>,
     pub ramp_s: f64,
     pub measure_s: f64,
-    pub connect_failures: u64,
-    pub disconnects: u64,
-    pub rollups_rejected: u64,
-    pub rollups_not_applied: u64,
     pub rollups_coalesced: u64,
 }
 
@@ -330,7 +327,7 @@ pub async fn run(cfg: LoadConfig, mut progress: impl FnMut(&str)) -> Result<Load
         rollups_per_s: acks as f64 / measure_s.max(1e-6),
         ack_p50_ms: latency.quantile_ms(0.5),
         ack_p99_ms: latency.quantile_ms(0.99),
-        errors: end.errors(),
+        errors: end.errors,
         rss_mb_gateway: end_rss,
         rss_mb_gateway_baseline: baseline,
         rss_mb_gateway_idle: idle_rss,
@@ -340,10 +337,6 @@ pub async fn run(cfg: LoadConfig, mut progress: impl FnMut(&str)) -> Result<Load
         cpu_s_load,
         ramp_s,
         measure_s,
-        connect_failures: end.connect_failures,
-        disconnects: end.disconnects,
-        rollups_rejected: end.rejected,
-        rollups_not_applied: end.not_applied,
         rollups_coalesced: end.coalesced,
     })
 }

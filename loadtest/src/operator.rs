@@ -207,6 +207,31 @@ impl OperatorStats {
     }
 }
 
+/// What went wrong in a fleet of operators' sessions, as every load report shows it
+/// (flattened into the report: the JSON keys are the field names, `errors` the sum).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq, serde::Serialize)]
+pub struct SessionErrors {
+    /// Everything below, summed ([`OperatorStats::errors`] over the fleet).
+    #[serde(rename = "errors")]
+    pub total: u64,
+    pub connect_failures: u64,
+    pub disconnects: u64,
+    pub rollups_rejected: u64,
+    pub rollups_not_applied: u64,
+    pub responses_dropped: u64,
+}
+
+impl SessionErrors {
+    fn add(&mut self, s: &OperatorStats) {
+        self.total += s.errors();
+        self.connect_failures += s.connect_failures;
+        self.disconnects += s.disconnects;
+        self.rollups_rejected += s.rollups_rejected;
+        self.rollups_not_applied += s.rollups_not_applied;
+        self.responses_dropped += s.responses_dropped;
+    }
+}
+
 /// Counters summed over a fleet of operators (a snapshot), as the load tests
 /// read them once a second and at both ends of their measurement windows.
 #[derive(Debug, Default, Clone, Copy)]
@@ -216,11 +241,7 @@ pub(crate) struct Totals {
     pub(crate) connected_and_acked: usize,
     pub(crate) rollups_sent: u64,
     pub(crate) acks: u64,
-    pub(crate) connect_failures: u64,
-    pub(crate) disconnects: u64,
-    pub(crate) rejected: u64,
-    pub(crate) not_applied: u64,
-    pub(crate) dropped: u64,
+    pub(crate) errors: SessionErrors,
     pub(crate) coalesced: u64,
     pub(crate) node_updates: u64,
     pub(crate) available_updates: u64,
@@ -236,11 +257,7 @@ impl Totals {
             t.connected_and_acked += usize::from(s.connected && s.rollup_acks > 0);
             t.rollups_sent += s.rollups_sent;
             t.acks += s.rollup_acks;
-            t.connect_failures += s.connect_failures;
-            t.disconnects += s.disconnects;
-            t.rejected += s.rollups_rejected;
-            t.not_applied += s.rollups_not_applied;
-            t.dropped += s.responses_dropped;
+            t.errors.add(&s);
             t.coalesced += s.rollups_coalesced;
             t.node_updates += s.node_updates;
             t.available_updates += s.available_updates;
@@ -261,7 +278,7 @@ impl Totals {
 
     /// [`OperatorStats::errors`] over the fleet.
     pub(crate) fn errors(&self) -> u64 {
-        self.connect_failures + self.disconnects + self.rejected + self.not_applied + self.dropped
+        self.errors.total
     }
 }
 
@@ -820,6 +837,46 @@ impl futures::Stream for OutStream {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn session_errors_sum_every_kind_and_flatten_into_a_report() {
+        let op = |n: u64| OperatorStats {
+            connect_failures: n,
+            disconnects: 2 * n,
+            rollups_rejected: 3 * n,
+            rollups_not_applied: 4 * n,
+            responses_dropped: 5 * n,
+            rollups_coalesced: 100,
+            ..OperatorStats::default()
+        };
+        let mut e = SessionErrors::default();
+        e.add(&op(1));
+        e.add(&op(10));
+        assert_eq!(e.total, 15 * 11, "coalescing is not an error");
+        #[derive(serde::Serialize)]
+        struct Report {
+            sessions: u32,
+            #[serde(flatten)]
+            errors: SessionErrors,
+        }
+        let v = serde_json::to_value(Report {
+            sessions: 2,
+            errors: e,
+        })
+        .unwrap();
+        assert_eq!(
+            v,
+            serde_json::json!({
+                "sessions": 2,
+                "errors": 165,
+                "connect_failures": 11,
+                "disconnects": 22,
+                "rollups_rejected": 33,
+                "rollups_not_applied": 44,
+                "responses_dropped": 55,
+            })
+        );
+    }
 
     #[test]
     fn backoff_doubles_from_500ms_to_30s() {

@@ -46,7 +46,7 @@ use tokio_util::sync::CancellationToken;
 use crate::demand::{Demand, NeedSpec};
 use crate::gateway_load::{cpu_seconds, rss_mb};
 use crate::latency::LatencyRecorder;
-use crate::operator::{Backoff, Operator, OperatorConfig, OperatorHandle, Totals};
+use crate::operator::{Backoff, Operator, OperatorConfig, OperatorHandle, SessionErrors, Totals};
 
 use self::procs::{Binaries, Children, Role};
 use self::prom::Scrape;
@@ -260,13 +260,9 @@ pub struct ShardLoadReport {
     pub gateway_rss_mib: Option<f64>,
     pub execute_rss_mib: Option<f64>,
     pub provider_rss_mib: Option<f64>,
-    /// Everything that went wrong over the whole run (sum of the fields below).
-    pub errors: u64,
-    pub connect_failures: u64,
-    pub disconnects: u64,
-    pub rollups_rejected: u64,
-    pub rollups_not_applied: u64,
-    pub responses_dropped: u64,
+    /// Everything that went wrong in the operators' sessions over the whole run, and its sum.
+    #[serde(flatten)]
+    pub errors: SessionErrors,
     /// 1-minute load average when the run started (other work on the machine).
     pub load_average_at_start: Option<f64>,
     pub targets: Targets,
@@ -526,7 +522,7 @@ pub fn targets(cfg: &ShardLoadConfig, r: &ShardLoadReport) -> Targets {
             );
             checks.insert("decide_cpu_cores".into(), check(0.5, r.decide_cpu_cores));
             checks.insert("cycle_p99_ms".into(), check(100.0, r.cycle_p99_ms));
-            checks.insert("errors".into(), check(0.0, Some(r.errors as f64)));
+            checks.insert("errors".into(), check(0.0, Some(r.errors.total as f64)));
             "10k"
         }
         (true, 1000) => {
@@ -954,12 +950,7 @@ async fn measure(
         gateway_rss_mib: rss(Role::Gateway),
         execute_rss_mib: rss(Role::Execute),
         provider_rss_mib: rss(Role::Provider),
-        errors: t1.errors(),
-        connect_failures: t1.connect_failures,
-        disconnects: t1.disconnects,
-        rollups_rejected: t1.rejected,
-        rollups_not_applied: t1.not_applied,
-        responses_dropped: t1.dropped,
+        errors: t1.errors,
         load_average_at_start: None,
         targets: Targets {
             shape: "n/a".into(),
@@ -1083,12 +1074,7 @@ mod tests {
             gateway_rss_mib: Some(300.0),
             execute_rss_mib: Some(10.0),
             provider_rss_mib: Some(50.0),
-            errors: 0,
-            connect_failures: 0,
-            disconnects: 0,
-            rollups_rejected: 0,
-            rollups_not_applied: 0,
-            responses_dropped: 0,
+            errors: SessionErrors::default(),
             load_average_at_start: Some(1.0),
             targets: Targets {
                 shape: "n/a".into(),

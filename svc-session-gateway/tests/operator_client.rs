@@ -255,7 +255,7 @@ async fn the_load_runner_reports_a_clean_small_run() {
         .unwrap();
     assert!(lines >= 2, "progress lines");
     assert_eq!((report.sessions, report.connected), (20, 20));
-    assert_eq!(report.errors, 0, "{report:?}");
+    assert_eq!(report.errors.total, 0, "{report:?}");
     assert!(report.acks > 20, "{report:?}");
     assert!(report.rollups_per_s > 20.0, "{report:?}");
     assert!(report.ack_p99_ms > 0.0 && report.ack_p99_ms >= report.ack_p50_ms);
