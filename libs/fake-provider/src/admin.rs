@@ -14,6 +14,7 @@
 //! | `POST /admin/shed-speculative` | `{"fraction"}` | drop Speculative slots |
 //! | `POST /admin/set-allocatable` | `{"id", "allocatable": {..}}` | change allocatable |
 //! | `POST /admin/add-catalog` | a catalog document | add its machines |
+//! | `POST /admin/list-faults` | `{"faults": [..]?, "clear"?}` | the next Lists answer these ([`ListFault`]: `"unavailable"`, `"empty"`, `{"truncated": n}`, `"invalid"`), after `clear` drops those still queued; answers `{"pending", "list_calls"}` |
 //! | `POST /admin/failure-rates` | `{"create"?, "configure"?, "drain"?, "delete"?, "style"?}` | change rates |
 //!
 //! Errors answer `{"error": "..."}` with 404 (unknown machine), 409 (wrong state) or 400.
@@ -30,7 +31,7 @@ use bigfleet_proto::v1alpha1::MachineState;
 use serde::{Deserialize, Serialize};
 use serde_json::json;
 
-use crate::{Catalog, FailureStyle, FakeProvider, Injection, OpKind, ProviderError};
+use crate::{Catalog, FailureStyle, FakeProvider, Injection, ListFault, OpKind, ProviderError};
 
 /// The admin routes over `provider`.
 pub fn admin_router(provider: Arc<FakeProvider>) -> Router {
@@ -46,6 +47,7 @@ pub fn admin_router(provider: Arc<FakeProvider>) -> Router {
         .route("/admin/shed-speculative", post(shed))
         .route("/admin/set-allocatable", post(set_allocatable))
         .route("/admin/add-catalog", post(add_catalog))
+        .route("/admin/list-faults", post(list_faults))
         .route("/admin/failure-rates", post(failure_rates))
         .route("/healthz", get(|| async { "ok\n" }))
         .with_state(provider)
@@ -206,6 +208,34 @@ async fn fail_next(State(p): AppState, Json(b): Json<FailNext>) -> ApiResult {
     };
     p.fail_next(&b.id, b.op, injection);
     ok()
+}
+
+/// More queued List faults than this is a mistake in the calling test, not a scenario.
+const MAX_LIST_FAULTS: usize = 10_000;
+
+#[derive(Deserialize)]
+struct ListFaults {
+    #[serde(default)]
+    faults: Vec<ListFault>,
+    #[serde(default)]
+    clear: bool,
+}
+
+async fn list_faults(State(p): AppState, Json(b): Json<ListFaults>) -> ApiResult {
+    if b.clear {
+        p.clear_list_script();
+    }
+    if p.list_script_len() + b.faults.len() > MAX_LIST_FAULTS {
+        return Err(ApiError(
+            StatusCode::BAD_REQUEST,
+            format!("at most {MAX_LIST_FAULTS} list faults may be queued"),
+        ));
+    }
+    p.script_lists(b.faults);
+    Ok(Json(json!({
+        "pending": p.list_script_len(),
+        "list_calls": p.list_calls(),
+    })))
 }
 
 #[derive(Deserialize)]
@@ -409,6 +439,48 @@ mod tests {
         assert_eq!(s, StatusCode::OK);
         assert_eq!(p.config().failure_rates.drain, 0.5);
         assert_eq!(p.config().failure_style, FailureStyle::Fail);
+    }
+
+    #[tokio::test]
+    async fn list_faults_over_http() {
+        let p = Arc::new(FakeProvider::builtin());
+        let r = admin_router(p.clone());
+        let (s, v) = call(
+            &r,
+            "POST",
+            "/admin/list-faults",
+            json!({"faults": ["unavailable", {"truncated": 2}, "empty", "invalid"]}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::OK, "{v}");
+        assert_eq!(v, json!({"pending": 4, "list_calls": 0}));
+        let filter = bigfleet_proto::v1alpha1::ListFilter::default();
+        assert!(p.begin_list(&filter).is_err());
+        let cut = p.begin_list(&filter).unwrap().unwrap();
+        assert_eq!(cut.machines.len(), 2);
+
+        let (s, v) = call(
+            &r,
+            "POST",
+            "/admin/list-faults",
+            json!({"faults": ["lying"]}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::UNPROCESSABLE_ENTITY, "{v}");
+        let (s, v) = call(
+            &r,
+            "POST",
+            "/admin/list-faults",
+            json!({"faults": vec!["empty"; MAX_LIST_FAULTS]}),
+        )
+        .await;
+        assert_eq!(s, StatusCode::BAD_REQUEST, "{v}");
+        assert_eq!(p.list_script_len(), 2, "a refused call queues nothing");
+
+        let (s, v) = call(&r, "POST", "/admin/list-faults", json!({"clear": true})).await;
+        assert_eq!(s, StatusCode::OK);
+        assert_eq!(v, json!({"pending": 0, "list_calls": 2}));
+        assert!(p.begin_list(&filter).unwrap().is_none());
     }
 
     #[test]

@@ -139,7 +139,10 @@ pub enum Injection {
 
 /// What one List answers instead of the truth: the hostile or broken provider a consumer
 /// must survive without moving machines (issue 16's "a lying provider").
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+///
+/// In JSON (the admin API): `"unavailable"`, `"empty"`, `{"truncated": 5}`, `"invalid"`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, Serialize)]
+#[serde(rename_all = "snake_case")]
 pub enum ListFault {
     /// The call fails with UNAVAILABLE (the provider is down).
     Unavailable,
