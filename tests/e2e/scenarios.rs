@@ -341,6 +341,73 @@ async fn shard_restart_rebuilds_assignments_and_reclaims_nothing_before_the_firs
     sc.finish().await;
 }
 
+/// Issue 16 through the real processes: the provider comes back empty for seconds on end,
+/// then truncated, then with every record invalid. The shard holds the removals (metric)
+/// and moves nothing: no machine is released, none provisioned in replacement, and the
+/// operator is told of no node change.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lying_provider_moves_no_machine() {
+    let mut sc = Scenario::start("small-gpu.json", |_| {}).await;
+    let op = sc.operator("cluster-l", gpu_units(8, 1000));
+    let configured = sc
+        .wait_for(8, S::Configured, "cluster-l", Duration::from_secs(30))
+        .await;
+    let idle = sc.wait_for(8, S::Idle, "", Duration::from_secs(10)).await;
+    let node_updates = sc.operators[op].stats().node_updates;
+
+    // The test's own Lists would eat the lies: until they are all answered it reads only
+    // the admin API and decide's metrics.
+    let mut lies = vec![json!("empty"); 25];
+    lies.extend([json!({"truncated": 3}), json!("invalid")]);
+    let queued = list_faults(&sc, json!({ "faults": lies })).await;
+    assert_eq!(queued["pending"], 27, "{queued}");
+    wait_until(
+        Duration::from_secs(10),
+        "decide holding every removal",
+        async || {
+            let held = sc
+                .metric("shard-0-decide", "bigfleet_shard_removals_held", &[])
+                .await;
+            if held == 16.0 {
+                Ok(())
+            } else {
+                Err(format!("{held} held"))
+            }
+        },
+    )
+    .await;
+    wait_until(Duration::from_secs(30), "every lie answered", async || {
+        let left = list_faults(&sc, json!({})).await["pending"].clone();
+        if left == 0 {
+            Ok(())
+        } else {
+            Err(format!("{left} left"))
+        }
+    })
+    .await;
+
+    // Some cycles on the truth again, then: the same machines where they were.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert_eq!(sc.ids(S::Configured, "cluster-l").await, configured);
+    assert_eq!(sc.ids(S::Idle, "").await, idle);
+    assert_eq!(
+        sc.operators[op].stats().node_updates,
+        node_updates,
+        "the operator was told of a node change"
+    );
+    let needs = sc.needs("cluster-l").await;
+    assert!(needs.len() == 1 && needs[0].satisfied, "{needs:?}");
+    sc.finish().await;
+}
+
+/// `POST /admin/list-faults` on shard 0's fake provider.
+async fn list_faults(sc: &Scenario, body: serde_json::Value) -> serde_json::Value {
+    sc.mesh()
+        .provider_admin_post(0, "/admin/list-faults", &body)
+        .await
+        .expect("admin list-faults")
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn provisioning_continues_while_the_coordinator_is_down() {
     let mut sc = Scenario::start("small-gpu.json", |_| {}).await;
