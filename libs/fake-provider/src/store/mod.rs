@@ -697,7 +697,19 @@ impl FakeProvider {
                     "an update cannot rename machine {id}"
                 )));
             }
-            g.replace(slot, Record::given(machine)?);
+            let mut record = Record::given(machine)?;
+            // The host `get` showed for an own host comes back as given: keep it this
+            // provider's own, so a later rename of the provider still shows on it.
+            if let Host::Custom {
+                provider,
+                reference,
+            } = &record.host
+                && **provider == *g.provider_name
+                && **reference == *id
+            {
+                record.host = Host::Own;
+            }
+            g.replace(slot, record);
             Ok(g.to_proto(slot))
         })
     }

@@ -1066,6 +1066,9 @@ fn update_machine_is_a_change_and_keeps_the_state_counts() {
             .collect::<Vec<_>>(),
         [idle.as_str()]
     );
+    // An own host stays own: renaming the provider still shows on it.
+    p.update_config(|c| c.provider_name = "renamed".into());
+    assert_eq!(p.get(&idle).unwrap().host.unwrap().provider, "renamed");
     assert!(matches!(
         p.update_machine(&idle, |m| m.id = "other".into()),
         Err(ProviderError::InvalidArgument(_))
