@@ -101,7 +101,7 @@ pub use cli::run;
 pub use error::{CatalogError, FenceFileError, ProviderError};
 pub use fence::Mark;
 pub use grpc::FakeProviderService;
-pub use server::{ConnectError, ServerHandle, connect, spawn_tcp, spawn_uds};
+pub use server::{ConnectError, ServerHandle, connect, connect_with, spawn_tcp, spawn_uds};
 pub use store::{
     Completion, FailureRates, FailureStyle, FakeProvider, Injection, ListFault, OpKind,
     ProviderConfig, ReserveBufMut, Stats, Token, TransitionModel,

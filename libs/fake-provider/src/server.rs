@@ -9,14 +9,13 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use bigfleet_mesh::BareServer;
+use bigfleet_mesh::{BareServer, ChannelConfig, ChannelError, Target, TargetError};
 use bigfleet_proto::service_names::CAPACITY_PROVIDER;
 use bigfleet_proto::v1alpha1::capacity_provider_client::CapacityProviderClient;
-use hyper_util::rt::TokioIo;
-use tokio::net::{TcpListener, UnixListener, UnixStream};
+use tokio::net::{TcpListener, UnixListener};
 use tokio_stream::wrappers::UnixListenerStream;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Endpoint, Server, Uri};
+use tonic::transport::{Channel, Server};
 
 use crate::metrics::ProviderMetrics;
 use crate::{FakeProvider, FakeProviderService, MAX_MESSAGE_SIZE};
@@ -175,27 +174,26 @@ fn remove_stale_socket(path: &Path) -> std::io::Result<()> {
 /// Failure to dial a provider.
 #[derive(Debug, thiserror::Error)]
 pub enum ConnectError {
-    #[error("invalid provider address {target:?}: {reason}")]
-    InvalidTarget { target: String, reason: String },
-    #[error("connecting to {target}: {source}")]
-    Transport {
-        target: String,
-        #[source]
-        source: tonic::transport::Error,
-    },
+    #[error("invalid provider address: {0}")]
+    Target(#[from] TargetError),
+    #[error("provider {0}")]
+    Channel(#[from] ChannelError),
 }
 
-/// A Unix socket path if `target` names one (`unix:///p`, `unix:/p`, `unix:p`).
-pub fn unix_path(target: &str) -> Option<PathBuf> {
-    let rest = target.strip_prefix("unix:")?;
-    let path = rest.strip_prefix("//").unwrap_or(rest);
-    Some(PathBuf::from(path))
-}
-
-/// Dials a provider: `unix:///path/x.sock`, `http://host:port` or bare `host:port`.
-/// Message limits are 256 MiB both ways.
+/// Dials a provider in plaintext: `unix:///path/x.sock`, `http://host:port` or bare
+/// `host:port`. Message limits are 256 MiB both ways.
 pub async fn connect(target: &str) -> Result<CapacityProviderClient<Channel>, ConnectError> {
-    let channel = channel(target).await?;
+    connect_with(target, &ChannelConfig::default()).await
+}
+
+/// [`connect`] with the mesh's channel settings: `cfg.tls` for mTLS on TCP (an
+/// `https://` target insists on it), `cfg.server_name` when the certificate names another
+/// host.
+pub async fn connect_with(
+    target: &str,
+    cfg: &ChannelConfig,
+) -> Result<CapacityProviderClient<Channel>, ConnectError> {
+    let channel = channel_with(target, cfg).await?;
     Ok(CapacityProviderClient::new(channel)
         .max_decoding_message_size(MAX_MESSAGE_SIZE)
         .max_encoding_message_size(MAX_MESSAGE_SIZE))
@@ -203,60 +201,39 @@ pub async fn connect(target: &str) -> Result<CapacityProviderClient<Channel>, Co
 
 /// The raw channel behind [`connect`].
 pub async fn channel(target: &str) -> Result<Channel, ConnectError> {
-    let transport = |source| ConnectError::Transport {
-        target: target.to_owned(),
-        source,
-    };
-    let invalid = |reason: String| ConnectError::InvalidTarget {
-        target: target.to_owned(),
-        reason,
-    };
-    if let Some(path) = unix_path(target) {
-        if path.as_os_str().is_empty() {
-            return Err(invalid("empty socket path".into()));
-        }
-        // The URI is never dialled; the connector below ignores it.
-        let endpoint = tune(Endpoint::from_static("http://localhost"));
-        return endpoint
-            .connect_with_connector(tower::service_fn(move |_: Uri| {
-                let path = path.clone();
-                async move { UnixStream::connect(path).await.map(TokioIo::new) }
-            }))
-            .await
-            .map_err(transport);
-    }
-    let uri = if target.contains("://") {
-        target.to_owned()
-    } else {
-        format!("http://{target}")
-    };
-    let endpoint = Endpoint::from_shared(uri).map_err(|e| invalid(e.to_string()))?;
-    tune(endpoint).connect().await.map_err(transport)
+    channel_with(target, &ChannelConfig::default()).await
 }
 
-fn tune(e: Endpoint) -> Endpoint {
-    e.initial_stream_window_size(STREAM_WINDOW)
-        .initial_connection_window_size(CONNECTION_WINDOW)
-        .max_frame_size(MAX_FRAME)
-        .tcp_nodelay(true)
+/// The raw channel behind [`connect_with`]: the mesh's one dialer
+/// ([`bigfleet_mesh::connect`]), whose HTTP/2 windows already suit 100 MB Lists.
+pub async fn channel_with(target: &str, cfg: &ChannelConfig) -> Result<Channel, ConnectError> {
+    let target: Target = target.parse()?;
+    Ok(bigfleet_mesh::connect(&target, cfg).await?)
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
 
-    #[test]
-    fn unix_targets() {
-        assert_eq!(
-            unix_path("unix:///run/p.sock"),
-            Some(PathBuf::from("/run/p.sock"))
+    #[tokio::test]
+    async fn dialling_errors_name_the_target_and_the_cause() {
+        let bad = connect("ftp://127.0.0.1:1").await.unwrap_err();
+        assert!(matches!(bad, ConnectError::Target(_)), "{bad}");
+        assert!(bad.to_string().contains("unsupported scheme"), "{bad}");
+        // An https:// target insists on TLS: no silent plaintext.
+        let plain = connect("https://127.0.0.1:1").await.unwrap_err();
+        assert!(
+            matches!(plain, ConnectError::Channel(ChannelError::TlsRequired(_))),
+            "{plain}"
         );
-        assert_eq!(
-            unix_path("unix:/run/p.sock"),
-            Some(PathBuf::from("/run/p.sock"))
+        let gone = connect("unix:///nonexistent/bigfleet/p.sock")
+            .await
+            .unwrap_err();
+        assert!(matches!(gone, ConnectError::Channel(_)), "{gone}");
+        assert!(
+            gone.to_string().contains("/nonexistent/bigfleet/p.sock"),
+            "{gone}"
         );
-        assert_eq!(unix_path("unix:rel.sock"), Some(PathBuf::from("rel.sock")));
-        assert_eq!(unix_path("http://127.0.0.1:1"), None);
     }
 
     #[tokio::test]
