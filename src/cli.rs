@@ -151,7 +151,8 @@ pub enum Command {
     Up(crate::up::UpArgs),
     /// Break and mend the running `bigfleet up` by hand: kill or restart one of its
     /// children by name (e.g. `coordinator`, `shard-0-decide`, `shard-0-execute`,
-    /// `shard-0-gateway`, `provider-0`, `inspect`). Finds `up` through the CLI context.
+    /// `shard-0-gateway`, `provider-0`, `inspect`), or make a fake provider's Lists lie.
+    /// Finds `up` through the CLI context.
     #[command(subcommand)]
     Lab(LabCommand),
     /// Run one service in this process (`bigfleet svc <service> [flags]`, ADR-0005); used
@@ -740,4 +741,36 @@ pub enum LabCommand {
     },
     /// Start one child again (stopping it first if it runs) and wait until it is ready.
     Restart { child: String },
+    /// Make a fake provider's next Lists lie or fail, as a provider that restarted empty,
+    /// answers truncated or sends garbage would (decide holds the removals and moves
+    /// nothing); `honest` drops the lies still queued.
+    ProviderLists {
+        /// How the Lists answer.
+        #[arg(value_enum)]
+        answer: ListAnswer,
+        /// How many Lists answer so (decide lists the provider about once a cycle).
+        #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u32).range(1..=10_000))]
+        lists: u32,
+        /// Machines a `truncated` answer keeps.
+        #[arg(long, default_value_t = 10)]
+        keep: u32,
+        /// Whose provider: `up --shards N` runs one per shard.
+        #[arg(long, default_value_t = 0)]
+        shard: usize,
+    },
+}
+
+/// What `bigfleet lab provider-lists` makes the Lists answer.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum ListAnswer {
+    /// UNAVAILABLE: the provider is down.
+    Down,
+    /// No machines: a provider that restarted with an empty store.
+    Empty,
+    /// Only the first --keep machines.
+    Truncated,
+    /// Every machine with a negative price: records that fail validation.
+    Invalid,
+    /// The truth again: drop the lies still queued.
+    Honest,
 }

@@ -1,5 +1,5 @@
-//! `bigfleet lab kill|restart <child>`: failure on demand in a running `bigfleet up`
-//! (issue 23). The request travels as a file in `<run-dir>/control/` (the run directory comes
+//! `bigfleet lab kill|restart <child>` and `bigfleet lab provider-lists <answer>`: failure
+//! on demand in a running `bigfleet up` (issue 23). The request travels as a file in `<run-dir>/control/` (the run directory comes
 //! from the CLI context `up` wrote); `up`'s supervision loop carries it out within a second
 //! and answers in a `.response` file next to it. Files, not a socket: nothing listens, and
 //! only someone who can write the run directory can ask.
@@ -8,7 +8,9 @@ use std::convert::Infallible;
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
-use crate::cli::LabCommand;
+use bigfleet_fake_provider::ListFault;
+
+use crate::cli::{LabCommand, ListAnswer};
 use crate::error::CliError;
 
 /// Where requests wait for `up`.
@@ -16,11 +18,32 @@ pub fn control_dir(run_dir: &Path) -> PathBuf {
     run_dir.join("control")
 }
 
+/// A List answer as `bigfleet lab provider-lists` names it (`truncated:N` keeps N).
+pub fn answer_name(fault: Option<ListFault>) -> String {
+    match fault {
+        None => "honest".to_owned(),
+        Some(ListFault::Unavailable) => "down".to_owned(),
+        Some(ListFault::Empty) => "empty".to_owned(),
+        Some(ListFault::Truncated(keep)) => format!("truncated:{keep}"),
+        Some(ListFault::Invalid) => "invalid".to_owned(),
+    }
+}
+
+/// Lists one `provider-lists` request may script: as many as the provider's admin API takes.
+const MAX_LISTS: u32 = 10_000;
+
 /// A request `up` understands.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Request {
     Kill(String),
     Restart(String),
+    /// Shard `shard`'s fake provider answers its next `lists` Lists with `fault`; `None`:
+    /// honest again.
+    ProviderLists {
+        shard: usize,
+        fault: Option<ListFault>,
+        lists: u32,
+    },
 }
 
 impl Request {
@@ -28,21 +51,46 @@ impl Request {
         match self {
             Request::Kill(c) => format!("kill {c}\n"),
             Request::Restart(c) => format!("restart {c}\n"),
+            Request::ProviderLists {
+                shard,
+                fault,
+                lists,
+            } => format!("provider-lists {shard} {} {lists}\n", answer_name(*fault)),
         }
     }
 
     /// Parses one request file's text.
     pub fn decode(text: &str) -> Option<Request> {
-        let (verb, child) = text.trim().split_once(' ')?;
-        let child = child.trim();
-        if child.is_empty() || child.contains(char::is_whitespace) {
-            return None;
-        }
-        match verb {
-            "kill" => Some(Request::Kill(child.to_owned())),
-            "restart" => Some(Request::Restart(child.to_owned())),
+        let words: Vec<&str> = text.split_whitespace().collect();
+        match words.as_slice() {
+            ["kill", child] => Some(Request::Kill((*child).to_owned())),
+            ["restart", child] => Some(Request::Restart((*child).to_owned())),
+            ["provider-lists", shard, answer, lists] => {
+                let lists: u32 = lists.parse().ok().filter(|n| (1..=MAX_LISTS).contains(n))?;
+                let fault = match *answer {
+                    "honest" => None,
+                    "down" => Some(ListFault::Unavailable),
+                    "empty" => Some(ListFault::Empty),
+                    "invalid" => Some(ListFault::Invalid),
+                    other => Some(ListFault::Truncated(
+                        other.strip_prefix("truncated:")?.parse().ok()?,
+                    )),
+                };
+                Some(Request::ProviderLists {
+                    shard: shard.parse().ok()?,
+                    fault,
+                    lists,
+                })
+            }
             _ => None,
         }
+    }
+
+    /// The provider admin API body that carries out a `ProviderLists` request: the queue
+    /// is replaced, so a second request does not wait behind the first one's lies.
+    pub fn list_faults_body(fault: Option<ListFault>, lists: u32) -> serde_json::Value {
+        let faults: Vec<ListFault> = fault.map(|f| vec![f; lists as usize]).unwrap_or_default();
+        serde_json::json!({ "clear": true, "faults": faults })
     }
 }
 
@@ -69,6 +117,22 @@ pub async fn run(cmd: &LabCommand, timeout: Duration) -> Result<String, CliError
     let request = match cmd {
         LabCommand::Kill { child } => Request::Kill(child.clone()),
         LabCommand::Restart { child } => Request::Restart(child.clone()),
+        LabCommand::ProviderLists {
+            answer,
+            lists,
+            keep,
+            shard,
+        } => Request::ProviderLists {
+            shard: *shard,
+            fault: match answer {
+                ListAnswer::Down => Some(ListFault::Unavailable),
+                ListAnswer::Empty => Some(ListFault::Empty),
+                ListAnswer::Truncated => Some(ListFault::Truncated(*keep as usize)),
+                ListAnswer::Invalid => Some(ListFault::Invalid),
+                ListAnswer::Honest => None,
+            },
+            lists: *lists,
+        },
     };
     let dir = control_dir(&run_dir);
     std::fs::create_dir_all(&dir).map_err(|source| CliError::File {
@@ -150,15 +214,44 @@ mod tests {
 
     #[test]
     fn requests_round_trip_and_garbage_is_refused() {
+        let lists = |fault| Request::ProviderLists {
+            shard: 2,
+            fault,
+            lists: 30,
+        };
         for r in [
             Request::Kill("coordinator".into()),
             Request::Restart("shard-0-decide".into()),
+            lists(None),
+            lists(Some(ListFault::Unavailable)),
+            lists(Some(ListFault::Empty)),
+            lists(Some(ListFault::Truncated(7))),
+            lists(Some(ListFault::Invalid)),
         ] {
             assert_eq!(Request::decode(&r.encode()), Some(r));
         }
-        for bad in ["", "kill", "kill ", "explode coordinator", "kill a b"] {
+        for bad in [
+            "",
+            "kill",
+            "kill ",
+            "explode coordinator",
+            "kill a b",
+            "provider-lists 0 lying 5",
+            "provider-lists 0 truncated 5",
+            "provider-lists 0 empty 0",
+            "provider-lists 0 empty 10001",
+            "provider-lists -1 empty 5",
+        ] {
             assert_eq!(Request::decode(bad), None, "{bad:?}");
         }
+        assert_eq!(
+            Request::list_faults_body(Some(ListFault::Truncated(3)), 2),
+            serde_json::json!({"clear": true, "faults": [{"truncated": 3}, {"truncated": 3}]})
+        );
+        assert_eq!(
+            Request::list_faults_body(None, 30),
+            serde_json::json!({"clear": true, "faults": []})
+        );
     }
 
     #[test]

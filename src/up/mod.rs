@@ -656,7 +656,37 @@ async fn supervise(
         // down on purpose, so it is neither reported as a crash nor restarted.
         for (path, request) in crate::lab::pending(run_dir) {
             let result = match request {
-                None => Err("not a request (kill <child> | restart <child>)".to_owned()),
+                None => Err(
+                    "not a request (kill <child> | restart <child> | provider-lists ...)"
+                        .to_owned(),
+                ),
+                Some(crate::lab::Request::ProviderLists {
+                    shard,
+                    fault,
+                    lists,
+                }) => {
+                    let body = crate::lab::Request::list_faults_body(fault, lists);
+                    match mesh
+                        .provider_admin_post(shard, "/admin/list-faults", &body)
+                        .await
+                    {
+                        Ok(v) => {
+                            let what = match fault {
+                                None => "Lists are honest again".to_owned(),
+                                Some(f) => format!(
+                                    "the next {lists} Lists answer {}",
+                                    crate::lab::answer_name(Some(f))
+                                ),
+                            };
+                            say!("bigfleet up: provider-{shard}: {what} (on request)");
+                            Ok(format!(
+                                "provider-{shard}: {what}; {} queued, {} Lists so far\n",
+                                v["pending"], v["list_calls"]
+                            ))
+                        }
+                        Err(e) => Err(format!("provider-{shard}: {e}")),
+                    }
+                }
                 Some(crate::lab::Request::Kill(name)) => match mesh.kill(&name).await {
                     Ok(_) => {
                         say!("bigfleet up: {name} killed on request; it stays down");

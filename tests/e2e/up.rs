@@ -569,6 +569,68 @@ async fn lab_kills_and_restarts_a_named_child() {
     child.kill().await.unwrap();
 }
 
+/// `bigfleet lab provider-lists`: the fake provider's Lists lie on request (the queue is
+/// replaced, not appended to), `honest` ends it, and a shard without a fake provider is an
+/// error naming it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn lab_makes_the_provider_lie_and_honest_again() {
+    let dirs = UpDirs::new();
+    let mut child = dirs.up(&["--quiet", "--operators", "0"]);
+    let doc = dirs.ready().await;
+    let admin: std::net::SocketAddr = doc["providers"][0]["admin_http"]
+        .as_str()
+        .expect("provider-0's admin address")
+        .parse()
+        .unwrap();
+    let pending = async || {
+        let (code, text) =
+            bigfleet::up::probe::http_request(admin, "POST", "/admin/list-faults", Some("{}"))
+                .await
+                .unwrap();
+        assert_eq!(code, 200, "{text}");
+        serde_json::from_str::<serde_json::Value>(&text).unwrap()["pending"]
+            .as_u64()
+            .unwrap()
+    };
+
+    let said = dirs
+        .lab(&[
+            "provider-lists",
+            "truncated",
+            "--keep",
+            "3",
+            "--lists",
+            "500",
+        ])
+        .await;
+    assert!(
+        said.starts_with("provider-0: the next 500 Lists answer truncated:3"),
+        "{said}"
+    );
+    let queued = pending().await;
+    assert!(queued > 0 && queued <= 500, "{queued} queued");
+    // A second request replaces the first one's lies.
+    dirs.lab(&["provider-lists", "down", "--lists", "1000"])
+        .await;
+    let queued = pending().await;
+    assert!(queued > 500 && queued <= 1000, "{queued} queued");
+    let said = dirs.lab(&["provider-lists", "honest"]).await;
+    assert!(said.contains("honest again; 0 queued"), "{said}");
+    assert_eq!(pending().await, 0);
+
+    let out = dirs
+        .lab_output(&["provider-lists", "empty", "--shard", "3"])
+        .await;
+    assert!(!out.status.success());
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("provider-3"), "{stderr}");
+    let out = dirs
+        .lab_output(&["provider-lists", "empty", "--lists", "0"])
+        .await;
+    assert!(!out.status.success(), "0 Lists is refused by the parser");
+    child.kill().await.unwrap();
+}
+
 /// A crashed child is restarted (with backoff) and counted; the run ends clean.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_child_is_restarted_and_reported() {
