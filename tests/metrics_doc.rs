@@ -11,7 +11,8 @@
 //! * `deploy/observability/alerts.yaml` (a PrometheusRule `groups:` file) and
 //!   `grafana-dashboard.json` are well formed and reference only documented metrics; the chart
 //!   ships byte-identical copies. `promtool check rules` runs too when promtool is installed
-//!   (`$BIGFLEET_PROMTOOL` or on PATH; scripts/install-test-deps provides it).
+//!   (`$BIGFLEET_PROMTOOL` or on PATH; scripts/install-test-deps provides it), and
+//!   `promtool test rules` runs the alerts' unit tests in `alerts.test.yaml`.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -620,6 +621,7 @@ fn the_alert_rules_are_well_formed_and_use_documented_metrics() {
             "bigfleet_shard_cycles_total",
             "bigfleet_shard_reconcile_errors_total",
             "bigfleet_shard_inventory_age_seconds",
+            "bigfleet_shard_removals_held",
             "bigfleet_shard_shortfalls_aged",
             "bigfleet_shard_rollup_quarantined",
             "bigfleet_shard_reclaims_capped_total",
@@ -665,10 +667,14 @@ fn the_alert_rules_are_well_formed_and_use_documented_metrics() {
         "alerts.yaml:\n  {}",
         problems.join("\n  ")
     );
-    promtool_check(&root().join("deploy/observability/alerts.yaml"));
+    let dir = root().join("deploy/observability");
+    promtool(&["check", "rules"], &dir.join("alerts.yaml"));
+    promtool(&["test", "rules"], &dir.join("alerts.test.yaml"));
 }
 
-fn promtool_check(rules: &Path) {
+/// `promtool <args> <file>`, which must succeed; skipped (with a line saying so) where
+/// promtool is not installed.
+fn promtool(args: &[&str], file: &Path) {
     let promtool = std::env::var_os("BIGFLEET_PROMTOOL")
         .map(PathBuf::from)
         .or_else(|| {
@@ -683,13 +689,15 @@ fn promtool_check(rules: &Path) {
         return;
     };
     let out = std::process::Command::new(&promtool)
-        .args(["check", "rules"])
-        .arg(rules)
+        .args(args)
+        .arg(file)
         .output()
         .unwrap_or_else(|e| panic!("{}: {e}", promtool.display()));
     assert!(
         out.status.success(),
-        "promtool check rules failed:\n{}{}",
+        "promtool {} {} failed:\n{}{}",
+        args.join(" "),
+        file.display(),
         String::from_utf8_lossy(&out.stdout),
         String::from_utf8_lossy(&out.stderr)
     );
