@@ -438,10 +438,17 @@ pub const EXAMPLES: &[(&str, &str)] = &[
     (
         "lab",
         "  bigfleet lab kill shard-0-decide
-  bigfleet lab restart shard-0-decide",
+  bigfleet lab restart shard-0-decide
+  bigfleet lab provider-lists empty",
     ),
     ("lab kill", "  bigfleet lab kill coordinator"),
     ("lab restart", "  bigfleet lab restart provider-0"),
+    (
+        "lab provider-lists",
+        "  bigfleet lab provider-lists empty --lists 60
+  bigfleet lab provider-lists truncated --keep 3 --shard 1
+  bigfleet lab provider-lists honest",
+    ),
     (
         "completion",
         "  source <(bigfleet completion bash)
