@@ -156,6 +156,9 @@ fn shard_from_overview(s: &mesh::ShardOverview) -> ShardView {
         } else {
             "shard-info".to_owned()
         },
+        inventory_stale: s.inventory_stale,
+        inventory_listed_at_unix_ns: s.inventory_listed_at_unix_nanos,
+        removals_held: s.removals_held,
     }
 }
 
@@ -175,6 +178,24 @@ pub async fn shards(ctx: &Context) -> Result<ShardsOutput, CliError> {
         coordinator_error: o.coordinator_error.clone(),
         shards: o.shards.clone(),
     })
+}
+
+/// `listed 12s ago` (or `never listed`) and, when any, the removals held.
+fn inventory_text(s: &ShardView) -> String {
+    let listed = listed_text(s.inventory_listed_at_unix_ns);
+    if s.removals_held > 0 {
+        format!("{listed}; {} removals held", s.removals_held)
+    } else {
+        listed
+    }
+}
+
+fn listed_text(listed_at_unix_ns: i64) -> String {
+    if listed_at_unix_ns <= 0 {
+        return "never listed".to_owned();
+    }
+    let age_ns = (svc_inspect::fleet::now_unix_nanos() - listed_at_unix_ns).max(0);
+    format!("listed {}", age_text(age_ns / 1_000_000))
 }
 
 fn age_text(ms: i64) -> String {
@@ -207,6 +228,7 @@ impl Render for ShardsOutput {
                 Column::number("NEEDS"),
                 Column::number("UNMET"),
                 Column::text("REPORTED TOTAL/FREE").wide(),
+                Column::text("INVENTORY").wide(),
                 Column::text("SOURCE").wide(),
                 Column::text("ERROR").wide(),
             ],
@@ -243,10 +265,12 @@ impl Render for ShardsOutput {
                 vec![
                     s.shard_id.clone(),
                     s.address.clone(),
-                    if s.reachable {
-                        "ok".to_owned()
-                    } else {
+                    if !s.reachable {
                         "UNREACHABLE".to_owned()
+                    } else if s.inventory_stale {
+                        "INVENTORY STALE".to_owned()
+                    } else {
+                        "ok".to_owned()
                     },
                     age_text(s.last_report_age_ms),
                     live(s.cycle.to_string()),
@@ -262,14 +286,32 @@ impl Render for ShardsOutput {
                         s.unmet_needs.to_string()
                     }),
                     reported,
+                    dash_unless(counted, || inventory_text(s)),
                     or_dash(s.source.clone()),
                     or_dash(s.error.clone()),
                 ],
             );
         }
-        for s in self.shards.iter().filter(|s| !s.reachable) {
-            t.footer
-                .push(format!("{} is unreachable: {}", s.shard_id, s.error));
+        for s in &self.shards {
+            if !s.reachable {
+                t.footer
+                    .push(format!("{} is unreachable: {}", s.shard_id, s.error));
+                continue;
+            }
+            if s.inventory_stale {
+                t.footer.push(format!(
+                    "{} decides on stale inventory: its provider List fails ({}); only \
+                     Bootstrap and Provision run",
+                    s.shard_id,
+                    listed_text(s.inventory_listed_at_unix_ns)
+                ));
+            }
+            if s.removals_held > 0 {
+                t.footer.push(format!(
+                    "{} holds the removal of {} machines its provider's Lists left out",
+                    s.shard_id, s.removals_held
+                ));
+            }
         }
         t
     }

@@ -78,6 +78,11 @@ impl Fleet {
                 sessions: 1,
                 needs: 3,
                 unmet_needs: 2,
+                // Its provider List fails and its last full List left machines out.
+                inventory_stale: true,
+                inventory_listed_at_unix_nanos: svc_inspect::fleet::now_unix_nanos()
+                    - 90_000_000_000,
+                removals_held: 4,
                 ..Default::default()
             }),
             ..common::shard(
@@ -227,9 +232,22 @@ async fn readonly_reads_everything_and_mutates_nothing() {
     assert!(out.contains("s3 is unreachable:"), "{out}");
     assert!(
         out.lines()
-            .any(|l| l.starts_with("s1 ") && l.contains(" ok ")),
+            .any(|l| l.starts_with("s1 ") && l.contains(" INVENTORY STALE ")),
         "{out}"
     );
+    assert!(
+        out.lines()
+            .any(|l| l.starts_with("s2 ") && l.contains(" ok ")),
+        "{out}"
+    );
+    assert!(
+        out.contains("s1 decides on stale inventory: its provider List fails (listed 1m 30s ago")
+            && out.contains("s1 holds the removal of 4 machines"),
+        "{out}"
+    );
+    let (r, out, _) = f.run(ro, &["shards", "-o", "wide"]).await;
+    r.unwrap();
+    assert!(out.contains("listed 1m 30s ago; 4 removals held"), "{out}");
 
     let inspect = f.inspect_uri();
     let (r, out, _) = f
@@ -243,6 +261,13 @@ async fn readonly_reads_everything_and_mutates_nothing() {
         .map(|s| (s.shard_id.as_str(), s.reachable))
         .collect();
     assert_eq!(ids, vec![("s1", true), ("s2", true), ("s3", false)]);
+    // Through svc-inspect too: the staleness and the held removals reach the CLI.
+    let s1 = &shards.shards[0];
+    assert!(
+        s1.inventory_stale && s1.inventory_listed_at_unix_ns > 0,
+        "{s1:?}"
+    );
+    assert_eq!(s1.removals_held, 4);
 
     for via in [None, Some(inspect.as_str())] {
         let mut args = vec!["needs", "--cluster", "c-a", "-o", "json"];

@@ -304,6 +304,10 @@ fn shard(id: &str, reachable: bool) -> ShardView {
         } else {
             String::new()
         },
+        // Times relative to now would not make a golden; staleness is tested in tests/cli.rs.
+        inventory_stale: false,
+        inventory_listed_at_unix_ns: 0,
+        removals_held: 0,
     }
 }
 

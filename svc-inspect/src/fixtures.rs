@@ -27,6 +27,9 @@ pub(crate) fn shard(id: &str, reachable: bool) -> ShardView {
         reported_total_machines: None,
         reported_free_machines: None,
         source: "shard-info".into(),
+        inventory_stale: false,
+        inventory_listed_at_unix_ns: 0,
+        removals_held: 0,
     }
 }
 

@@ -879,6 +879,9 @@ fn shard_view(
         reported_total_machines: summary.map(|s| s.total_machines),
         reported_free_machines: summary.map(|s| s.free_machines),
         source: String::new(),
+        inventory_stale: false,
+        inventory_listed_at_unix_ns: 0,
+        removals_held: 0,
     };
     match live {
         Ok(Live::Described(d)) => {
@@ -890,6 +893,9 @@ fn shard_view(
             view.unmet_needs = d.unmet_needs;
             view.shard_epoch = d.shard_epoch;
             view.actions_in_flight = d.actions_in_flight;
+            view.inventory_stale = d.inventory_stale;
+            view.inventory_listed_at_unix_ns = d.inventory_listed_at_unix_nanos;
+            view.removals_held = d.removals_held;
             view.source = "shard-info".to_owned();
         }
         Ok(Live::HeaderOnly(h)) => {

@@ -395,6 +395,26 @@ fn last_report(sh: &ShardView) -> String {
     }
 }
 
+/// How old the inventory the shard decides on is (at `now`), and whether its provider's
+/// Lists fail (stale) or leave known machines out (removals held).
+fn inventory(sh: &ShardView, now: i64) -> Markup {
+    html! {
+        @if !sh.reachable || sh.source != "shard-info" {
+            "–"
+        } @else {
+            @if sh.inventory_stale { span.bad { "stale" } " · " }
+            @if sh.inventory_listed_at_unix_ns > 0 {
+                "listed " (coarse((now - sh.inventory_listed_at_unix_ns).max(0) / 1_000_000)) " ago"
+            } @else {
+                "never listed"
+            }
+            @if sh.removals_held > 0 {
+                " · " span.warn { (sh.removals_held) " removals held" }
+            }
+        }
+    }
+}
+
 fn unmet_text(sh: &ShardView) -> String {
     if sh.unmet_needs < 0 {
         "?".to_owned()
@@ -450,6 +470,7 @@ pub fn shard(
             (card("unmet needs", unknown_if_down(sh, unmet_text(sh))))
             (card("cycle", unknown_if_down(sh, sh.cycle)))
             (card("actions in flight", unknown_if_down(sh, sh.actions_in_flight)))
+            (card("inventory", inventory(sh, o.computed_at_unix_nanos)))
             (card("last report", last_report(sh)))
         }
         p.muted {
@@ -1142,6 +1163,38 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn the_shard_page_says_when_its_inventory_is_stale_or_removals_are_held() {
+        let now = 1_000_000_000_000;
+        let stale = ShardView {
+            inventory_stale: true,
+            inventory_listed_at_unix_ns: now - 90_000_000_000,
+            removals_held: 4,
+            ..shard("s1", true)
+        };
+        let fresh = ShardView {
+            inventory_listed_at_unix_ns: now - 2_000_000_000,
+            ..shard("s2", true)
+        };
+        let o = FleetOverview {
+            computed_at_unix_nanos: now,
+            ..fleet(vec![stale, fresh])
+        };
+        let transfers = Err("coordinator down".to_owned());
+        let page = |i: usize| super::shard(Shell::default(), &o, &o.shards[i], None, 0, &transfers);
+        let html = page(0);
+        assert!(
+            html.contains("<span class=\"bad\">stale</span> · listed 1m 30s ago · <span class=\"warn\">4 removals held</span>"),
+            "{html}"
+        );
+        let html = page(1);
+        assert!(html.contains("listed 2s ago"), "{html}");
+        assert!(
+            !html.contains("removals held") && !html.contains(">stale<"),
+            "{html}"
+        );
     }
 
     #[test]

@@ -83,6 +83,15 @@ pub struct ShardView {
     /// Where the live numbers came from: `shard-info`, `inspect-needs` (a shard without
     /// the ShardInfo service: no machine counts) or empty when unreachable.
     pub source: String,
+    /// The shard decides on stale inventory: its provider List fails (ADR-0118).
+    #[serde(default)]
+    pub inventory_stale: bool,
+    /// When the shard's inventory was last listed (Unix nanoseconds; 0 when unknown).
+    #[serde(default)]
+    pub inventory_listed_at_unix_ns: i64,
+    /// Known machines whose removal the shard holds (its provider's Lists left them out).
+    #[serde(default)]
+    pub removals_held: i32,
 }
 
 impl ShardView {
@@ -102,6 +111,9 @@ impl ShardView {
             needs: self.needs,
             unmet_needs: self.unmet_needs.max(0),
             cycle: self.cycle,
+            inventory_stale: self.inventory_stale,
+            inventory_listed_at_unix_nanos: self.inventory_listed_at_unix_ns,
+            removals_held: self.removals_held,
         }
     }
 }

@@ -82,6 +82,7 @@ pub fn shard_doubles() -> Vec<ShardDouble> {
             needs,
             unmet_needs: unmet,
             actions_in_flight: 0,
+            ..Default::default()
         }
     };
     vec![

@@ -429,6 +429,9 @@ impl mesh::shard_info_server::ShardInfo for DecideService {
             needs: i32::try_from(d.need_rows()).unwrap_or(i32::MAX),
             unmet_needs: i32::try_from(verdicts.unmet()).unwrap_or(i32::MAX),
             actions_in_flight: i32::try_from(inflight).unwrap_or(i32::MAX),
+            inventory_stale: verdicts.inventory_stale,
+            inventory_listed_at_unix_nanos: verdicts.inventory_listed_at_unix_nanos,
+            removals_held: i32::try_from(d.removals_held()).unwrap_or(i32::MAX),
         }))
     }
 

@@ -196,6 +196,8 @@ pub(crate) struct Inner {
     pub(crate) ready: AtomicBool,
     /// When the last successful provider List started (clock nanos; 0 = never).
     pub(crate) listed_at: AtomicI64,
+    /// Known machines the last full List left out whose removal is held.
+    pub(crate) removals_held: AtomicU64,
     pub(crate) cycle: AtomicU64,
     coordinator_term: AtomicI64,
     pub(crate) generation: AtomicU64,
@@ -348,6 +350,7 @@ impl Decide {
             readiness,
             ready: AtomicBool::new(false),
             listed_at: AtomicI64::new(0),
+            removals_held: AtomicU64::new(0),
             cycle: AtomicU64::new(0),
             coordinator_term: AtomicI64::new(0),
             generation: AtomicU64::new(0),
@@ -378,6 +381,12 @@ impl Decide {
 
     pub fn metrics(&self) -> &ShardMetrics {
         &self.inner.metrics
+    }
+
+    /// Known machines the last full provider List left out whose removal is held (0 when
+    /// the Lists agree with the inventory).
+    pub fn removals_held(&self) -> u64 {
+        self.inner.removals_held.load(Ordering::Acquire)
     }
 
     /// Decision cycles completed so far (0 before the first).

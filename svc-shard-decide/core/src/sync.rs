@@ -216,17 +216,21 @@ impl Decide {
 
     fn after_merge(&self, r: MergeReport) {
         let inner = &self.inner;
-        match r.held {
-            Some((reason, n)) => {
-                inner.metrics.removals_held.set(n as i64);
-                tracing::warn!(
-                    machines = n,
-                    reason = reason.label(),
-                    detail = ?reason,
-                    "provider List left machines out; removal held (they keep their last known state)"
-                );
-            }
-            None => inner.metrics.removals_held.set(0),
+        let held = r.held.as_ref().map_or(0, |(_, n)| *n);
+        inner
+            .removals_held
+            .store(u64::try_from(held).unwrap_or(u64::MAX), Ordering::Release);
+        inner
+            .metrics
+            .removals_held
+            .set(i64::try_from(held).unwrap_or(i64::MAX));
+        if let Some((reason, n)) = &r.held {
+            tracing::warn!(
+                machines = n,
+                reason = reason.label(),
+                detail = ?reason,
+                "provider List left machines out; removal held (they keep their last known state)"
+            );
         }
         for reason in &r.rejected {
             inner

@@ -94,6 +94,20 @@ async fn a_failed_list_keeps_serving_demand_from_known_idle_machines() {
     let table = h.decide.verdicts();
     assert!(table.inventory_stale);
     assert!(table.inventory_listed_at_unix_nanos > 0);
+    // ShardInfo.Describe says so (what `bigfleet shards` shows).
+    let mut info = bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient::new(uds_channel(
+        &h.decide_sock,
+    ));
+    let d = info
+        .describe(mesh::DescribeShardRequest::default())
+        .await
+        .unwrap()
+        .into_inner();
+    assert!(d.inventory_stale, "{d:?}");
+    assert_eq!(
+        d.inventory_listed_at_unix_nanos,
+        table.inventory_listed_at_unix_nanos
+    );
     assert!(h.decide.metrics().inventory_age.get() >= 0.0);
     // The staleness reaches InspectNeeds callers as response metadata.
     let mut read = bigfleet_proto::v1alpha1::shard_read_client::ShardReadClient::new(uds_channel(

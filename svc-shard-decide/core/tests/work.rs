@@ -615,11 +615,15 @@ async fn a_lying_provider_causes_no_removal_wave() {
         ListFault::Invalid,
     ]);
     // Every scripted answer is consumed (a cycle may List too); after each, nothing moved.
+    let mut info = ShardInfoClient::new(uds_channel(&h.decide_sock));
     let mut held = 0;
+    let mut described = 0;
     let mut round = 0;
     while p.list_script_len() > 0 {
         h.decide.reconcile().await.unwrap();
         held = held.max(h.decide.metrics().removals_held.get());
+        let d = info.describe(mesh::DescribeShardRequest::default()).await;
+        described = described.max(d.unwrap().into_inner().removals_held);
         assert_eq!(
             h.decide.machines_by_state().await,
             before,
@@ -634,6 +638,7 @@ async fn a_lying_provider_causes_no_removal_wave() {
         round += 1;
     }
     assert_eq!(held, 50, "the held removal was visible in the metric");
+    assert_eq!(described, 50, "and in ShardInfo.Describe");
     let gone = h
         .drain_events()
         .into_iter()
