@@ -1,5 +1,6 @@
 //! The dependency rules of the workspace (issue 19 item 7), checked over `cargo metadata` so
-//! CI keeps them, not memory.
+//! CI keeps them, not memory; and two rules over the source text: "core" and "mesh" keep one
+//! meaning each (ADR-0138), and sources cite ADRs, not documents outside the repository.
 //!
 //! The rules are data ([`RULES`]); [`violations`] is a pure function over a parsed metadata
 //! document that evaluates them over each workspace crate's *production* closure: normal
@@ -472,8 +473,8 @@ fn glossary_breaches<'a>(paths: impl IntoIterator<Item = &'a str>) -> Vec<&'a st
         .collect()
 }
 
-#[test]
-fn core_and_mesh_keep_one_meaning_each() {
+/// The files git tracks (and the untracked ones it does not ignore), as paths from the root.
+fn tracked_files() -> Vec<String> {
     let root = env!("CARGO_MANIFEST_DIR");
     let out = std::process::Command::new("git")
         .args(["ls-files", "--cached", "--others", "--exclude-standard"])
@@ -481,16 +482,80 @@ fn core_and_mesh_keep_one_meaning_each() {
         .output()
         .expect("run git ls-files");
     assert!(out.status.success(), "git ls-files failed");
-    let files = String::from_utf8(out.stdout).expect("utf-8 paths");
+    let files: Vec<String> = String::from_utf8(out.stdout)
+        .expect("utf-8 paths")
+        .lines()
+        .map(str::to_owned)
+        .collect();
     assert!(
-        files.lines().any(|p| p == "tests/architecture.rs"),
+        files.iter().any(|p| p == "tests/architecture.rs"),
         "git ls-files listed nothing useful"
     );
-    let breaches = glossary_breaches(files.lines());
+    files
+}
+
+#[test]
+fn core_and_mesh_keep_one_meaning_each() {
+    let files = tracked_files();
+    let breaches = glossary_breaches(files.iter().map(String::as_str));
     assert!(
         breaches.is_empty(),
         "second meanings of core/mesh (ADR-0138): {breaches:?}"
     );
+}
+
+/// Lines of a source file that send the reader to a document the repository does not hold
+/// (issue 19 item 8): a section number (`ref §6`, `§12.15`) or one of the design
+/// documents the project was started from. Code says the rule itself or cites an ADR, which
+/// is in `docs/adr/`.
+fn outside_citations(text: &str) -> Vec<usize> {
+    const OUTSIDE: [&str; 5] = [
+        "§",
+        "ARCHITECTURE.md",
+        "ARCHITECTURE §",
+        "wire-and-ops",
+        "decision-engine.md",
+    ];
+    text.lines()
+        .enumerate()
+        .filter(|(_, line)| OUTSIDE.iter().any(|o| line.contains(o)))
+        .map(|(i, _)| i + 1)
+        .collect()
+}
+
+#[test]
+fn sources_cite_adrs_not_outside_documents() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let mut found = Vec::new();
+    for path in tracked_files() {
+        let source = [".rs", ".proto"].iter().any(|e| path.ends_with(e));
+        // This file names the patterns it looks for.
+        if !source || path == "tests/architecture.rs" {
+            continue;
+        }
+        let Ok(text) = std::fs::read_to_string(root.join(&path)) else {
+            continue; // deleted in the working tree, not yet from the index
+        };
+        found.extend(
+            outside_citations(&text)
+                .into_iter()
+                .map(|line| format!("{path}:{line}")),
+        );
+    }
+    assert!(
+        found.is_empty(),
+        "sources citing documents that are not in the repository (say the rule or cite an ADR): {found:?}"
+    );
+}
+
+#[test]
+fn the_citation_check_catches_outside_documents() {
+    let text = "/// Drain grace by priority gap (ref §6 table).\n\
+                /// Provider records are a trust boundary (ARCHITECTURE §5.3).\n\
+                /// See wire-and-ops for the metric names.\n\
+                /// A failed List takes nothing away (ADR-0118).\n\
+                /// The reference's `MatchProfile`.\n";
+    assert_eq!(outside_citations(text), [1, 2, 3]);
 }
 
 #[test]

@@ -327,7 +327,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let ctx = self.ctx;
         let n = ctx.needs.len();
         let mut order: Vec<u32> = (0..n as u32).collect();
-        // Pre-pass: priority desc only, stable (ref §5.2).
+        // Pre-pass: priority desc only, stable, so equal priorities keep demand order and the
+        // pass is deterministic.
         order.sort_by_key(|&i| std::cmp::Reverse(ctx.cp_of(i).priority));
         for &i in &order {
             if ctx.cp_of(i).has_same() {
@@ -989,7 +990,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
     }
 
     /// FindSame without a recorded domain: best bucket by atomic coverage, then
-    /// head price, then value (ref §5.6).
+    /// head price, then value, so the choice is the
+    /// one with the most whole machines and, among those, the cheapest.
     fn find_same_fallback(&self, i: u32, pool: &Pool<'c>) -> Vec<u32> {
         let ctx = self.ctx;
         let snap = &ctx.snap;

@@ -74,7 +74,9 @@ fn floor_penalty(d: f64) -> f64 {
     if d.is_nan() { 0.01 } else { d.max(0.01) }
 }
 
-/// Drain grace a victim gets, by priority gap (ref §6 table). The gap is
+/// Drain grace a victim gets, by priority gap: the larger the gap, the
+/// sooner the victim must go: an urgent need does not wait out a
+/// low-priority drain. The gap is
 /// computed in i64, so it cannot overflow for any pair of i32 priorities.
 pub fn drain_grace(preemptor_priority: i32, victim_priority: i32) -> Duration {
     let gap = i64::from(preemptor_priority) - i64::from(victim_priority);

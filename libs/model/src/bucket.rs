@@ -12,7 +12,8 @@ wire_enum! {
         Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Default, Serialize, Deserialize,
     )]
     pub enum PenaltyBucket {
-        /// Not produced by [`PenaltyBucket::for_dollars`]; on the wire it means $0 (§12.15).
+        /// Not produced by [`PenaltyBucket::for_dollars`]; on the wire it means $0,
+        /// the same as [`PenaltyBucket::Zero`].
         #[default]
         Unspecified = 0,
         Zero = 1,

@@ -141,9 +141,10 @@ impl Machine {
         }
     }
 
-    /// Checks the record (ref §1.2). Order of checks, so the reported reason is
-    /// deterministic: id and state, then price, then probability, then the
-    /// host/cluster grid. Assigned* fields are not checked, so a Creating
+    /// Checks the record. Order of checks, so the reported reason is deterministic: id and
+    /// state, then price, then probability, then the host/cluster grid (Speculative and
+    /// Creating have neither; Idle, Configuring and Deleting need a host; Configured and
+    /// Draining need a host and a cluster; Failed needs its `last_error`). Assigned* fields are not checked, so a Creating
     /// machine may carry its planned group and fingerprint (ADR-0052).
     /// Infinite prices are rejected too: no provider can mean them.
     pub fn invariant(&self) -> Result<(), InvariantError> {

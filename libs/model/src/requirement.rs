@@ -114,7 +114,8 @@ impl Requirement {
     }
 
     /// The canonical total order: key, operator ordinal, then values
-    /// (a full sort, so duplicate `(key, operator)` pairs are still stable; §12.16).
+    /// (a full sort, so duplicate `(key, operator)` pairs are still stable and two
+    /// requests that list the same requirements in another order fingerprint the same).
     pub fn canonical_cmp(&self, other: &Requirement) -> Ordering {
         self.key
             .cmp(&other.key)

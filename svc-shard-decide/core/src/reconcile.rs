@@ -1171,7 +1171,8 @@ mod tests {
     }
 }
 
-/// Provider records are the other trust boundary (ARCHITECTURE §5.3): whatever bytes a
+/// Provider records are the other trust boundary (the first is the
+/// operator's roll-up; both are untrusted input, ADR-0118): whatever bytes a
 /// provider sends, merging them never panics, never removes a machine it cannot attribute,
 /// and keeps the inventory consistent. A short fixed run in the suite; set
 /// `BIGFLEET_FUZZ_CASES` for a long one (docs/benchmarks.md, "fuzzing").

@@ -168,7 +168,7 @@ impl<D: DecideLink, G: GatewayLink, P: ProviderLink> Run<'_, D, G, P> {
 
     /// The operator's bootstrap blob; every way of not getting one happens
     /// before the provider is touched, so each rolls the machine back to
-    /// Idle (§1.3's rollback edge) rather than failing good hardware.
+    /// Idle (the Configuring → Idle rollback edge of the state table) rather than failing good hardware.
     pub(super) async fn fetch_blob(&self, cluster: &str, a: &Assignment) -> Flow<Vec<u8>> {
         let wait = self.ex.cfg.bootstrap_timeout.min(self.remaining());
         let req = mesh::RequestBootstrapRequest {

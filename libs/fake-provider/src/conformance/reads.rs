@@ -161,7 +161,8 @@ pub async fn label_shape(mut client: Client) -> Outcome {
     Ok(None)
 }
 
-/// §3.6: the host is empty only while SPECULATIVE or CREATING.
+/// The host is empty only while SPECULATIVE or CREATING: those are the states with no
+/// hardware behind them.
 pub async fn host_shape(mut client: Client) -> Outcome {
     let (machines, _) = list(&mut client, ListFilter::default()).await?;
     for m in &machines {
