@@ -69,8 +69,8 @@ impl<'a> Ctx<'a> {
     }
 
     #[inline]
-    pub(crate) fn cp_of(&self, i: u32) -> &CompiledProfile {
-        &self.profiles.cps[self.needs[i as usize].cp as usize]
+    pub(crate) fn profile_of(&self, i: u32) -> &CompiledProfile {
+        &self.profiles.compiled[self.needs[i as usize].profile as usize]
     }
 
     /// Snapshot + compiled (not yet normalized) demand.
@@ -115,10 +115,10 @@ impl<'a> Ctx<'a> {
             let cp = profiles.intern(&n.profile, &snap);
             needs.push(CompiledNeed {
                 src: Src::Input(k as u32),
-                cp,
+                profile: cp,
                 cluster: snap.demand_cluster_ids[k],
-                agg: snap.dense(&n.aggregate_resources),
-                mu: snap.dense(&n.min_unit),
+                aggregate: snap.dense(&n.aggregate_resources),
+                min_unit: snap.dense(&n.min_unit),
                 parked: false,
             });
         }

@@ -272,7 +272,7 @@ fn count_kinds(actions: &[Action]) -> (usize, usize) {
 fn stamp_parked(ctx: &mut Ctx<'_>, ledger: Option<&ParkingLedger>) -> Vec<u32> {
     let mut ages = vec![0u32; ctx.needs.len()];
     for (i, age_out) in ages.iter_mut().enumerate() {
-        let has_same = ctx.cp_of(i as u32).has_same();
+        let has_same = ctx.profile_of(i as u32).has_same();
         let need = ctx.need(i as u32);
         let mut parked = has_same && need.acquisition_parked;
         if has_same && let Some(l) = ledger.filter(|l| !l.is_empty()) {
@@ -288,7 +288,7 @@ fn stamp_parked(ctx: &mut Ctx<'_>, ledger: Option<&ParkingLedger>) -> Vec<u32> {
 
 fn parking_observations(ctx: &Ctx<'_>, p1: &Phase1) -> Vec<ParkingObservation> {
     (0..ctx.needs.len())
-        .filter(|&i| ctx.cp_of(i as u32).has_same() && !qty::is_zero(&p1.remaining[i]))
+        .filter(|&i| ctx.profile_of(i as u32).has_same() && !qty::is_zero(&p1.remaining[i]))
         .map(|i| {
             let need = ctx.need(i as u32);
             ParkingObservation {
@@ -343,7 +343,7 @@ fn shortfall_seeds(ctx: &Ctx<'_>, p2: &phase2::Phase2) -> Vec<ShortfallSeed> {
     let mut order: Vec<(Arc<Profile>, Qty)> = Vec::new();
     let mut by_fp: FxHashMap<&str, usize> = FxHashMap::default();
     for u in &p2.unresolved {
-        let cp = ctx.cp_of(u.need);
+        let cp = ctx.profile_of(u.need);
         match by_fp.get(cp.fingerprint()) {
             Some(&k) => qty::add_assign(&mut order[k].1, &u.deficit),
             None => {

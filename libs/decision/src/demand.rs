@@ -169,17 +169,23 @@ pub(crate) enum Src {
 #[derive(Debug, Clone)]
 pub(crate) struct CompiledNeed {
     pub src: Src,
-    pub cp: u32,
+    /// Index into [`Profiles::compiled`].
+    pub profile: u32,
+    /// Dense cluster id in the snapshot.
     pub cluster: u32,
-    pub agg: Qty,
-    pub mu: Qty,
+    /// The whole demand of the need, dense over the cycle's dimensions.
+    pub aggregate: Qty,
+    /// The smallest piece a machine must hold (the need's `min_unit`), dense.
+    pub min_unit: Qty,
+    /// Acquisition is parked this cycle (`parking.rs`): Phase 1 claims no Idle or
+    /// Speculative machine for the need and Phase 2 preempts nothing for it.
     pub parked: bool,
 }
 
 /// Registry of compiled profiles, deduplicated by `Arc` identity then fingerprint.
 #[derive(Default)]
 pub(crate) struct Profiles {
-    pub cps: Vec<CompiledProfile>,
+    pub compiled: Vec<CompiledProfile>,
     /// Keyed by `Arc` address (as an integer so the registry stays `Sync`).
     by_ptr: FxHashMap<usize, u32>,
     by_fp: FxHashMap<String, u32>,
@@ -194,8 +200,8 @@ impl Profiles {
         let id = match self.by_fp.get(profile.fingerprint()) {
             Some(&id) => id,
             None => {
-                let id = self.cps.len() as u32;
-                self.cps
+                let id = self.compiled.len() as u32;
+                self.compiled
                     .push(CompiledProfile::compile(profile.clone(), snap));
                 self.by_fp.insert(profile.fingerprint().to_owned(), id);
                 id

@@ -70,12 +70,12 @@ impl<'a> Ctx<'a> {
         shard_memo: &mut FxHashMap<(u32, Qty), bool>,
     ) -> bool {
         let snap = &self.snap;
-        let cp = &self.profiles.cps[dn.cp as usize];
+        let cp = &self.profiles.compiled[dn.profile as usize];
         let fits = |g: u32| {
             let g = &snap.g.groups[g as usize];
-            cp.matches(snap, g.shape) && qty::covers(snap.alloc(g.alloc), &dn.agg)
+            cp.matches(snap, g.shape) && qty::covers(snap.alloc(g.alloc), &dn.aggregate)
         };
-        let ck = (dn.cluster, dn.cp, dn.agg.clone());
+        let ck = (dn.cluster, dn.profile, dn.aggregate.clone());
         let cluster_half = *cluster_memo
             .entry(ck)
             .or_insert_with(|| snap.cluster_groups(dn.cluster).iter().any(|&g| fits(g)));
@@ -83,7 +83,7 @@ impl<'a> Ctx<'a> {
             return true;
         }
         *shard_memo
-            .entry((dn.cp, dn.agg.clone()))
+            .entry((dn.profile, dn.aggregate.clone()))
             .or_insert_with(|| {
                 snap.g.free_groups.iter().any(|&g| {
                     let itype = snap.g.shapes[snap.g.groups[g as usize].shape as usize].itype;
@@ -99,7 +99,7 @@ impl<'a> Ctx<'a> {
         if !self
             .needs
             .iter()
-            .any(|d| self.profiles.cps[d.cp as usize].has_same())
+            .any(|d| self.profiles.compiled[d.profile as usize].has_same())
         {
             return;
         }
@@ -112,7 +112,7 @@ impl<'a> Ctx<'a> {
         let mut stripped_by_fp: FxHashMap<String, Arc<Profile>> = FxHashMap::default();
         let needs = std::mem::take(&mut self.needs);
         for dn in needs {
-            let cp = &self.profiles.cps[dn.cp as usize];
+            let cp = &self.profiles.compiled[dn.profile as usize];
             if !cp.has_same() || !self.foldable(&dn, &mut cluster_memo, &mut shard_memo) {
                 pass.push(dn);
                 continue;
@@ -122,7 +122,7 @@ impl<'a> Ctx<'a> {
             };
             let need: &'a Need = &self.input[i as usize];
             let sp = stripped
-                .entry(dn.cp)
+                .entry(dn.profile)
                 .or_insert_with(|| {
                     let p = strip_same(&cp.profile);
                     stripped_by_fp
@@ -169,10 +169,10 @@ impl<'a> Ctx<'a> {
                 .expect("demand clusters are known");
             pass.push(CompiledNeed {
                 src: Src::Folded(self.folded.len() as u32),
-                cp,
+                profile: cp,
                 cluster,
-                agg,
-                mu,
+                aggregate: agg,
+                min_unit: mu,
                 parked: false,
             });
             self.folded.push(need);

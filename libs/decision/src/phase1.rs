@@ -271,7 +271,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             out: Phase1 {
                 owner: vec![NONE; snap.slots()],
                 claims: vec![Vec::new(); n],
-                remaining: ctx.needs.iter().map(|d| d.agg.clone()).collect(),
+                remaining: ctx.needs.iter().map(|d| d.aggregate.clone()).collect(),
                 domain: vec![NONE; n],
                 same_sat: vec![false; n],
                 acquired: vec![0; n],
@@ -329,9 +329,9 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let mut order: Vec<u32> = (0..n as u32).collect();
         // Pre-pass: priority desc only, stable, so equal priorities keep demand order and the
         // pass is deterministic.
-        order.sort_by_key(|&i| std::cmp::Reverse(ctx.cp_of(i).priority));
+        order.sort_by_key(|&i| std::cmp::Reverse(ctx.profile_of(i).priority));
         for &i in &order {
-            if ctx.cp_of(i).has_same() {
+            if ctx.profile_of(i).has_same() {
                 self.seed_same(i);
             } else {
                 self.credit_plain(i);
@@ -339,7 +339,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         }
         // Acquisition: full precedence desc, stable on demand order (the
         // pre-pass order is already demand order within a priority).
-        order.sort_by_key(|&i| std::cmp::Reverse(ctx.cp_of(i).prec));
+        order.sort_by_key(|&i| std::cmp::Reverse(ctx.profile_of(i).prec));
         for &i in &order {
             if !qty::is_zero(&self.out.remaining[i as usize]) {
                 self.acquire(i);
@@ -479,7 +479,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let ctx = self.ctx;
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
-        let cp = ctx.cp_of(i);
+        let cp = ctx.profile_of(i);
         snap.cluster_groups(dn.cluster)
             .iter()
             .copied()
@@ -488,7 +488,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 grp.state == state
                     && self.gavail[g as usize] > 0
                     && cp.matches(snap, grp.shape)
-                    && qty::covers(snap.alloc(grp.alloc), &dn.mu)
+                    && qty::covers(snap.alloc(grp.alloc), &dn.min_unit)
                     && (domain == NONE || snap.attr(grp.shape, cp.same_slot.unwrap_or(0)) == domain)
             })
             .collect()
@@ -500,7 +500,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let ctx = self.ctx;
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
-        let cp = ctx.cp_of(i);
+        let cp = ctx.profile_of(i);
         let Some(fp) = snap.fleet.fps.get(cp.fingerprint()) else {
             return Vec::new();
         };
@@ -519,7 +519,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                     && rec.fp == fp
                     && (!with_group || Some(rec.gstamp) == gsym)
                     && cp.matches(snap, snap.shape(r))
-                    && qty::covers(snap.cap(r), &dn.mu)
+                    && qty::covers(snap.cap(r), &dn.min_unit)
             })
             .collect()
     }
@@ -548,12 +548,12 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let ctx = self.ctx;
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
-        let key = (dn.cp, dn.mu.clone());
+        let key = (dn.profile, dn.min_unit.clone());
         let cap = |g: u32| -> Qty { Qty::from_slice(snap.alloc(snap.g.groups[g as usize].alloc)) };
         let mut idx = match self.acq.remove(&key) {
             Some(idx) => idx,
             None => {
-                let cp = ctx.cp_of(i);
+                let cp = ctx.profile_of(i);
                 let slot = cp.same_slot.expect("Same profile");
                 let groups = snap.g.free_groups.iter().copied().filter_map(|g| {
                     let grp = &snap.g.groups[g as usize];
@@ -561,7 +561,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                     (v != NONE
                         && cp.pinned_allows(snap.g.shapes[grp.shape as usize].itype)
                         && cp.matches(snap, grp.shape)
-                        && qty::covers(snap.alloc(grp.alloc), &dn.mu))
+                        && qty::covers(snap.alloc(grp.alloc), &dn.min_unit))
                     .then_some((g, v))
                 });
                 let mut idx = AcqIndex::build(snap.dims.len(), groups, self.consumed_log.len());
@@ -588,7 +588,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
         let need = ctx.need(i);
-        let cp = ctx.cp_of(i);
+        let cp = ctx.profile_of(i);
         let slot = cp.same_slot.expect("Same profile");
         let deficit = self.out.remaining[i as usize].clone();
         self.buckets.reset();
@@ -613,7 +613,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 continue;
             }
             let v = snap.attr(sh, slot);
-            if v == NONE || !qty::covers(snap.cap(r), &dn.mu) {
+            if v == NONE || !qty::covers(snap.cap(r), &dn.min_unit) {
                 continue;
             }
             own_members.push((r, v));
@@ -658,7 +658,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 }
                 let v = snap.attr(grp.shape, slot);
                 let cap = snap.alloc(grp.alloc);
-                if v == NONE || !wanted(v) || !qty::covers(cap, &dn.mu) {
+                if v == NONE || !wanted(v) || !qty::covers(cap, &dn.min_unit) {
                     continue;
                 }
                 self.buckets.add(v, cap, avail, true, false);
@@ -832,14 +832,14 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let dn = &ctx.needs[i as usize];
         let mut rem = self.out.remaining[i as usize].clone();
         for st in ACQ_STATES {
-            let mut pool = self.take_pool(st, dn.cp);
-            let list = domain_list(&mut pool, snap, ctx.cp_of(i), v);
+            let mut pool = self.take_pool(st, dn.profile);
+            let list = domain_list(&mut pool, snap, ctx.profile_of(i), v);
             for &r in &list.list {
                 if !self.unclaimed(r) || self.consumed[r as usize] {
                     continue;
                 }
                 let cap = snap.cap(r);
-                if !qty::covers(cap, &dn.mu) {
+                if !qty::covers(cap, &dn.min_unit) {
                     continue;
                 }
                 self.consumed[r as usize] = true;
@@ -852,7 +852,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                     break;
                 }
             }
-            self.put_pool(st, dn.cp, pool);
+            self.put_pool(st, dn.profile, pool);
             if qty::is_zero(&rem) {
                 return;
             }
@@ -867,7 +867,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         }
         let ctx: &'c Ctx<'a> = self.ctx;
         let snap = &ctx.snap;
-        let cp = &ctx.profiles.cps[cp_id as usize];
+        let cp = &ctx.profiles.compiled[cp_id as usize];
         let plain = !cp.has_same() && cp.spread.is_none();
         let borrowed = match (&cp.pinned, st) {
             (Some(ts), MachineState::Idle) if plain && ts.len() == 1 => {
@@ -899,7 +899,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
     fn acquire(&mut self, i: u32) {
         let ctx = self.ctx;
         let dn = &ctx.needs[i as usize];
-        let cp = ctx.cp_of(i);
+        let cp = ctx.profile_of(i);
         for st in ACQ_STATES {
             if self.done(i) {
                 return;
@@ -907,7 +907,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             if cp.has_same() && dn.parked {
                 return;
             }
-            let mut pool = self.take_pool(st, dn.cp);
+            let mut pool = self.take_pool(st, dn.profile);
             let cands = if cp.has_same() {
                 let d = self.out.domain[i as usize];
                 if d != NONE {
@@ -920,7 +920,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             } else {
                 self.find_basic(i, &mut pool)
             };
-            self.put_pool(st, dn.cp, pool);
+            self.put_pool(st, dn.profile, pool);
             for r in cands {
                 self.claim(i, r);
             }
@@ -931,7 +931,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
     /// deficit is covered.
     fn find_basic(&self, i: u32, pool: &mut Pool<'c>) -> Vec<u32> {
         let snap = &self.ctx.snap;
-        let cp = self.ctx.cp_of(i);
+        let cp = self.ctx.profile_of(i);
         // Claimed and non-matching machines stay so for the whole cycle.
         while pool.cursor < pool.list.len() {
             let r = pool.list[pool.cursor];
@@ -955,7 +955,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         check: Option<&CompiledProfile>,
     ) -> Vec<u32> {
         let snap = &self.ctx.snap;
-        let mu = &self.ctx.needs[i as usize].mu;
+        let mu = &self.ctx.needs[i as usize].min_unit;
         let mut rem = self.out.remaining[i as usize].clone();
         let mut out = Vec::new();
         if qty::is_zero(&rem) {
@@ -981,7 +981,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
     /// FindSame with a recorded domain: pool order within the domain.
     fn find_same(&self, i: u32, pool: &mut Pool<'c>, v: u32) -> Vec<u32> {
         let snap = &self.ctx.snap;
-        let list = domain_list(pool, snap, self.ctx.cp_of(i), v);
+        let list = domain_list(pool, snap, self.ctx.profile_of(i), v);
         while list.cursor < list.list.len() && !self.unclaimed(list.list[list.cursor]) {
             list.cursor += 1;
         }
@@ -996,7 +996,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let ctx = self.ctx;
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
-        let slot = ctx.cp_of(i).same_slot.expect("Same profile");
+        let slot = ctx.profile_of(i).same_slot.expect("Same profile");
         let deficit = &self.out.remaining[i as usize];
         struct Fb {
             value: u32,
@@ -1012,7 +1012,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             }
             let v = snap.attr(snap.shape(r), slot);
             let cap = snap.cap(r);
-            if v == NONE || !qty::covers(cap, &dn.mu) {
+            if v == NONE || !qty::covers(cap, &dn.min_unit) {
                 continue;
             }
             let price = snap.rec(r).price;
@@ -1073,7 +1073,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 continue;
             }
             let v = snap.attr(snap.shape(r), slot);
-            if v == NONE || !qty::covers(snap.cap(r), &dn.mu) {
+            if v == NONE || !qty::covers(snap.cap(r), &dn.min_unit) {
                 continue;
             }
             let k = *idx.entry(v).or_insert_with(|| {

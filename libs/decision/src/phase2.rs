@@ -37,7 +37,7 @@ pub(crate) struct Phase2 {
 /// matching; best victim first, ties by id.
 fn candidates(ctx: &Ctx<'_>, cp_id: u32, prio: i32, opts: &Phase2Options) -> Vec<u32> {
     let snap = &ctx.snap;
-    let cp = &ctx.profiles.cps[cp_id as usize];
+    let cp = &ctx.profiles.compiled[cp_id as usize];
     let st = MachineState::Configured;
     // Min-priority short-circuit: nothing in the pool can be a victim.
     let no_victims = match &cp.pinned {
@@ -98,10 +98,10 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
         return out;
     }
     // Highest preemptor priority gets first refusal.
-    unsat.sort_by_key(|&i| std::cmp::Reverse(ctx.cp_of(i).priority));
+    unsat.sort_by_key(|&i| std::cmp::Reverse(ctx.profile_of(i).priority));
     let eligible = |i: u32| {
         let dn = &ctx.needs[i as usize];
-        let cp = ctx.cp_of(i);
+        let cp = ctx.profile_of(i);
         !(dn.parked || cp.has_same() && p1.domain[i as usize] == NONE)
     };
 
@@ -110,7 +110,7 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
     let mut keys: Vec<(u32, i32)> = unsat
         .iter()
         .filter(|&&i| eligible(i))
-        .map(|&i| (ctx.needs[i as usize].cp, ctx.cp_of(i).priority))
+        .map(|&i| (ctx.needs[i as usize].profile, ctx.profile_of(i).priority))
         .collect();
     keys.sort_unstable();
     keys.dedup();
@@ -131,7 +131,7 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
     let taken = &mut out.taken;
     for &i in &unsat {
         let dn = &ctx.needs[i as usize];
-        let cp = ctx.cp_of(i);
+        let cp = ctx.profile_of(i);
         let deficit = &p1.remaining[i as usize];
         if !eligible(i) {
             out.unresolved.push(Unresolved {
@@ -141,7 +141,7 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
             continue;
         }
         let prio = cp.priority;
-        let list = cache[&(dn.cp, prio)];
+        let list = cache[&(dn.profile, prio)];
         let domain = p1.domain[i as usize];
         let mut rem = deficit.clone();
         let mut freed = snap.dims.zero();
@@ -152,7 +152,7 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
             }
             let rec = snap.rec(r);
             let cap = snap.cap(r);
-            if !qty::covers(cap, &dn.mu) {
+            if !qty::covers(cap, &dn.min_unit) {
                 continue;
             }
             if let Some(slot) = cp.same_slot
@@ -163,7 +163,7 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
             // A machine Phase 1 credited to a need at least as important as the
             // preemptor is not a victim, whatever its stale stamp says (ADR-0024).
             let owner = p1.owner[r as usize];
-            if owner != NONE && ctx.cp_of(owner).priority >= prio {
+            if owner != NONE && ctx.profile_of(owner).priority >= prio {
                 continue;
             }
             taken[r as usize] = true;

@@ -123,7 +123,7 @@ const TRANSIT_STATES: [MachineState; 4] = [
 /// Only asked when the three counted states hold none, which is rare.
 fn matching_in_transit(ctx: &Ctx<'_>, cp_id: u32, mu: &[i64]) -> bool {
     let snap = &ctx.snap;
-    let cp = &ctx.profiles.cps[cp_id as usize];
+    let cp = &ctx.profiles.compiled[cp_id as usize];
     TRANSIT_STATES.iter().any(|&st| {
         snap.state_list(st)
             .iter()
@@ -135,7 +135,7 @@ fn matching_in_transit(ctx: &Ctx<'_>, cp_id: u32, mu: &[i64]) -> bool {
 /// Speculative), uncapped; one pass over the machine groups.
 fn matching_counts(ctx: &Ctx<'_>, cp_id: u32, mu: &[i64]) -> [u64; 3] {
     let snap = &ctx.snap;
-    let cp = &ctx.profiles.cps[cp_id as usize];
+    let cp = &ctx.profiles.compiled[cp_id as usize];
     let mut counts = [0u64; 3];
     for g in &snap.g.groups {
         let Some(k) = supply_slot(g.state) else {
@@ -172,7 +172,7 @@ pub(crate) fn build(
     // Matching supply per distinct (profile, MinUnit) of unsatisfied needs.
     let mut keys: Vec<(u32, Qty)> = (0..n)
         .filter(|&i| !qty::is_zero(&p1.remaining[i]))
-        .map(|i| (ctx.needs[i].cp, ctx.needs[i].mu.clone()))
+        .map(|i| (ctx.needs[i].profile, ctx.needs[i].min_unit.clone()))
         .collect();
     keys.sort_unstable();
     keys.dedup();
@@ -199,14 +199,14 @@ pub(crate) fn build(
     (0..n)
         .map(|i| {
             let dn = &ctx.needs[i];
-            let cp = &ctx.profiles.cps[dn.cp as usize];
+            let cp = &ctx.profiles.compiled[dn.profile as usize];
             let claims = &p1.claims[i];
             let count_state = |st: MachineState| {
                 claims.iter().filter(|&&r| snap.rec(r).state == st).count() as u32
             };
             let satisfied = qty::is_zero(&p1.remaining[i]);
             let pre = &p2.preemption[i];
-            let found = (!satisfied).then(|| supply[&(dn.cp, &dn.mu)]);
+            let found = (!satisfied).then(|| supply[&(dn.profile, &dn.min_unit)]);
             let matching = found.map(|(c, _)| capped(c, supply_cap));
             // The seed's taxonomy (ADR-0115): Tier 1 first (a Same need with no
             // satisfiable domain), then Tier 2 split by whether matching supply
