@@ -88,18 +88,19 @@ impl FleetProfile {
 
 /// The per-machine record kept by the fleet (56 bytes).
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub(crate) struct FRec {
+pub(crate) struct MachineRecord {
     pub price: f64,
-    pub ip: f64,
-    pub asg_ip: f64,
-    pub asg_rp: f64,
-    pub asg_prio: i32,
+    pub interruption_probability: f64,
+    /// What the machine's current need stamped on it: penalty dollars and priority.
+    pub assigned_interruption_penalty: f64,
+    pub assigned_reclamation_penalty: f64,
+    pub assigned_priority: i32,
     pub cluster: u32,
     pub profile: u32,
     pub alloc: u32,
     /// Stamped need fingerprint / group (symbols, `NONE` when empty).
-    pub fp: u32,
-    pub gstamp: u32,
+    pub assigned_fingerprint: u32,
+    pub assigned_group: u32,
     pub state: MachineState,
     pub cap: CapacityType,
 }
@@ -107,7 +108,7 @@ pub(crate) struct FRec {
 /// The engine's compact inventory. See the module docs.
 #[derive(Debug, Default, Clone)]
 pub struct Fleet {
-    pub(crate) recs: Vec<FRec>,
+    pub(crate) recs: Vec<MachineRecord>,
     /// `recs[slot].state`, packed, so a pass can skip records by state without
     /// touching them.
     pub(crate) states: Vec<MachineState>,
@@ -143,7 +144,7 @@ pub struct Fleet {
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Change {
     pub slot: u32,
-    pub rec: FRec,
+    pub rec: MachineRecord,
     pub idle: i64,
 }
 
@@ -298,8 +299,8 @@ impl Fleet {
         id
     }
 
-    fn record(&mut self, m: &Machine) -> FRec {
-        FRec {
+    fn record(&mut self, m: &Machine) -> MachineRecord {
+        MachineRecord {
             profile: self.intern_profile(&m.profile),
             alloc: self.intern_alloc(m.effective_allocatable()),
             ..self.record_without_hardware(m)
@@ -307,18 +308,18 @@ impl Fleet {
     }
 
     /// Everything of a record but the interned profile and allocatable.
-    fn record_without_hardware(&mut self, m: &Machine) -> FRec {
-        FRec {
+    fn record_without_hardware(&mut self, m: &Machine) -> MachineRecord {
+        MachineRecord {
             price: sane_price(m.price_per_hour),
-            ip: sane_prob(m.interruption_probability),
-            asg_ip: sane_price(m.assigned_interruption_penalty_dollars),
-            asg_rp: sane_price(m.assigned_reclamation_penalty_dollars),
-            asg_prio: m.assigned_priority,
+            interruption_probability: sane_prob(m.interruption_probability),
+            assigned_interruption_penalty: sane_price(m.assigned_interruption_penalty_dollars),
+            assigned_reclamation_penalty: sane_price(m.assigned_reclamation_penalty_dollars),
+            assigned_priority: m.assigned_priority,
             cluster: self.clusters.intern_opt(&m.cluster),
             profile: NONE,
             alloc: NONE,
-            fp: self.fps.intern_opt(&m.assigned_need_fingerprint),
-            gstamp: self.groups.intern_opt(&m.assigned_group),
+            assigned_fingerprint: self.fps.intern_opt(&m.assigned_need_fingerprint),
+            assigned_group: self.groups.intern_opt(&m.assigned_group),
             state: m.state,
             cap: m.profile.capacity_type,
         }
@@ -400,7 +401,7 @@ impl Fleet {
         );
         let rec = if same_hardware {
             let old = self.recs[s];
-            FRec {
+            MachineRecord {
                 profile: old.profile,
                 alloc: old.alloc,
                 ..self.record_without_hardware(m)
@@ -452,7 +453,7 @@ impl Fleet {
 
     /// Stores `rec` under `id`; returns the slot and, for a machine already
     /// present, what it replaced.
-    fn put(&mut self, id: &str, rec: FRec) -> (u32, Option<Change>) {
+    fn put(&mut self, id: &str, rec: MachineRecord) -> (u32, Option<Change>) {
         if let Some(s) = self.slot_of(id) {
             let old = Change {
                 slot: s,
@@ -537,7 +538,7 @@ impl Fleet {
     pub fn heap_bytes(&self) -> usize {
         use std::mem::size_of;
         let ids: usize = self.ids.iter().map(|s| s.len() + 16).sum();
-        self.recs.len() * size_of::<FRec>()
+        self.recs.len() * size_of::<MachineRecord>()
             + self.states.len()
             + ids
             + self.idle.len() * 8

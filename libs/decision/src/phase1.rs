@@ -251,7 +251,8 @@ pub(crate) fn build_pool(ctx: &Ctx<'_>, st: MachineState, cp: &CompiledProfile) 
             };
             for (ec, r) in &mut v {
                 let rec = snap.rec(*r);
-                *ec = effective_cost_dollars(rec.price, rec.ip, cp.ip_dollars);
+                *ec =
+                    effective_cost_dollars(rec.price, rec.interruption_probability, cp.ip_dollars);
             }
             v.sort_by(|a, b| {
                 a.0.total_cmp(&b.0)
@@ -516,8 +517,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             .filter(|&r| {
                 let rec = snap.rec(r);
                 self.unclaimed(r)
-                    && rec.fp == fp
-                    && (!with_group || Some(rec.gstamp) == gsym)
+                    && rec.assigned_fingerprint == fp
+                    && (!with_group || Some(rec.assigned_group) == gsym)
                     && cp.matches(snap, snap.shape(r))
                     && qty::covers(snap.cap(r), &dn.min_unit)
             })

@@ -49,7 +49,7 @@ fn candidates(ctx: &Ctx<'_>, cp_id: u32, prio: i32, opts: &Phase2Options) -> Vec
     }
     let keep = |r: &u32| {
         let rec = snap.rec(*r);
-        rec.asg_prio < prio && !ctx.is_foreign(*r) && cp.matches(snap, snap.shape(*r))
+        rec.assigned_priority < prio && !ctx.is_foreign(*r) && cp.matches(snap, snap.shape(*r))
     };
     let pool: Vec<u32> = match &cp.pinned {
         Some(ts) => ts
@@ -66,9 +66,9 @@ fn candidates(ctx: &Ctx<'_>, cp_id: u32, prio: i32, opts: &Phase2Options) -> Vec
             (
                 victim_score(
                     prio,
-                    rec.asg_prio,
-                    rec.asg_ip,
-                    rec.asg_rp,
+                    rec.assigned_priority,
+                    rec.assigned_interruption_penalty,
+                    rec.assigned_reclamation_penalty,
                     opts.estimated_drain,
                     &opts.weights,
                 ),
@@ -173,7 +173,7 @@ pub(crate) fn run(ctx: &Ctx<'_>, p1: &Phase1, opts: &Phase2Options) -> Phase2 {
             out.actions.push(Action::Preempt {
                 machine_id: snap.id(r).to_owned(),
                 cluster: snap.cluster_name(rec.cluster).to_owned(),
-                grace: drain_grace(prio, rec.asg_prio),
+                grace: drain_grace(prio, rec.assigned_priority),
                 preemptor_priority: prio,
             });
             if qty::is_zero(&rem) {

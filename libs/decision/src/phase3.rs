@@ -46,7 +46,10 @@ pub(crate) fn run(
             let (ra, rb) = (snap.rec(*a), snap.rec(*b));
             rb.price
                 .total_cmp(&ra.price)
-                .then(ra.asg_rp.total_cmp(&rb.asg_rp))
+                .then(
+                    ra.assigned_reclamation_penalty
+                        .total_cmp(&rb.assigned_reclamation_penalty),
+                )
                 .then(snap.rank(*a).cmp(&snap.rank(*b)))
         });
         for r in excess {

@@ -212,14 +212,14 @@ struct Rec {
     host_ref: Option<Box<str>>,
     price: f64,
     prob: f64,
-    asg_ip: f64,
-    asg_rp: f64,
-    asg_prio: i32,
+    assigned_interruption_penalty: f64,
+    assigned_reclamation_penalty: f64,
+    assigned_priority: i32,
     host_provider: u32,
     cluster: u32,
     profile: u32,
     alloc: u32,
-    fp: u32,
+    assigned_fingerprint: u32,
     group: u32,
     state: MachineState,
     host_ref_is_id: bool,
@@ -328,10 +328,10 @@ impl Inventory {
         Assigned {
             cluster: self.syms.resolve(r.cluster),
             state: r.state,
-            priority: r.asg_prio,
-            interruption_penalty_dollars: r.asg_ip,
-            reclamation_penalty_dollars: r.asg_rp,
-            need_fingerprint: self.syms.resolve(r.fp),
+            priority: r.assigned_priority,
+            interruption_penalty_dollars: r.assigned_interruption_penalty,
+            reclamation_penalty_dollars: r.assigned_reclamation_penalty,
+            need_fingerprint: self.syms.resolve(r.assigned_fingerprint),
             group: self.syms.resolve(r.group),
         }
     }
@@ -383,10 +383,10 @@ impl Inventory {
                 .and_then(|x| x.last_error.as_deref())
                 .unwrap_or_default()
                 .to_owned(),
-            assigned_priority: r.asg_prio,
-            assigned_interruption_penalty_dollars: r.asg_ip,
-            assigned_reclamation_penalty_dollars: r.asg_rp,
-            assigned_need_fingerprint: self.syms.resolve(r.fp).to_owned(),
+            assigned_priority: r.assigned_priority,
+            assigned_interruption_penalty_dollars: r.assigned_interruption_penalty,
+            assigned_reclamation_penalty_dollars: r.assigned_reclamation_penalty,
+            assigned_need_fingerprint: self.syms.resolve(r.assigned_fingerprint).to_owned(),
             assigned_group: self.syms.resolve(r.group).to_owned(),
             allocatable: self.allocs.items[r.alloc as usize].clone(),
             shard_metadata: BTreeMap::new(),
@@ -451,14 +451,14 @@ impl Inventory {
             host_ref,
             price: m.price_per_hour,
             prob: m.interruption_probability,
-            asg_ip: m.assigned_interruption_penalty_dollars,
-            asg_rp: m.assigned_reclamation_penalty_dollars,
-            asg_prio: m.assigned_priority,
+            assigned_interruption_penalty: m.assigned_interruption_penalty_dollars,
+            assigned_reclamation_penalty: m.assigned_reclamation_penalty_dollars,
+            assigned_priority: m.assigned_priority,
             host_provider: self.syms.intern(&m.host.provider),
             cluster: self.syms.intern(&m.cluster),
             profile,
             alloc,
-            fp: self.syms.intern(&m.assigned_need_fingerprint),
+            assigned_fingerprint: self.syms.intern(&m.assigned_need_fingerprint),
             group: self.syms.intern(&m.assigned_group),
             state: m.state,
             host_ref_is_id,
@@ -613,7 +613,11 @@ impl Inventory {
     /// Adds (`sign = 1`) or removes (`-1`) machine `p`'s contribution to the counters.
     fn account(&mut self, p: usize, sign: i64) {
         let r = &self.recs[p];
-        let cell = (r.state, bucket_for_dollars(r.asg_ip), r.profile);
+        let cell = (
+            r.state,
+            bucket_for_dollars(r.assigned_interruption_penalty),
+            r.profile,
+        );
         bump(&mut self.cells, cell, sign);
         if r.state == MachineState::Idle {
             let prices = self.idle_prices.entry(r.profile).or_default();

@@ -49,8 +49,8 @@ impl Base {
                 let r = &recs[h as usize];
                 let s = r.state as usize;
                 p.by_state[s].push(h);
-                if r.asg_prio < p.min_prio[s] {
-                    p.min_prio[s] = r.asg_prio;
+                if r.assigned_priority < p.min_prio[s] {
+                    p.min_prio[s] = r.assigned_priority;
                 }
                 if let Some(si) = TYPE_STATES.iter().position(|t| *t == r.state) {
                     let itype = fleet.profiles[r.profile as usize].itype;
@@ -66,7 +66,7 @@ impl Base {
                     }
                     let e = &mut p.types[p.type_slot[k] as usize];
                     e.1.push(h);
-                    e.2 = e.2.min(r.asg_prio);
+                    e.2 = e.2.min(r.assigned_priority);
                 }
                 match r.state {
                     MachineState::Configured | MachineState::Configuring if r.cluster != NONE => {
@@ -75,7 +75,7 @@ impl Base {
                         .push(BoundEntry {
                             h,
                             price: r.price,
-                            rp: r.asg_rp,
+                            rp: r.assigned_reclamation_penalty,
                         });
                     }
                     MachineState::Idle => {
@@ -215,11 +215,11 @@ impl Base {
                 if fleet.states[h as usize] == MachineState::Speculative {
                     let r = &fleet.recs[h as usize];
                     sl.all.push(h);
-                    sl.min_prio = sl.min_prio.min(r.asg_prio);
+                    sl.min_prio = sl.min_prio.min(r.assigned_priority);
                     let itype = fleet.profiles[r.profile as usize].itype;
                     let e = sl.by_type.entry(itype).or_insert((Vec::new(), i32::MAX));
                     e.0.push(h);
-                    e.1 = e.1.min(r.asg_prio);
+                    e.1 = e.1.min(r.assigned_priority);
                 }
             }
             sl

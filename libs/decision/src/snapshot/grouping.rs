@@ -136,11 +136,11 @@ impl Grouping {
         let lists = &base.bound[c];
         for &h in lists[0].iter().chain(lists[1].iter()) {
             let r = &recs[h as usize];
-            if r.fp == NONE {
+            if r.assigned_fingerprint == NONE {
                 continue;
             }
             self.own_index
-                .entry((c as u32, r.fp, r.gstamp))
+                .entry((c as u32, r.assigned_fingerprint, r.assigned_group))
                 .or_default()
                 .push(h);
         }
@@ -187,8 +187,9 @@ impl Grouping {
         for &h in handles {
             let (o, n) = (was(h), &recs[h as usize]);
             let (fo, f_new) = (family(o), family(n));
-            let reordered =
-                o.price.to_bits() != n.price.to_bits() || o.asg_rp.to_bits() != n.asg_rp.to_bits();
+            let reordered = o.price.to_bits() != n.price.to_bits()
+                || o.assigned_reclamation_penalty.to_bits()
+                    != n.assigned_reclamation_penalty.to_bits();
             if fo == f_new && key(o) == key(n) && (fo == Some(NONE) || !reordered) {
                 continue;
             }
@@ -298,8 +299,8 @@ impl Grouping {
     ) {
         let own_key = |r: &Rec| {
             bound_key(r)
-                .filter(|_| r.fp != NONE)
-                .map(|(c, _)| (c, r.fp, r.gstamp))
+                .filter(|_| r.assigned_fingerprint != NONE)
+                .map(|(c, _)| (c, r.assigned_fingerprint, r.assigned_group))
         };
         for &h in handles {
             if let Some(k) = own_key(was(h))

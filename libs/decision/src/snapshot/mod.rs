@@ -29,7 +29,7 @@ use std::sync::atomic::{AtomicBool, Ordering as AtomicOrdering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The hot record of one machine, borrowed from the fleet (indexed by handle).
-pub(crate) use crate::fleet::FRec as Rec;
+pub(crate) use crate::fleet::MachineRecord as Rec;
 
 mod base;
 mod grouping;
@@ -684,6 +684,9 @@ fn keep_sort(v: &mut Vec<BoundEntry>, rank_of: &impl Fn(u32) -> u32) {
 pub(crate) fn keep_cmp(a: &Rec, ra: u32, b: &Rec, rb: u32) -> Ordering {
     a.price
         .total_cmp(&b.price)
-        .then(b.asg_rp.total_cmp(&a.asg_rp))
+        .then(
+            b.assigned_reclamation_penalty
+                .total_cmp(&a.assigned_reclamation_penalty),
+        )
         .then(ra.cmp(&rb))
 }

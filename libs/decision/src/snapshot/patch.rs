@@ -192,10 +192,10 @@ impl Base {
             |from: Option<ListId>, to: Option<ListId>, h: u32, o: &Rec, n: &Rec, rekey: bool| {
                 if from == to && !rekey {
                     if let Some(l) = from
-                        && o.asg_prio != n.asg_prio
+                        && o.assigned_priority != n.assigned_priority
                     {
                         let e = edits.entry(l).or_default();
-                        e.add_min = e.add_min.min(n.asg_prio);
+                        e.add_min = e.add_min.min(n.assigned_priority);
                         e.lost_min = true;
                     }
                     return;
@@ -208,7 +208,7 @@ impl Base {
                 if let Some(l) = to {
                     let e = edits.entry(l).or_default();
                     e.add.push(h);
-                    e.add_min = e.add_min.min(n.asg_prio);
+                    e.add_min = e.add_min.min(n.assigned_priority);
                 }
             };
         let mut new_types: Vec<(u8, u32)> = Vec::new();
@@ -256,7 +256,9 @@ impl Base {
                 _ => None,
             };
             edit(sorted(to), sorted(tn), h, o, n, repriced);
-            let rekeyed = repriced || o.asg_rp.to_bits() != n.asg_rp.to_bits();
+            let rekeyed = repriced
+                || o.assigned_reclamation_penalty.to_bits()
+                    != n.assigned_reclamation_penalty.to_bits();
             let bound = |r: &Rec| bound_key(r).map(|(c, s)| ListId::Bound(c, s));
             edit(bound(o), bound(n), h, o, n, rekeyed);
             if spec_listed {
@@ -300,7 +302,7 @@ impl Base {
         };
         let by_keep = |ra: &Rec, a: u32, rb: &Rec, b: u32| keep_cmp(ra, rank(a), rb, rank(b));
         let now = |h: u32| &recs[h as usize];
-        let prio = |h: u32| recs[h as usize].asg_prio;
+        let prio = |h: u32| recs[h as usize].assigned_priority;
         let mut touched_bound: Vec<(u32, u8)> = Vec::new();
         for (id, mut e) in edits {
             match id {
