@@ -70,10 +70,10 @@ pub(crate) struct CompiledProfile {
     pub same_slot: Option<usize>,
     /// Slot and max skew of the first DoNotSchedule spread.
     pub spread: Option<(usize, i32)>,
-    pub prec: Precedence,
+    pub precedence: Precedence,
     pub priority: i32,
     /// Upper bound of the interruption bucket, in dollars.
-    pub ip_dollars: f64,
+    pub interruption_penalty_dollars: f64,
     /// Per shape: 0 unknown, 1 no, 2 yes.
     memo: Vec<AtomicU8>,
 }
@@ -109,10 +109,12 @@ impl CompiledProfile {
         let same_slot = same_requirement(profile.requirements()).map(|r| slot(r.key()));
         let spread = strict_spread(profile.spread()).map(|s| (slot(&s.topology_key), s.max_skew));
         CompiledProfile {
-            prec: profile.precedence(),
+            precedence: profile.precedence(),
             priority: profile.priority(),
-            ip_dollars: profile.interruption_penalty_dollars(),
-            memo: (0..snap.g.shapes.len()).map(|_| AtomicU8::new(0)).collect(),
+            interruption_penalty_dollars: profile.interruption_penalty_dollars(),
+            memo: (0..snap.grouping.shapes.len())
+                .map(|_| AtomicU8::new(0))
+                .collect(),
             reqs,
             pinned,
             same_slot,

@@ -72,7 +72,7 @@ impl<'a> Ctx<'a> {
         let snap = &self.snap;
         let cp = &self.profiles.compiled[dn.profile as usize];
         let fits = |g: u32| {
-            let g = &snap.g.groups[g as usize];
+            let g = &snap.grouping.groups[g as usize];
             cp.matches(snap, g.shape) && qty::covers(snap.alloc(g.alloc), &dn.aggregate)
         };
         let ck = (dn.cluster, dn.profile, dn.aggregate.clone());
@@ -85,8 +85,9 @@ impl<'a> Ctx<'a> {
         *shard_memo
             .entry((dn.profile, dn.aggregate.clone()))
             .or_insert_with(|| {
-                snap.g.free_groups.iter().any(|&g| {
-                    let itype = snap.g.shapes[snap.g.groups[g as usize].shape as usize].itype;
+                snap.grouping.free_groups.iter().any(|&g| {
+                    let itype =
+                        snap.grouping.shapes[snap.grouping.groups[g as usize].shape as usize].itype;
                     cp.pinned_allows(itype) && fits(g)
                 })
             })

@@ -137,7 +137,7 @@ fn matching_counts(ctx: &Ctx<'_>, cp_id: u32, mu: &[i64]) -> [u64; 3] {
     let snap = &ctx.snap;
     let cp = &ctx.profiles.compiled[cp_id as usize];
     let mut counts = [0u64; 3];
-    for g in &snap.g.groups {
+    for g in &snap.grouping.groups {
         let Some(k) = supply_slot(g.state) else {
             continue;
         };

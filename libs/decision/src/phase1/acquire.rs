@@ -93,8 +93,11 @@ pub(super) fn build_pool(ctx: &Ctx<'_>, st: MachineState, cp: &CompiledProfile) 
             };
             for (ec, r) in &mut v {
                 let rec = snap.rec(*r);
-                *ec =
-                    effective_cost_dollars(rec.price, rec.interruption_probability, cp.ip_dollars);
+                *ec = effective_cost_dollars(
+                    rec.price,
+                    rec.interruption_probability,
+                    cp.interruption_penalty_dollars,
+                );
             }
             v.sort_by(|a, b| {
                 a.0.total_cmp(&b.0)

@@ -56,13 +56,13 @@ pub(crate) struct Phase1Pass<'c, 'a> {
     ctx: &'c Ctx<'a>,
     out: Phase1,
     consumed: Vec<bool>,
-    gavail: Vec<u32>,
-    gcursor: Vec<u32>,
+    group_available: Vec<u32>,
+    group_cursor: Vec<u32>,
     /// Per group: some member was claimed or consumed other than by the
     /// in-order walk of [`Self::claim_merge`]'s one-group case. While clean,
     /// every member from the group's cursor on is unclaimed and unconsumed,
     /// so that walk can claim a whole run without reading `owner`.
-    gdirty: Vec<bool>,
+    group_dirty: Vec<bool>,
     pools: FxHashMap<(u8, u32), Pool<'c>>,
     /// Per (profile, MinUnit): acquirable supply aggregated per domain.
     acq: FxHashMap<(u32, Qty), AcqIndex>,
@@ -96,14 +96,14 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 candidates: vec![Vec::new(); if verdicts { n } else { 0 }],
             },
             consumed: vec![false; snap.slots()],
-            gavail: snap
-                .g
+            group_available: snap
+                .grouping
                 .groups
                 .iter()
                 .map(|g| g.members.len() as u32)
                 .collect(),
-            gcursor: vec![0; snap.g.groups.len()],
-            gdirty: vec![false; snap.g.groups.len()],
+            group_cursor: vec![0; snap.grouping.groups.len()],
+            group_dirty: vec![false; snap.grouping.groups.len()],
             pools: FxHashMap::default(),
             acq: FxHashMap::default(),
             consumed_log: Vec::new(),
@@ -134,8 +134,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 self.out.owner[r as usize] = FOREIGN;
                 let g = snap.group_of(r);
                 if g != NONE {
-                    self.gavail[g as usize] -= 1;
-                    self.gdirty[g as usize] = true;
+                    self.group_available[g as usize] -= 1;
+                    self.group_dirty[g as usize] = true;
                 }
             }
         }
@@ -157,7 +157,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         }
         // Acquisition: full precedence desc, stable on demand order (the
         // pre-pass order is already demand order within a priority).
-        order.sort_by_key(|&i| std::cmp::Reverse(ctx.profile_of(i).prec));
+        order.sort_by_key(|&i| std::cmp::Reverse(ctx.profile_of(i).precedence));
         for &i in &order {
             if !qty::is_zero(&self.out.remaining[i as usize]) {
                 self.acquire(i);
@@ -172,8 +172,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
     /// the group, sparing a random access to the machine record.
     fn claim_in_group(&mut self, i: u32, r: u32, g: u32) {
         let snap = &self.ctx.snap;
-        let grp = &snap.g.groups[g as usize];
-        self.gdirty[g as usize] = true;
+        let grp = &snap.grouping.groups[g as usize];
+        self.group_dirty[g as usize] = true;
         debug_assert_eq!(self.out.owner[r as usize], NONE, "machine claimed twice");
         self.out.owner[r as usize] = i;
         self.out.claims[i as usize].push(r);
@@ -182,7 +182,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             self.out.acquired[i as usize] += 1;
         }
         if !self.consumed[r as usize] {
-            self.gavail[g as usize] -= 1;
+            self.group_available[g as usize] -= 1;
         }
     }
 
@@ -198,9 +198,9 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         }
         let g = snap.group_of(r);
         if g != NONE {
-            self.gdirty[g as usize] = true;
+            self.group_dirty[g as usize] = true;
             if !self.consumed[r as usize] {
-                self.gavail[g as usize] -= 1;
+                self.group_available[g as usize] -= 1;
             }
         }
     }
@@ -210,7 +210,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
     /// exactly the outcome of claiming them one by one.
     fn claim_run(&mut self, i: u32, g: u32, c: usize) {
         let snap = &self.ctx.snap;
-        let grp = &snap.g.groups[g as usize];
+        let grp = &snap.grouping.groups[g as usize];
         let cap = snap.alloc(grp.alloc);
         let remaining = &mut self.out.remaining[i as usize];
         let k = qty::units_to_cover(remaining, cap).min((grp.members.len() - c) as u64) as usize;
@@ -226,8 +226,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         if matches!(grp.state, MachineState::Idle | MachineState::Speculative) {
             self.out.acquired[i as usize] += k as u32;
         }
-        self.gavail[g as usize] -= k as u32;
-        self.gcursor[g as usize] = (c + k) as u32;
+        self.group_available[g as usize] -= k as u32;
+        self.group_cursor[g as usize] = (c + k) as u32;
     }
 
     #[inline]
@@ -247,9 +247,9 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         if let [g] = groups {
             // One eligible group: its members are already in keep order.
             let g = *g;
-            let members = &snap.g.groups[g as usize].members;
-            let mut c = self.gcursor[g as usize] as usize;
-            if !self.gdirty[g as usize] {
+            let members = &snap.grouping.groups[g as usize].members;
+            let mut c = self.group_cursor[g as usize] as usize;
+            if !self.group_dirty[g as usize] {
                 self.claim_run(i, g, c);
                 return;
             }
@@ -262,7 +262,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 }
                 c += 1;
             }
-            self.gcursor[g as usize] = c as u32;
+            self.group_cursor[g as usize] = c as u32;
             return;
         }
         loop {
@@ -271,12 +271,12 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             }
             let mut best: Option<(u32, u32)> = None; // (kpos, group)
             for &g in groups {
-                let members = &snap.g.groups[g as usize].members;
-                let mut c = self.gcursor[g as usize] as usize;
+                let members = &snap.grouping.groups[g as usize].members;
+                let mut c = self.group_cursor[g as usize] as usize;
                 while c < members.len() && !self.unclaimed(members[c]) {
                     c += 1;
                 }
-                self.gcursor[g as usize] = c as u32;
+                self.group_cursor[g as usize] = c as u32;
                 if let Some(&r) = members.get(c) {
                     let k = snap.kpos(r);
                     if best.is_none_or(|(bk, _)| k < bk) {
@@ -285,7 +285,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 }
             }
             let Some((_, g)) = best else { return };
-            let r = snap.g.groups[g as usize].members[self.gcursor[g as usize] as usize];
+            let r =
+                snap.grouping.groups[g as usize].members[self.group_cursor[g as usize] as usize];
             self.claim_in_group(i, r, g);
         }
     }

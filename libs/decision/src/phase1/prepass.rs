@@ -123,9 +123,9 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             .iter()
             .copied()
             .filter(|&g| {
-                let grp = &snap.g.groups[g as usize];
+                let grp = &snap.grouping.groups[g as usize];
                 grp.state == state
-                    && self.gavail[g as usize] > 0
+                    && self.group_available[g as usize] > 0
                     && cp.matches(snap, grp.shape)
                     && qty::covers(snap.alloc(grp.alloc), &dn.min_unit)
                     && (domain == NONE || snap.attr(grp.shape, cp.same_slot.unwrap_or(0)) == domain)
@@ -188,29 +188,30 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         let snap = &ctx.snap;
         let dn = &ctx.needs[i as usize];
         let key = (dn.profile, dn.min_unit.clone());
-        let cap = |g: u32| -> Qty { Qty::from_slice(snap.alloc(snap.g.groups[g as usize].alloc)) };
+        let cap =
+            |g: u32| -> Qty { Qty::from_slice(snap.alloc(snap.grouping.groups[g as usize].alloc)) };
         let mut idx = match self.acq.remove(&key) {
             Some(idx) => idx,
             None => {
                 let cp = ctx.profile_of(i);
                 let slot = cp.same_slot.expect("Same profile");
-                let groups = snap.g.free_groups.iter().copied().filter_map(|g| {
-                    let grp = &snap.g.groups[g as usize];
+                let groups = snap.grouping.free_groups.iter().copied().filter_map(|g| {
+                    let grp = &snap.grouping.groups[g as usize];
                     let v = snap.attr(grp.shape, slot);
                     (v != NONE
-                        && cp.pinned_allows(snap.g.shapes[grp.shape as usize].itype)
+                        && cp.pinned_allows(snap.grouping.shapes[grp.shape as usize].itype)
                         && cp.matches(snap, grp.shape)
                         && qty::covers(snap.alloc(grp.alloc), &dn.min_unit))
                     .then_some((g, v))
                 });
                 let mut idx = AcqIndex::build(snap.dims.len(), groups, self.consumed_log.len());
                 for d in 0..idx.values.len() {
-                    idx.recompute(d, &self.gavail, cap);
+                    idx.recompute(d, &self.group_available, cap);
                 }
                 idx
             }
         };
-        idx.refresh(&self.consumed_log, &self.gavail, cap);
+        idx.refresh(&self.consumed_log, &self.group_available, cap);
         (key, idx)
     }
 
@@ -243,7 +244,7 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
             g.map(|g| (dn.cluster, fp, g))
         });
         let own_list: &[u32] = own_key
-            .and_then(|k| snap.g.own_index.get(&k))
+            .and_then(|k| snap.grouping.own_index.get(&k))
             .map_or(&[], Vec::as_slice);
         let mut own_members: Vec<(u32, u32)> = Vec::new();
         for &r in own_list {
@@ -290,8 +291,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
         // Creditable half: bound groups of the cluster.
         {
             for &g in snap.cluster_groups(dn.cluster) {
-                let avail = self.gavail[g as usize];
-                let grp = &snap.g.groups[g as usize];
+                let avail = self.group_available[g as usize];
+                let grp = &snap.grouping.groups[g as usize];
                 if avail == 0 || !cp.matches(snap, grp.shape) {
                     continue;
                 }
@@ -483,8 +484,8 @@ impl<'c, 'a> Phase1Pass<'c, 'a> {
                 }
                 self.consumed[r as usize] = true;
                 let g = snap.group_of(r);
-                self.gavail[g as usize] -= 1;
-                self.gdirty[g as usize] = true;
+                self.group_available[g as usize] -= 1;
+                self.group_dirty[g as usize] = true;
                 self.consumed_log.push(g);
                 qty::sub_assign(&mut rem, cap);
                 if qty::is_zero(&rem) {

@@ -96,7 +96,7 @@ pub struct Snapshot<'a> {
     /// Machine records by handle (fleet slot; dead slots included).
     pub(crate) recs: &'a [Rec],
     /// Shapes and groups (shared with the fleet's cache; see [`Grouping`]).
-    pub(crate) g: Arc<Grouping>,
+    pub(crate) grouping: Arc<Grouping>,
     live: usize,
     /// Clusters the demand names that no machine is bound to (ids after the fleet's).
     extra_clusters: Vec<&'a str>,
@@ -299,7 +299,7 @@ impl<'a> Snapshot<'a> {
             fleet,
             base,
             recs,
-            g,
+            grouping: g,
             live: n,
             extra_clusters,
             extra_cluster_ids,
@@ -320,7 +320,7 @@ impl<'a> Snapshot<'a> {
     /// Bound groups of a cluster (Configured, then Configuring); empty for a
     /// cluster no machine is bound to.
     pub(crate) fn cluster_groups(&self, c: u32) -> &[u32] {
-        self.g
+        self.grouping
             .cluster_groups
             .get(c as usize)
             .map_or(&[], |v| v.as_slice())
@@ -372,7 +372,7 @@ impl<'a> Snapshot<'a> {
     /// Shape of a machine.
     #[inline]
     pub(crate) fn shape(&self, h: u32) -> u32 {
-        self.g.shape_of_profile[self.recs[h as usize].profile as usize]
+        self.grouping.shape_of_profile[self.recs[h as usize].profile as usize]
     }
 
     /// Position in machine id order (the universal tie-break).
@@ -384,7 +384,7 @@ impl<'a> Snapshot<'a> {
     /// Group of an Idle, Speculative, Configured or Configuring machine.
     #[inline]
     pub(crate) fn group_of(&self, h: u32) -> u32 {
-        self.g.group[h as usize]
+        self.grouping.group[h as usize]
     }
 
     /// Position in the (cluster, state) keep order of a bound machine.
@@ -409,12 +409,12 @@ impl<'a> Snapshot<'a> {
     /// Value of attribute slot `slot` for a shape (`NONE` when absent).
     #[inline]
     pub(crate) fn attr(&self, shape: u32, slot: usize) -> u32 {
-        self.g.shape_attrs[shape as usize * self.keys.len() + slot]
+        self.grouping.shape_attrs[shape as usize * self.keys.len() + slot]
     }
 
     pub(crate) fn attrs(&self, shape: u32) -> &[u32] {
         let k = self.keys.len();
-        &self.g.shape_attrs[shape as usize * k..(shape as usize + 1) * k]
+        &self.grouping.shape_attrs[shape as usize * k..(shape as usize + 1) * k]
     }
 
     pub(crate) fn cluster_name(&self, c: u32) -> &'a str {
@@ -548,7 +548,7 @@ impl<'a> Snapshot<'a> {
         let base = self.base;
         let slots = self.recs.len();
         let mut b = base.fleet_bytes;
-        let g = &self.g;
+        let g = &self.grouping;
         b += (base.rank.len() + g.group.len() + slots) * 4;
         b += g.shapes.len() * size_of::<Shape>() + g.shape_attrs.len() * 4;
         b += self.alloc_dense.len() * 8;
