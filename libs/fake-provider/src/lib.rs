@@ -101,10 +101,14 @@ pub use cli::run;
 pub use error::{CatalogError, FenceFileError, ProviderError};
 pub use fence::Mark;
 pub use grpc::FakeProviderService;
-pub use server::{ConnectError, ServerHandle, connect, connect_with, spawn_tcp, spawn_uds};
+pub use server::{
+    ConnectError, ServeOptions, ServerHandle, connect, connect_with, spawn_tcp, spawn_uds,
+    spawn_uds_with,
+};
 pub use store::{
-    Completion, FailureRates, FailureStyle, FakeProvider, Injection, ListFault, OpKind,
-    ProviderConfig, ReserveBufMut, Stats, Token, TransitionModel,
+    Completion, FailureRates, FailureStyle, FakeProvider, Injection, ListFault,
+    MUTATION_CALLS_KEPT, MutationCall, OpKind, ProviderConfig, ReserveBufMut, Stats, Token,
+    TransitionModel,
 };
 
 /// Every provider server and client here allows messages this large: the mesh's one

@@ -135,7 +135,31 @@ pub enum Injection {
     /// The call is accepted and the transition ends in FAILED with `message` as
     /// `last_error` instead of its target.
     Fail { message: String },
+    /// The call is accepted and the machine moves as usual, but the acknowledgement reports
+    /// `state` and `last_error` instead of the record: a provider whose answers a consumer
+    /// must check rather than trust.
+    Ack {
+        state: MachineState,
+        last_error: String,
+    },
 }
+
+/// One mutating call as it arrived, before the fence looked at it: what a consumer sent,
+/// including the calls that were fenced or refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MutationCall {
+    pub op: OpKind,
+    pub machine_id: String,
+    pub shard_id: String,
+    pub epoch: i64,
+    pub sequence: i64,
+    /// Configure's bootstrap blob; empty for the other operations.
+    pub bootstrap_blob: Vec<u8>,
+}
+
+/// How many [`MutationCall`]s the provider keeps (the oldest go first): enough for any
+/// test, bounded for a fake that runs for days under `bigfleet up`.
+pub const MUTATION_CALLS_KEPT: usize = 1024;
 
 /// What one List answers instead of the truth: the hostile or broken provider a consumer
 /// must survive without moving machines (issue 16's "a lying provider").

@@ -235,14 +235,14 @@ impl Inner {
         validate()?;
         let slot = self.slot_of(machine_id)?;
         let mut doom = None;
-        if !self.fail_next.is_empty()
-            && let Some(injection) = self.fail_next.remove(&(Box::from(machine_id), kind))
-        {
+        let mut lie = None;
+        if let Some(injection) = self.take_injection(machine_id, kind) {
             match injection {
                 Injection::Reject { code, message } => {
                     return Err(ProviderError::Injected { code, message });
                 }
                 Injection::Fail { message } => doom = Some(message),
+                ack @ Injection::Ack { .. } => lie = Some(ack),
             }
         }
         let rec = self.rec(slot);
@@ -250,11 +250,13 @@ impl Inner {
             && last_kind == kind
             && (rec.state == kind.via_state() || rec.state == kind.target_state())
         {
-            // A replay does not start work, so an accept-then-fail injection waits for
-            // the next real transition.
-            if let Some(message) = doom {
+            // A replay does not start work, so an accept-then-fail (or lying-ack)
+            // injection waits for the next real transition.
+            if let Some(injection) = doom.map(|message| Injection::Fail { message }).or(lie) {
                 self.fail_next
-                    .insert((machine_id.into(), kind), Injection::Fail { message });
+                    .entry((machine_id.into(), kind))
+                    .or_default()
+                    .push_front(injection);
             }
             self.log_actuation(kind, machine_id, token, op, true);
             return Ok(TransitionAck {
@@ -315,10 +317,29 @@ impl Inner {
         }
         self.log_actuation(kind, machine_id, token, op, false);
         tracing::debug!(machine = machine_id, op = %kind, operation = op, "accepted");
+        let mut machine = self.to_proto(slot);
+        if let Some(Injection::Ack { state, last_error }) = lie {
+            machine.state = state as i32;
+            machine.last_error = last_error;
+        }
         Ok(TransitionAck {
             operation_id: format!("op-{op}"),
-            machine: Some(self.to_proto(slot)),
+            machine: Some(machine),
         })
+    }
+
+    /// The first injection queued for (machine, operation), if any.
+    fn take_injection(&mut self, machine_id: &str, kind: OpKind) -> Option<Injection> {
+        if self.fail_next.is_empty() {
+            return None;
+        }
+        let key = (Box::from(machine_id), kind);
+        let queue = self.fail_next.get_mut(&key)?;
+        let injection = queue.pop_front();
+        if queue.is_empty() {
+            self.fail_next.remove(&key);
+        }
+        injection
     }
 
     /// Appends an accepted call (`replay`: answered from the record, no new work) to the

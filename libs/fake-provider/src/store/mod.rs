@@ -184,7 +184,8 @@ struct Inner {
     /// `--actuation-log`: every accepted mutating call, in order.
     actuations: Option<ActuationLog>,
     due: BinaryHeap<Due>,
-    fail_next: FxHashMap<(Box<str>, OpKind), Injection>,
+    /// Injections per (machine, operation), each answering one call, in order.
+    fail_next: FxHashMap<(Box<str>, OpKind), VecDeque<Injection>>,
     rng: StdRng,
 }
 
@@ -199,6 +200,8 @@ pub struct FakeProvider {
     /// Lists seen and scripted List faults. Apart from the store's lock: a List must not
     /// take the write lock just to be counted.
     lists: Mutex<ListCalls>,
+    /// The last [`MUTATION_CALLS_KEPT`] mutating calls, as they arrived.
+    calls: Mutex<VecDeque<MutationCall>>,
 }
 
 /// What the Lists so far asked for, and the faults the next ones answer with.
@@ -274,6 +277,7 @@ impl FakeProvider {
             origin: Instant::now(),
             next_due: AtomicU64::new(u64::MAX),
             lists: Mutex::default(),
+            calls: Mutex::default(),
         }
     }
 
@@ -417,15 +421,44 @@ impl FakeProvider {
         result
     }
 
+    /// Remembers a mutating call before anything judges it.
+    fn record_call(&self, op: OpKind, machine_id: &str, token: Token<'_>, blob: &[u8]) {
+        let mut calls = self.calls.lock();
+        if calls.len() == MUTATION_CALLS_KEPT {
+            calls.pop_front();
+        }
+        calls.push_back(MutationCall {
+            op,
+            machine_id: machine_id.to_owned(),
+            shard_id: token.shard_id.to_owned(),
+            epoch: token.epoch,
+            sequence: token.sequence,
+            bootstrap_blob: blob.to_vec(),
+        });
+    }
+
+    /// The last [`MUTATION_CALLS_KEPT`] mutating calls, oldest first, whatever became of
+    /// them (fenced and refused ones included).
+    pub fn mutation_calls(&self) -> Vec<MutationCall> {
+        self.calls.lock().iter().cloned().collect()
+    }
+
     /// SPECULATIVE → CREATING → IDLE.
     pub fn create(&self, req: &CreateRequest) -> Result<TransitionAck, ProviderError> {
         let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
+        self.record_call(OpKind::Create, &req.machine_id, token, &[]);
         self.mutate(OpKind::Create, &req.machine_id, token, |_| {}, || Ok(()))
     }
 
     /// IDLE → CONFIGURING → CONFIGURED; stores `cluster_id` and `shard_metadata` verbatim.
     pub fn configure(&self, req: &ConfigureRequest) -> Result<TransitionAck, ProviderError> {
         let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
+        self.record_call(
+            OpKind::Configure,
+            &req.machine_id,
+            token,
+            &req.bootstrap_blob,
+        );
         self.mutate(
             OpKind::Configure,
             &req.machine_id,
@@ -450,12 +483,14 @@ impl FakeProvider {
     /// CONFIGURED → DRAINING → IDLE; the binding and metadata clear on arrival in IDLE.
     pub fn drain(&self, req: &DrainRequest) -> Result<TransitionAck, ProviderError> {
         let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
+        self.record_call(OpKind::Drain, &req.machine_id, token, &[]);
         self.mutate(OpKind::Drain, &req.machine_id, token, |_| {}, || Ok(()))
     }
 
     /// IDLE → DELETING → SPECULATIVE (UNIMPLEMENTED when deletes are switched off).
     pub fn delete(&self, req: &DeleteRequest) -> Result<TransitionAck, ProviderError> {
         let token = Token::new(&req.shard_id, req.shard_epoch, req.sequence_number);
+        self.record_call(OpKind::Delete, &req.machine_id, token, &[]);
         self.mutate(OpKind::Delete, &req.machine_id, token, |_| {}, || Ok(()))
     }
 
@@ -606,13 +641,37 @@ impl FakeProvider {
         })
     }
 
-    /// The next `kind` call for `id` (that passes the fence) fails as `injection` says.
-    /// Keyed by operation rather than target state because Create and Drain share IDLE.
+    /// A `kind` call for `id` (that passes the fence) fails as `injection` says: the next
+    /// one, or the one after those already queued for it. Keyed by operation rather than
+    /// target state because Create and Drain share IDLE.
     pub fn fail_next(&self, id: &str, kind: OpKind, injection: Injection) {
         self.inner
             .write()
             .fail_next
-            .insert((id.into(), kind), injection);
+            .entry((id.into(), kind))
+            .or_default()
+            .push_back(injection);
+    }
+
+    /// Records `mark` for (shard, machine) as a call of that shard would: what a newer
+    /// incarnation of the shard leaves behind for its zombie predecessor to run into.
+    pub fn record_fence(
+        &self,
+        shard_id: &str,
+        machine_id: &str,
+        mark: Mark,
+    ) -> Result<(), ProviderError> {
+        self.inner
+            .write()
+            .fences
+            .check_and_advance(shard_id, machine_id, mark)?
+            .map_err(|stale| ProviderError::Fenced {
+                shard_id: shard_id.to_owned(),
+                machine_id: machine_id.to_owned(),
+                epoch: mark.epoch,
+                sequence: mark.sequence,
+                high_water: stale.high_water,
+            })
     }
 
     /// The next Lists answer `faults`, one each and in order (after any still queued),

@@ -772,6 +772,110 @@ fn fail_next_rejects_or_dooms_one_call() {
 }
 
 #[test]
+fn injections_queue_per_machine_and_operation() {
+    let p = instant();
+    let id = first(&p, MachineState::Speculative);
+    let reject = |message: &str| Injection::Reject {
+        code: tonic::Code::Unavailable,
+        message: message.into(),
+    };
+    p.fail_next(&id, OpKind::Create, reject("first"));
+    p.fail_next(&id, OpKind::Create, reject("second"));
+    let message = |r: Result<TransitionAck, ProviderError>| r.unwrap_err().to_string();
+    assert_eq!(message(p.create(&create(&id, "s", 1, 1))), "first");
+    assert_eq!(message(p.create(&create(&id, "s", 1, 2))), "second");
+    p.create(&create(&id, "s", 1, 3)).unwrap();
+    assert_eq!(state(&p, &id), MachineState::Idle);
+}
+
+#[test]
+fn a_lying_ack_reports_what_it_was_told_while_the_machine_moves() {
+    let p = instant();
+    let id = first(&p, MachineState::Idle);
+    p.fail_next(
+        &id,
+        OpKind::Configure,
+        Injection::Ack {
+            state: MachineState::Creating,
+            last_error: "made up".into(),
+        },
+    );
+    let ack = p.configure(&configure(&id, "c", &[], 1)).unwrap();
+    assert_eq!(ack_state(&ack), MachineState::Creating);
+    assert_eq!(ack.machine.as_ref().unwrap().last_error, "made up");
+    let m = p.get(&id).unwrap();
+    assert_eq!(m.state, MachineState::Configured as i32);
+    assert_eq!(m.last_error, "");
+    // Once: the next ack is honest again.
+    let ack = p.drain(&drain(&id, 2)).unwrap();
+    assert_eq!(ack_state(&ack), MachineState::Idle);
+}
+
+#[test]
+fn every_mutating_call_is_remembered_as_it_arrived_fenced_or_not() {
+    let p = instant();
+    let id = first(&p, MachineState::Idle);
+    let mut req = configure(&id, "c", &[], 7);
+    req.bootstrap_blob = b"#cloud-config".to_vec();
+    p.configure(&req).unwrap();
+    // A stale sequence is fenced, and still remembered.
+    assert_eq!(
+        code(p.drain(&drain(&id, 7))),
+        tonic::Code::FailedPrecondition
+    );
+    let calls = p.mutation_calls();
+    assert_eq!(calls.len(), 2);
+    assert_eq!(
+        (calls[0].op, calls[0].machine_id.as_str(), calls[0].sequence),
+        (OpKind::Configure, id.as_str(), 7)
+    );
+    assert_eq!(calls[0].bootstrap_blob, b"#cloud-config");
+    assert_eq!((calls[1].op, calls[1].sequence), (OpKind::Drain, 7));
+    assert!(calls[1].bootstrap_blob.is_empty());
+
+    // Bounded: the oldest go first.
+    for seq in 1..=MUTATION_CALLS_KEPT as i64 {
+        assert_eq!(
+            code(p.delete(&delete("nobody", seq))),
+            tonic::Code::NotFound
+        );
+    }
+    let calls = p.mutation_calls();
+    assert_eq!(calls.len(), MUTATION_CALLS_KEPT);
+    assert!(calls.iter().all(|c| c.op == OpKind::Delete));
+}
+
+#[test]
+fn a_recorded_fence_turns_away_older_tokens_of_that_shard() {
+    let p = instant();
+    let id = first(&p, MachineState::Speculative);
+    let newer = Mark {
+        epoch: 4,
+        sequence: 1,
+    };
+    p.record_fence("s", &id, newer).unwrap();
+    assert_eq!(p.fence_mark("s", &id), Some(newer));
+    assert_eq!(
+        code(p.create(&create(&id, "s", 3, 9))),
+        tonic::Code::FailedPrecondition
+    );
+    assert_eq!(state(&p, &id), MachineState::Speculative);
+    // Not backwards: an older mark is refused as the call would be.
+    assert!(
+        p.record_fence(
+            "s",
+            &id,
+            Mark {
+                epoch: 3,
+                sequence: 1
+            }
+        )
+        .is_err()
+    );
+    p.create(&create(&id, "s", 4, 2)).unwrap();
+}
+
+#[test]
 fn failure_rates_are_seeded_and_follow_the_style() {
     let run = |seed: u64, style: FailureStyle| {
         let p = provider(ProviderConfig {
