@@ -1,259 +1,32 @@
-//! The flows against in-memory fakes: the decide and gateway doubles and a
-//! tiny provider with per-(shard, machine) fencing marks.
+//! The flows against the shard's doubles (decide and gateway) and the one fake provider,
+//! served on a Unix socket and reached through the worker's own gRPC provider link.
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_fencing::{FencingToken, HighWaterMarks};
+use bigfleet_fake_provider::{
+    Completion, FakeProvider, Injection, Mark, OpKind, ProviderConfig, ServeOptions, ServerHandle,
+    spawn_uds_with,
+};
 use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use parking_lot::Mutex;
+use tempfile::TempDir;
 use tokio_util::sync::CancellationToken;
-use tonic::{Code, Status};
+use tonic::Code;
 
 use super::*;
 use crate::doubles::fixtures::{self, machine, release as release_action};
 use crate::doubles::{BlobScript, DecideDouble, GatewayDouble};
-use crate::links::ProviderLink;
+use crate::links::GrpcProvider;
 
-// ---- a tiny provider ----------------------------------------------------
-
+/// One mutating call the provider received: the operation, the machine and the token.
 #[derive(Debug, Clone, PartialEq)]
 struct Call {
     rpc: &'static str,
     machine: String,
     epoch: i64,
     sequence: i64,
-}
-
-#[derive(Default)]
-struct PState {
-    machines: HashMap<String, pb::Machine>,
-    marks: HighWaterMarks,
-    asynchronous: HashSet<&'static str>,
-    delete_unimplemented: bool,
-    bad_create_ack: bool,
-    /// Acks of an rpc that report this state and last error, whatever the
-    /// machine became.
-    forced_acks: HashMap<&'static str, (pb::MachineState, &'static str)>,
-    errors: HashMap<(String, &'static str), VecDeque<Status>>,
-    latency: Duration,
-    calls: Vec<Call>,
-    blobs: Vec<Vec<u8>>,
-    metadata: Vec<std::collections::BTreeMap<String, String>>,
-}
-
-#[derive(Default)]
-struct FakeProvider {
-    st: Mutex<PState>,
-}
-
-impl FakeProvider {
-    fn seed(&self, m: &pb::Machine) {
-        self.st.lock().machines.insert(m.id.clone(), m.clone());
-    }
-
-    fn calls(&self) -> Vec<Call> {
-        self.st.lock().calls.clone()
-    }
-
-    fn fail_next(&self, id: &str, rpc: &'static str, status: Status) {
-        self.st
-            .lock()
-            .errors
-            .entry((id.to_owned(), rpc))
-            .or_default()
-            .push_back(status);
-    }
-
-    fn state(&self, id: &str) -> i32 {
-        self.st.lock().machines[id].state
-    }
-
-    async fn op(
-        &self,
-        rpc: &'static str,
-        id: &str,
-        token: (&str, i64, i64),
-        apply: impl FnOnce(&mut pb::Machine, bool) -> Result<(), Status>,
-    ) -> Result<pb::TransitionAck, Status> {
-        let latency = self.st.lock().latency;
-        if !latency.is_zero() {
-            tokio::time::sleep(latency).await;
-        }
-        let mut st = self.st.lock();
-        st.calls.push(Call {
-            rpc,
-            machine: id.to_owned(),
-            epoch: token.1,
-            sequence: token.2,
-        });
-        // The fence runs before anything else, as the contract demands.
-        let tok = FencingToken::new(token.0, token.1 as u64, token.2 as u64);
-        st.marks
-            .check_and_record(id, &tok)
-            .map_err(|e| Status::failed_precondition(e.to_string()))?;
-        if let Some(s) = st
-            .errors
-            .get_mut(&(id.to_owned(), rpc))
-            .and_then(VecDeque::pop_front)
-        {
-            return Err(s);
-        }
-        let asynchronous = st.asynchronous.contains(rpc);
-        let bad = rpc == "create" && st.bad_create_ack;
-        let forced = st.forced_acks.get(rpc).copied();
-        let m = st
-            .machines
-            .get_mut(id)
-            .ok_or_else(|| Status::not_found(format!("no machine {id}")))?;
-        apply(m, asynchronous)?;
-        let mut snap = m.clone();
-        if bad {
-            snap.price_per_hour = -1.0;
-        }
-        if let Some((state, last_error)) = forced {
-            snap.state = state as i32;
-            snap.last_error = last_error.to_owned();
-        }
-        Ok(pb::TransitionAck {
-            operation_id: format!("op-{rpc}-{id}"),
-            machine: Some(snap),
-        })
-    }
-}
-
-fn expect(m: &pb::Machine, states: &[pb::MachineState]) -> Result<(), Status> {
-    if states.iter().any(|s| *s as i32 == m.state) {
-        Ok(())
-    } else {
-        Err(Status::internal(format!(
-            "invalid transition from state {}",
-            m.state
-        )))
-    }
-}
-
-impl FakeProvider {
-    /// [`FakeProvider::op`] for a mutation that takes a machine in `from` to `pending`
-    /// when the rpc is asynchronous, else to `done`; `effect` makes the provider's other
-    /// changes.
-    async fn transit(
-        &self,
-        rpc: &'static str,
-        id: &str,
-        token: (&str, i64, i64),
-        [from, pending, done]: [pb::MachineState; 3],
-        effect: impl FnOnce(&mut pb::Machine, bool),
-    ) -> Result<pb::TransitionAck, Status> {
-        self.op(rpc, id, token, |m, asy| {
-            expect(m, &[from])?;
-            m.state = if asy { pending } else { done } as i32;
-            effect(m, asy);
-            Ok(())
-        })
-        .await
-    }
-}
-
-impl ProviderLink for FakeProvider {
-    async fn create(
-        &self,
-        req: pb::CreateRequest,
-        _: Duration,
-    ) -> Result<pb::TransitionAck, Status> {
-        use pb::MachineState::*;
-        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
-        self.transit(
-            "create",
-            &req.machine_id,
-            token,
-            [Speculative, Creating, Idle],
-            |m, asy| {
-                if !asy {
-                    m.host = Some(pb::HostRef {
-                        provider: "fake".into(),
-                        r#ref: m.id.clone(),
-                    });
-                }
-            },
-        )
-        .await
-    }
-
-    async fn configure(
-        &self,
-        req: pb::ConfigureRequest,
-        _: Duration,
-    ) -> Result<pb::TransitionAck, Status> {
-        use pb::MachineState::*;
-        {
-            let mut st = self.st.lock();
-            st.blobs.push(req.bootstrap_blob.clone());
-            st.metadata.push(req.shard_metadata.clone());
-        }
-        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
-        self.transit(
-            "configure",
-            &req.machine_id,
-            token,
-            [Idle, Configuring, Configured],
-            |m, _| {
-                m.cluster.clone_from(&req.cluster_id);
-                m.shard_metadata.clone_from(&req.shard_metadata);
-            },
-        )
-        .await
-    }
-
-    async fn drain(&self, req: pb::DrainRequest, _: Duration) -> Result<pb::TransitionAck, Status> {
-        use pb::MachineState::*;
-        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
-        self.transit(
-            "drain",
-            &req.machine_id,
-            token,
-            [Configured, Draining, Idle],
-            |m, asy| {
-                if !asy {
-                    m.cluster.clear();
-                    m.shard_metadata.clear();
-                }
-            },
-        )
-        .await
-    }
-
-    async fn delete(
-        &self,
-        req: pb::DeleteRequest,
-        _: Duration,
-    ) -> Result<pb::TransitionAck, Status> {
-        use pb::MachineState::*;
-        let token = (req.shard_id.as_str(), req.shard_epoch, req.sequence_number);
-        if self.st.lock().delete_unimplemented {
-            // Still through `op`: the fence runs first and the call is recorded.
-            return self
-                .op("delete", &req.machine_id, token, |_, _| {
-                    Err(Status::unimplemented("bare metal cannot be deleted"))
-                })
-                .await;
-        }
-        self.transit(
-            "delete",
-            &req.machine_id,
-            token,
-            [Idle, Deleting, Speculative],
-            |m, asy| {
-                if !asy {
-                    m.host = None;
-                }
-            },
-        )
-        .await
-    }
 }
 
 // ---- fixtures -----------------------------------------------------------
@@ -282,17 +55,33 @@ struct Harness {
     decide: DecideDouble,
     gateway: GatewayDouble,
     provider: Arc<FakeProvider>,
-    ex: Executor<DecideDouble, GatewayDouble, Arc<FakeProvider>>,
+    ex: Executor<DecideDouble, GatewayDouble, GrpcProvider>,
+    _server: ServerHandle,
+    _dir: TempDir,
 }
 
-fn harness_with(cfg: ExecConfig) -> Harness {
+/// The worker's executor with `cfg`, over a fake provider that waits `latency` before
+/// each mutating call.
+async fn harness_slow(cfg: ExecConfig, latency: Duration) -> Harness {
+    let dir = tempfile::Builder::new()
+        .prefix("bf-flows")
+        .tempdir()
+        .unwrap();
     let decide = DecideDouble::new("shard-a", 3);
     let gateway = GatewayDouble::new(BlobScript::blob(b"#cloud-config join"));
-    let provider = Arc::new(FakeProvider::default());
+    let provider = Arc::new(FakeProvider::new(ProviderConfig::default()));
+    let opts = ServeOptions {
+        rpc_latency: latency,
+        ..ServeOptions::default()
+    };
+    let server = spawn_uds_with(&dir.path().join("provider.sock"), provider.clone(), opts)
+        .await
+        .unwrap();
+    let link = GrpcProvider::new(crate::connect::channel(&server.target(), None, None).unwrap());
     let ex = Executor::new(
         decide.clone(),
         gateway.clone(),
-        Arc::clone(&provider),
+        link,
         ExecuteMetrics::detached(),
         cfg,
     );
@@ -301,17 +90,59 @@ fn harness_with(cfg: ExecConfig) -> Harness {
         gateway,
         provider,
         ex,
+        _server: server,
+        _dir: dir,
     }
 }
 
-fn harness() -> Harness {
-    harness_with(fixtures::fast_exec())
+async fn harness_with(cfg: ExecConfig) -> Harness {
+    harness_slow(cfg, Duration::ZERO).await
+}
+
+async fn harness() -> Harness {
+    harness_with(fixtures::fast_exec()).await
 }
 
 impl Harness {
     fn seed(&self, m: pb::Machine) {
         self.decide.insert_machine(&m).unwrap();
-        self.provider.seed(&m);
+        self.provider.add_machine(m).unwrap();
+    }
+
+    /// The provider's mutating calls so far, fenced and refused ones included.
+    fn calls(&self) -> Vec<Call> {
+        self.provider
+            .mutation_calls()
+            .into_iter()
+            .map(|c| Call {
+                rpc: c.op.as_str(),
+                machine: c.machine_id,
+                epoch: c.epoch,
+                sequence: c.sequence,
+            })
+            .collect()
+    }
+
+    /// The provider's next `rpc` call on `m1` fails with `code`.
+    fn fail_next(&self, rpc: OpKind, code: Code, message: &str) {
+        self.provider.fail_next(
+            "m1",
+            rpc,
+            Injection::Reject {
+                code,
+                message: message.to_owned(),
+            },
+        );
+    }
+
+    /// The provider's `rpc` calls complete only later (an asynchronous provider).
+    fn asynchronous(&self, rpc: OpKind) {
+        self.provider
+            .update_config(|c| c.transitions.set(rpc, Completion::Staged));
+    }
+
+    fn provider_state(&self, id: &str) -> pb::MachineState {
+        pb::MachineState::try_from(self.provider.get(id).unwrap().state).unwrap()
     }
 
     async fn run(&self, action: mesh::Action) -> Report {
@@ -346,13 +177,17 @@ impl Harness {
         self.ex.metrics().outcome_count(Some(kind), outcome)
     }
 
-    /// Makes the provider acknowledge every `rpc` with `state` and `last_error`.
-    fn force_ack(&self, rpc: &'static str, state: pb::MachineState, last_error: &'static str) {
-        self.provider
-            .st
-            .lock()
-            .forced_acks
-            .insert(rpc, (state, last_error));
+    /// Makes the provider acknowledge the next `rpc` on `m1` with `state` and `last_error`,
+    /// whatever the machine became.
+    fn force_ack(&self, rpc: OpKind, state: pb::MachineState, last_error: &str) {
+        self.provider.fail_next(
+            "m1",
+            rpc,
+            Injection::Ack {
+                state,
+                last_error: last_error.to_owned(),
+            },
+        );
     }
 }
 
@@ -400,7 +235,7 @@ impl Harness {
 
 #[tokio::test]
 async fn provision_creates_then_bootstraps_to_configured() {
-    let h = harness();
+    let h = harness().await;
     let r = h
         .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
@@ -432,7 +267,7 @@ async fn provision_creates_then_bootstraps_to_configured() {
     assert_eq!(m.cluster, "c1");
     assert_eq!(m.host.unwrap().r#ref, "m1");
     // One action, one window: create at base, configure at base + 1.
-    let calls = h.provider.calls();
+    let calls = h.calls();
     assert_eq!(
         calls
             .iter()
@@ -450,8 +285,8 @@ async fn provision_creates_then_bootstraps_to_configured() {
 
 #[tokio::test]
 async fn provision_leaves_an_asynchronous_create_to_reconcile() {
-    let h = harness();
-    h.provider.st.lock().asynchronous.insert("create");
+    let h = harness().await;
+    h.asynchronous(OpKind::Create);
     let r = h
         .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
@@ -464,11 +299,13 @@ async fn provision_leaves_an_asynchronous_create_to_reconcile() {
 
 #[tokio::test]
 async fn a_create_ack_with_bad_cost_fields_fails_the_machine() {
-    let h = harness();
-    h.provider.st.lock().bad_create_ack = true;
-    let r = h
-        .run_seeded(machine("m1", Speculative, ""), provision())
-        .await;
+    let h = harness().await;
+    h.seed(machine("m1", Speculative, ""));
+    // The provider's record (and so its acknowledgement) carries a price no machine has.
+    h.provider
+        .update_machine("m1", |m| m.price_per_hour = -1.0)
+        .unwrap();
+    let r = h.run(provision()).await;
     assert_eq!(r.outcome, Outcome::ProviderError);
     assert_eq!(h.edges(), accepted(&[Speculative, Creating, Failed]));
     assert_eq!(h.state("m1"), Failed);
@@ -485,58 +322,47 @@ async fn a_provider_failure_on_any_leg_fails_the_machine_without_retrying() {
         (
             machine("m1", Speculative, ""),
             provision(),
-            ("create", "out of capacity"),
+            (OpKind::Create, "out of capacity"),
             Outcome::ProviderError,
             [Speculative, Creating, Failed],
         ),
         (
             machine("m1", Idle, ""),
             bootstrap(),
-            ("configure", "image pull failed"),
+            (OpKind::Configure, "image pull failed"),
             Outcome::ConfigureError,
             [Idle, Configuring, Failed],
         ),
         (
             machine("m1", Configured, "c1"),
             reclaim(),
-            ("drain", "pdb blocked"),
+            (OpKind::Drain, "pdb blocked"),
             Outcome::ProviderError,
             [Configured, Draining, Failed],
         ),
     ];
     for (seeded, action, (rpc, error), outcome, path) in cases {
-        let h = harness();
-        h.provider.fail_next("m1", rpc, Status::internal(error));
+        let h = harness().await;
+        h.fail_next(rpc, Code::Internal, error);
         let r = h.run_seeded(seeded, action).await;
         assert_eq!(r.outcome, outcome, "{rpc}");
         assert_eq!(h.edges(), accepted(&path), "{rpc}");
         assert_eq!(h.state("m1"), Failed, "{rpc}");
         assert_eq!(h.last_error("m1"), format!("{rpc}: {error}"));
-        assert_eq!(
-            h.provider.calls().len(),
-            1,
-            "{rpc}: INTERNAL is not retryable"
-        );
+        assert_eq!(h.calls().len(), 1, "{rpc}: INTERNAL is not retryable");
     }
 }
 
 #[tokio::test]
 async fn transport_errors_are_retried_with_a_fresh_sequence_each_time() {
-    let h = harness();
-    h.provider
-        .fail_next("m1", "create", Status::unavailable("connection reset"));
-    h.provider
-        .fail_next("m1", "create", Status::deadline_exceeded("slow"));
+    let h = harness().await;
+    h.fail_next(OpKind::Create, Code::Unavailable, "connection reset");
+    h.fail_next(OpKind::Create, Code::DeadlineExceeded, "slow");
     let r = h
         .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
-    let seqs: Vec<_> = h
-        .provider
-        .calls()
-        .iter()
-        .map(|c| (c.rpc, c.sequence))
-        .collect();
+    let seqs: Vec<_> = h.calls().iter().map(|c| (c.rpc, c.sequence)).collect();
     assert_eq!(
         seqs,
         [
@@ -556,22 +382,21 @@ async fn transport_errors_are_retried_with_a_fresh_sequence_each_time() {
 }
 
 /// A harness with `m1` speculative and each of its next four creates refused as unavailable.
-fn creates_unavailable() -> Harness {
-    let h = harness();
+async fn creates_unavailable() -> Harness {
+    let h = harness().await;
     h.seed(machine("m1", Speculative, ""));
     for _ in 0..4 {
-        h.provider
-            .fail_next("m1", "create", Status::unavailable("down"));
+        h.fail_next(OpKind::Create, Code::Unavailable, "down");
     }
     h
 }
 
 #[tokio::test]
 async fn retries_give_up_and_fail_the_machine() {
-    let h = creates_unavailable();
+    let h = creates_unavailable().await;
     let r = h.run(provision()).await;
     assert_eq!(r.outcome, Outcome::ProviderError);
-    assert_eq!(h.provider.calls().len(), 4);
+    assert_eq!(h.calls().len(), 4);
     assert_eq!(
         h.last_error("m1"),
         "create: down (gave up after 4 attempts)"
@@ -580,7 +405,7 @@ async fn retries_give_up_and_fail_the_machine() {
 
 #[tokio::test]
 async fn the_sequence_window_is_never_overrun() {
-    let h = creates_unavailable();
+    let h = creates_unavailable().await;
     let r = h
         .run_edited(provision(), |item| {
             let f = item.fencing.as_mut().unwrap();
@@ -588,11 +413,7 @@ async fn the_sequence_window_is_never_overrun() {
         })
         .await;
     assert_eq!(r.outcome, Outcome::Other);
-    assert_eq!(
-        h.provider.calls().len(),
-        2,
-        "only two numbers in the window"
-    );
+    assert_eq!(h.calls().len(), 2, "only two numbers in the window");
     assert!(
         h.last_error("m1").contains("exhausted"),
         "{}",
@@ -602,19 +423,18 @@ async fn the_sequence_window_is_never_overrun() {
 
 #[tokio::test]
 async fn a_zombie_epoch_is_fenced_logged_and_never_retried() {
-    let h = harness();
+    let h = harness().await;
     // A newer incarnation of the shard (epoch 4) already touched the machine.
-    h.provider
-        .st
-        .lock()
-        .marks
-        .check_and_record("m1", &FencingToken::new("shard-a", 4, 1))
-        .unwrap();
+    let newer = Mark {
+        epoch: 4,
+        sequence: 1,
+    };
+    h.provider.record_fence("shard-a", "m1", newer).unwrap();
     let r = h
         .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
     assert_eq!(r.outcome, Outcome::Fenced);
-    assert_eq!(h.provider.calls().len(), 1);
+    assert_eq!(h.calls().len(), 1);
     assert_eq!(h.state("m1"), Failed);
     assert!(
         h.last_error("m1").starts_with("create: fenced:"),
@@ -628,13 +448,18 @@ async fn a_zombie_epoch_is_fenced_logged_and_never_retried() {
 
 #[tokio::test]
 async fn bootstrap_configures_with_the_blob_and_the_five_metadata_keys() {
-    let h = harness();
+    let h = harness().await;
     let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert_eq!(h.edges(), accepted(&[Idle, Configuring, Configured]));
-    let st = h.provider.st.lock();
-    assert_eq!(st.blobs, [b"#cloud-config join".to_vec()]);
-    let md = &st.metadata[0];
+    let blobs: Vec<_> = h
+        .provider
+        .mutation_calls()
+        .into_iter()
+        .map(|c| c.bootstrap_blob)
+        .collect();
+    assert_eq!(blobs, [b"#cloud-config join".to_vec()]);
+    let md = &h.provider.get("m1").unwrap().shard_metadata;
     assert_eq!(md.len(), 5);
     assert_eq!(md["bigfleet.lucy.sh/assigned-priority"], "500");
     assert_eq!(
@@ -650,7 +475,6 @@ async fn bootstrap_configures_with_the_blob_and_the_five_metadata_keys() {
         md["bigfleet.lucy.sh/assigned-group"],
         "topology.bigfleet/rack\u{0}gang-7"
     );
-    drop(st);
     assert_eq!(h.state("m1"), Configured);
     let held = h.decide.machine("m1").unwrap();
     assert_eq!(
@@ -662,13 +486,13 @@ async fn bootstrap_configures_with_the_blob_and_the_five_metadata_keys() {
 
 #[tokio::test]
 async fn bootstrap_of_a_machine_already_configured_for_the_need_is_success_without_calls() {
-    let h = harness();
+    let h = harness().await;
     let r = h
         .run_seeded(machine("m1", Configured, "c1"), bootstrap())
         .await;
     assert_eq!(r.outcome, Outcome::Success);
     assert!(h.edges().is_empty());
-    assert!(h.provider.calls().is_empty());
+    assert!(h.calls().is_empty());
     assert!(h.gateway.bootstraps().is_empty());
     // Configured for another cluster is not "done": decide is out of date.
     let r = h
@@ -682,13 +506,13 @@ async fn bootstrap_of_a_machine_already_configured_for_the_need_is_success_witho
         r.detail,
         "bootstrap needs an idle machine, decide handed out one in configured"
     );
-    assert!(h.provider.calls().is_empty());
+    assert!(h.calls().is_empty());
 }
 
 #[tokio::test]
 async fn an_asynchronous_configure_stays_configuring() {
-    let h = harness();
-    h.provider.st.lock().asynchronous.insert("configure");
+    let h = harness().await;
+    h.asynchronous(OpKind::Configure);
     let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
     assert_eq!(r.outcome, Outcome::Success);
     assert_eq!(h.edges(), accepted(&[Idle, Configuring]));
@@ -719,7 +543,7 @@ async fn a_missing_blob_rolls_back_to_idle() {
     ];
     for (script, outcome, says) in cases {
         let case = format!("{script:?}");
-        let h = harness();
+        let h = harness().await;
         h.gateway.script("c1", script);
         let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
         assert_eq!(r.outcome, outcome, "{case}: {}", r.detail);
@@ -730,7 +554,7 @@ async fn a_missing_blob_rolls_back_to_idle() {
         assert_eq!(h.state("m1"), Idle, "{case}");
         assert!(h.decide.machine("m1").unwrap().cluster.is_empty(), "{case}");
         assert!(
-            h.provider.calls().is_empty(),
+            h.calls().is_empty(),
             "{case}: the provider is never touched"
         );
         // The gateway was told how long to wait.
@@ -742,7 +566,7 @@ async fn a_missing_blob_rolls_back_to_idle() {
 
 #[tokio::test]
 async fn reclaim_instructs_the_operator_then_drains_to_idle() {
-    let h = harness();
+    let h = harness().await;
     let r = h
         .run_seeded(machine("m1", Configured, "c1"), reclaim())
         .await;
@@ -756,13 +580,13 @@ async fn reclaim_instructs_the_operator_then_drains_to_idle() {
     let m = h.decide.machine("m1").unwrap();
     assert!(m.cluster.is_empty() && m.shard_metadata.is_empty());
     assert_eq!(h.ex.metrics().drain_phase.get_sample_count(), 1);
-    assert_eq!(h.provider.calls()[0].rpc, "drain");
+    assert_eq!(h.calls()[0].rpc, "drain");
 }
 
 #[tokio::test]
 async fn preempt_with_an_asynchronous_drain_is_left_draining() {
-    let h = harness();
-    h.provider.st.lock().asynchronous.insert("drain");
+    let h = harness().await;
+    h.asynchronous(OpKind::Drain);
     h.gateway.set_reclaim_delivered(false);
     let r = h
         .run_seeded(
@@ -784,7 +608,7 @@ async fn preempt_with_an_asynchronous_drain_is_left_draining() {
 
 #[tokio::test]
 async fn release_deletes_back_to_speculative() {
-    let h = harness();
+    let h = harness().await;
     let r = h
         .run_seeded(machine("m1", Idle, ""), release_action("m1"))
         .await;
@@ -796,8 +620,8 @@ async fn release_deletes_back_to_speculative() {
 
 #[tokio::test]
 async fn an_unsupported_delete_is_a_contract_violation() {
-    let h = harness();
-    h.provider.st.lock().delete_unimplemented = true;
+    let h = harness().await;
+    h.provider.update_config(|c| c.delete_supported = false);
     let r = h
         .run_seeded(machine("m1", Idle, ""), release_action("m1"))
         .await;
@@ -809,7 +633,7 @@ async fn an_unsupported_delete_is_a_contract_violation() {
         "{}",
         h.last_error("m1")
     );
-    assert_eq!(h.provider.calls().len(), 1, "never retried");
+    assert_eq!(h.calls().len(), 1, "never retried");
     assert_eq!(h.outcomes(ActionKind::Release, Outcome::ProviderError), 1);
 }
 
@@ -817,13 +641,13 @@ async fn an_unsupported_delete_is_a_contract_violation() {
 
 #[tokio::test]
 async fn an_ack_still_in_the_from_state_is_left_to_reconcile() {
-    let h = harness();
-    h.force_ack("configure", pb::MachineState::Idle, "");
+    let h = harness().await;
+    h.force_ack(OpKind::Configure, pb::MachineState::Idle, "");
     let r = h.run_seeded(machine("m1", Idle, ""), bootstrap()).await;
     assert_eq!(r.outcome, Outcome::Success, "{}", r.detail);
     assert_eq!(
         r.detail,
-        "configure accepted as \"op-configure-m1\", provider still configuring; reconcile \
+        "configure accepted as \"op-1\", provider still configuring; reconcile \
          completes it"
     );
     assert_eq!(h.edges(), accepted(&[Idle, Configuring]));
@@ -836,14 +660,14 @@ async fn an_ack_still_in_the_from_state_is_left_to_reconcile() {
 async fn an_ack_reporting_failed_or_an_unexpected_state_fails_the_machine() {
     let cases = [
         (
-            ("create", pb::MachineState::Failed, "out of quota"),
+            (OpKind::Create, pb::MachineState::Failed, "out of quota"),
             machine("m1", Speculative, ""),
             provision(),
             [Speculative, Creating, Failed],
             "create: out of quota",
         ),
         (
-            ("delete", pb::MachineState::Creating, ""),
+            (OpKind::Delete, pb::MachineState::Creating, ""),
             machine("m1", Idle, ""),
             release_action("m1"),
             [Idle, Deleting, Failed],
@@ -851,7 +675,7 @@ async fn an_ack_reporting_failed_or_an_unexpected_state_fails_the_machine() {
         ),
     ];
     for ((rpc, state, last_error), seeded, action, path, recorded) in cases {
-        let h = harness();
+        let h = harness().await;
         h.force_ack(rpc, state, last_error);
         let r = h.run_seeded(seeded, action).await;
         assert_eq!(r.outcome, Outcome::ProviderError, "{rpc}");
@@ -865,18 +689,18 @@ async fn an_ack_reporting_failed_or_an_unexpected_state_fails_the_machine() {
 
 #[tokio::test]
 async fn decide_refusals_map_to_outcomes() {
-    let h = harness();
+    let h = harness().await;
     h.seed(machine("m1", Speculative, ""));
     // Not the machine's action in flight any more: ABORTED ⇒ stale_state.
     let r = h
         .run_edited(provision(), |item| item.action_id = "act-gone".into())
         .await;
     assert_eq!(r.outcome, Outcome::StaleState, "{}", r.detail);
-    assert!(h.provider.calls().is_empty());
+    assert!(h.calls().is_empty());
 
     // A machine decide does not know: NOT_FOUND ⇒ inventory_miss.
     let ghost = machine("ghost", Idle, "");
-    h.provider.seed(&ghost);
+    h.provider.add_machine(ghost.clone()).unwrap();
     let r = h
         .run_edited(
             acquire(mesh::ActionKind::Bootstrap, "ghost", "c1"),
@@ -908,19 +732,19 @@ async fn a_machine_in_the_wrong_state_is_stale() {
         ),
     ];
     for (seeded, action, detail) in cases {
-        let h = harness();
+        let h = harness().await;
         let r = h.run_seeded(seeded, action).await;
         assert_eq!(r.outcome, Outcome::StaleState, "{detail}");
         assert_eq!(r.detail, detail);
         assert!(h.edges().is_empty(), "{detail}");
-        assert!(h.provider.calls().is_empty(), "{detail}");
+        assert!(h.calls().is_empty(), "{detail}");
         assert!(h.gateway.reclaims().is_empty(), "{detail}");
     }
 }
 
 #[tokio::test]
 async fn malformed_items_are_classified_not_executed() {
-    let h = harness();
+    let h = harness().await;
     let mut no_need = bootstrap();
     no_need.need_fingerprint.clear();
     let r = h.run_seeded(machine("m1", Idle, ""), no_need).await;
@@ -937,15 +761,14 @@ async fn malformed_items_are_classified_not_executed() {
         "counted as Unspecified"
     );
     assert!(h.edges().is_empty());
-    assert!(h.provider.calls().is_empty());
+    assert!(h.calls().is_empty());
 }
 
 #[tokio::test]
 async fn an_action_out_of_time_during_a_provider_call_fails_the_machine() {
     let mut cfg = fixtures::fast_exec();
     cfg.action_timeout = Duration::from_millis(150);
-    let h = harness_with(cfg);
-    h.provider.st.lock().latency = Duration::from_secs(5);
+    let h = harness_slow(cfg, Duration::from_secs(5)).await;
     let r = h
         .run_seeded(machine("m1", Speculative, ""), provision())
         .await;
@@ -957,8 +780,7 @@ async fn an_action_out_of_time_during_a_provider_call_fails_the_machine() {
 
 #[tokio::test]
 async fn an_abandoned_action_stops_without_reporting() {
-    let h = harness();
-    h.provider.st.lock().latency = Duration::from_secs(5);
+    let h = harness_slow(fixtures::fast_exec(), Duration::from_secs(5)).await;
     h.seed(machine("m1", Speculative, ""));
     h.decide.enqueue(provision());
     let item = h.decide.take_work().unwrap();
@@ -973,7 +795,7 @@ async fn an_abandoned_action_stops_without_reporting() {
     assert!(r.detail.contains("abandoned"), "{}", r.detail);
     // Only the first transition; decide re-derives the machine itself.
     assert_eq!(h.edges(), accepted(&[Speculative, Creating]));
-    assert_eq!(h.provider.state("m1"), pb::MachineState::Speculative as i32);
+    assert_eq!(h.provider_state("m1"), pb::MachineState::Speculative);
 }
 
 #[test]
