@@ -3,49 +3,16 @@
 
 use crate::RailsConfig;
 use crate::edge;
-use crate::reconcile::{MachineSource, RawMachineList};
 use crate::shard::{Decide, DecideConfig};
-use crate::testing::decide;
+use crate::testing::{MapSource, decide};
 use bigfleet_decision::{CycleInput, CycleOptions, CycleOutput, Fleet, run_cycle};
 use bigfleet_model::Machine;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
-use futures::future::BoxFuture;
-use parking_lot::Mutex;
 use proptest::prelude::*;
-use prost::Message as _;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{Notify, Semaphore};
-
-/// An in-memory provider List; with a gate, every List waits for a permit.
-#[derive(Default)]
-struct Source {
-    machines: Mutex<Vec<pb::Machine>>,
-    gate: Option<Arc<Semaphore>>,
-    entered: Notify,
-}
-
-impl MachineSource for Source {
-    fn list(&self, _: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-        Box::pin(async move {
-            self.entered.notify_one();
-            if let Some(g) = &self.gate {
-                g.acquire().await.expect("gate open").forget();
-            }
-            let machines = self
-                .machines
-                .lock()
-                .iter()
-                .map(|m| m.encode_to_vec().into())
-                .collect();
-            Ok(RawMachineList {
-                machines,
-                revision: Vec::new(),
-            })
-        })
-    }
-}
+use tokio::sync::Semaphore;
 
 fn machine(i: usize, itype: u8, zone: u8, speculative: bool, price: u8) -> pb::Machine {
     let state = if speculative {
@@ -175,8 +142,10 @@ proptest! {
     #[test]
     fn incremental_cycles_equal_from_scratch_cycles(steps in prop::collection::vec(step(), 1..8)) {
         let rt = runtime();
-        let source = Arc::new(Source::default());
-        *source.machines.lock() = (0..8).map(|i| machine(i, (i % 2) as u8, (i % 2) as u8, i % 3 == 0, 0)).collect();
+        let source = Arc::new(MapSource::default());
+        for i in 0..8 {
+            source.put(machine(i, (i % 2) as u8, (i % 2) as u8, i % 3 == 0, 0));
+        }
         let d = decide(quiet_cfg(), Arc::clone(&source));
         let clusters = ["a", "b", "c", "d"];
         let mut last: Vec<Option<Vec<pb::CapacityNeed>>> = vec![None; clusters.len()];
@@ -192,13 +161,10 @@ proptest! {
                 let resp = edge::apply_rollup(&d, &rollup(clusters[c], needs, at));
                 prop_assert!(resp.is_ok(), "{resp:?}");
             }
-            {
-                let mut ms = source.machines.lock();
-                for &(i, t, z, spec, price) in &fleet {
-                    ms.retain(|m| m.id != format!("m{i}"));
-                    if price < 2 {
-                        ms.push(machine(i, t, z, spec, price));
-                    }
+            for &(i, t, z, spec, price) in &fleet {
+                source.remove(&format!("m{i}"));
+                if price < 2 {
+                    source.put(machine(i, t, z, spec, price));
                 }
             }
             let report = rt.block_on(d.run_cycle());
@@ -214,8 +180,8 @@ proptest! {
 #[test]
 fn an_identical_resend_neither_applies_demand_nor_wakes_a_cycle() {
     let rt = runtime();
-    let source = Arc::new(Source::default());
-    *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
+    let source = Arc::new(MapSource::default());
+    source.put(machine(0, 0, 0, false, 0));
     let d = decide(quiet_cfg(), Arc::clone(&source));
     let m = d.metrics().clone();
     let wakeups = || m.cycle_wakeups.with_label_values(&["rollup"]).get();
@@ -239,7 +205,7 @@ fn an_identical_resend_neither_applies_demand_nor_wakes_a_cycle() {
 #[test]
 fn a_resend_after_a_held_drop_is_judged_again() {
     let rt = runtime();
-    let source = Arc::new(Source::default());
+    let source = Arc::new(MapSource::default());
     let d = decide(
         DecideConfig {
             rails: RailsConfig::default(),
@@ -285,21 +251,18 @@ fn acks_stay_fast_while_a_cycle_is_stuck_in_a_slow_list() {
         .expect("runtime");
     rt.block_on(async {
         let gate = Arc::new(Semaphore::new(1));
-        let source = Arc::new(Source {
-            gate: Some(Arc::clone(&gate)),
-            ..Source::default()
-        });
-        *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
+        let source = Arc::new(MapSource::gated(Arc::clone(&gate)));
+        source.put(machine(0, 0, 0, false, 0));
         let d = decide(quiet_cfg(), Arc::clone(&source));
         d.run_cycle().await.expect("first cycle");
         // The first List left a wake-up behind; the next List blocks until the test
         // lets it go.
-        source.entered.notified().await;
+        source.list_started().await;
         let cycle = tokio::spawn({
             let d = d.clone();
             async move { d.run_cycle().await }
         });
-        source.entered.notified().await;
+        source.list_started().await;
         for i in 0..200 {
             let ack = ack_within_bound(&d, rollup(&format!("c{i}"), vec![need(4, 1, 0)], 5))
                 .await
@@ -327,8 +290,8 @@ fn acks_stay_fast_while_a_cycle_is_stuck_in_a_slow_list() {
 #[test]
 fn hints_sweep_every_cluster_once_per_interval_and_changed_clusters_in_between() {
     let rt = runtime();
-    let source = Arc::new(Source::default());
-    *source.machines.lock() = vec![machine(0, 0, 0, false, 0)];
+    let source = Arc::new(MapSource::default());
+    source.put(machine(0, 0, 0, false, 0));
     let d = decide(
         DecideConfig {
             available_capacity_interval: Duration::from_millis(300),
@@ -360,7 +323,7 @@ fn hints_sweep_every_cluster_once_per_interval_and_changed_clusters_in_between()
             "c2's demand changed: evaluated before the next sweep"
         );
         // Supply changes: every hint's value changes, but nobody's demand did.
-        source.machines.lock().push(machine(1, 0, 0, false, 0));
+        source.put(machine(1, 0, 0, false, 0));
         assert_eq!(d.run_cycle().await.expect("quiet").hints_sent, 0);
         tokio::time::sleep(Duration::from_millis(350)).await;
         assert_eq!(

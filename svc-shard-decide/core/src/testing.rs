@@ -15,7 +15,7 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::mpsc;
+use tokio::sync::{Notify, Semaphore, mpsc};
 use tonic::transport::Channel;
 
 /// A valid on-demand m5.xlarge record (4 cpu, 16Gi, zone z1, $0.20/h) as a provider lists
@@ -68,18 +68,43 @@ pub fn rollup_request(
 }
 
 /// The provider as a map the test edits, listed in process (no socket), in id order.
-/// Clones share the map.
+/// Clones share the map (and the gate).
 #[derive(Clone, Default)]
-pub struct MapSource(Arc<Mutex<BTreeMap<String, pb::Machine>>>);
+pub struct MapSource {
+    machines: Arc<Mutex<BTreeMap<String, pb::Machine>>>,
+    /// When set, every List waits for one of its permits: a slow provider the test
+    /// releases call by call.
+    gate: Option<Arc<Semaphore>>,
+    /// Woken each time a List starts (before it waits at the gate).
+    entered: Arc<Notify>,
+}
 
 impl MapSource {
+    /// An empty provider whose every List waits for a permit of `gate`.
+    pub fn gated(gate: Arc<Semaphore>) -> Self {
+        MapSource {
+            gate: Some(gate),
+            ..MapSource::default()
+        }
+    }
+
     pub fn put(&self, m: pb::Machine) {
-        self.0.lock().insert(m.id.clone(), m);
+        self.machines.lock().insert(m.id.clone(), m);
+    }
+
+    /// The provider no longer lists `id`.
+    pub fn remove(&self, id: &str) {
+        self.machines.lock().remove(id);
     }
 
     /// Changes a machine the provider lists; panics if it lists no `id`.
     pub fn update(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
-        f(self.0.lock().get_mut(id).expect("known machine"));
+        f(self.machines.lock().get_mut(id).expect("known machine"));
+    }
+
+    /// Waits until a List starts (one started before this call counts once).
+    pub async fn list_started(&self) {
+        self.entered.notified().await;
     }
 }
 
@@ -95,11 +120,17 @@ impl FromIterator<pb::Machine> for MapSource {
 
 impl MachineSource for MapSource {
     fn list(&self, _since: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-        let list = pb::MachineList {
-            machines: self.0.lock().values().cloned().collect(),
-            revision: Vec::new(),
-        };
-        Box::pin(async move { Ok(RawMachineList::from(&list)) })
+        Box::pin(async move {
+            self.entered.notify_one();
+            if let Some(gate) = &self.gate {
+                gate.acquire().await.expect("gate open").forget();
+            }
+            let list = pb::MachineList {
+                machines: self.machines.lock().values().cloned().collect(),
+                revision: Vec::new(),
+            };
+            Ok(RawMachineList::from(&list))
+        })
     }
 }
 
