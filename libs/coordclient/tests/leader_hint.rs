@@ -3,18 +3,17 @@
 //! and keeps reporting there, and falls back to its configured address when
 //! the hinted leader stops answering.
 
-use bigfleet_coordclient::{ClientConfig, CoordClient, Redial, ShardView, leader_hint};
+use bigfleet_coordclient::{ClientConfig, CoordClient, Redial, leader_hint};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
 use bigfleet_proto::v1alpha1::coordinator_server::Coordinator;
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 mod common;
-use common::serve;
+use common::{View, serve};
 
 /// A coordinator replica: a follower hints at `leader`, the leader answers
 /// (or fails with UNAVAILABLE while `down`).
@@ -56,28 +55,6 @@ impl Replica {
                 })),
             }],
         }))
-    }
-}
-
-#[derive(Default)]
-struct View {
-    assigned: Mutex<u32>,
-}
-
-impl ShardView for View {
-    fn summary(&self) -> BoxFuture<'_, pb::ShardSummary> {
-        Box::pin(async { pb::ShardSummary::default() })
-    }
-    fn shortfalls(&self, _limit: usize) -> Vec<pb::Shortfall> {
-        Vec::new()
-    }
-    fn observe_term(&self, _term: i64) {}
-    fn assign_domain(&self, _key: &str, _value: &str) -> Result<(), String> {
-        *self.assigned.lock() += 1;
-        Ok(())
-    }
-    fn unassign_domain(&self, _key: &str, _value: &str) -> Result<(), String> {
-        Ok(())
     }
 }
 
@@ -133,7 +110,7 @@ async fn a_follower_hint_is_followed_at_once_and_kept() {
     // The report a follower refused reaches the leader in the same call.
     let o = c.report_once().await.expect("the hinted leader answers");
     assert_eq!(o.acks.len(), 1);
-    assert_eq!(*view.assigned.lock(), 1);
+    assert_eq!(*view.applied.lock(), 1);
     assert_eq!((*follower.reports.lock(), *leader.reports.lock()), (1, 1));
     assert_eq!(
         dialled.lock().as_slice(),

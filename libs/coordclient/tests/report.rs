@@ -1,19 +1,18 @@
 //! The client against an in-test Coordinator server on 127.0.0.1:0.
 
-use bigfleet_coordclient::{ClientConfig, CoordClient, ShardView};
+use bigfleet_coordclient::{ClientConfig, CoordClient};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
 use bigfleet_proto::v1alpha1::coordinator_server::Coordinator;
 use bigfleet_proto::v1alpha1::instruct_ack::Outcome;
-use futures::future::BoxFuture;
 use parking_lot::Mutex;
-use std::collections::{BTreeSet, VecDeque};
+use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
 mod common;
-use common::serve;
+use common::{View, serve};
 
 /// Answers ReportShard from a script and records every report.
 #[derive(Default, Clone)]
@@ -36,49 +35,6 @@ impl ScriptedCoordinator {
             })
         })
         .map(Response::new)
-    }
-}
-
-#[derive(Default)]
-struct View {
-    domains: Mutex<BTreeSet<(String, String)>>,
-    applied: Mutex<u32>,
-    term: Mutex<i64>,
-}
-
-impl ShardView for View {
-    fn summary(&self) -> BoxFuture<'_, pb::ShardSummary> {
-        Box::pin(async {
-            pb::ShardSummary {
-                total_machines: 10,
-                free_machines: 4,
-                provider_address: "unix:///p.sock".into(),
-                ..Default::default()
-            }
-        })
-    }
-    fn shortfalls(&self, limit: usize) -> Vec<pb::Shortfall> {
-        (0..3)
-            .map(|i| pb::Shortfall {
-                priority: 10 - i,
-                age_cycles: 1,
-                ..Default::default()
-            })
-            .take(limit)
-            .collect()
-    }
-    fn observe_term(&self, term: i64) {
-        *self.term.lock() = term;
-    }
-    fn assign_domain(&self, key: &str, value: &str) -> Result<(), String> {
-        *self.applied.lock() += 1;
-        self.domains.lock().insert((key.into(), value.into()));
-        Ok(())
-    }
-    fn unassign_domain(&self, key: &str, value: &str) -> Result<(), String> {
-        *self.applied.lock() += 1;
-        self.domains.lock().remove(&(key.into(), value.into()));
-        Ok(())
     }
 }
 

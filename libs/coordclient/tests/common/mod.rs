@@ -1,8 +1,13 @@
 //! A fake coordinator for the client's tests: ReportShard answered by the test's own
 //! `report` method, every other RPC UNIMPLEMENTED (the client only ever calls ReportShard),
-//! served on a loopback port.
+//! served on a loopback port. Also the one shard-side double, [`View`].
 
+use bigfleet_coordclient::ShardView;
+use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServer};
+use futures::future::BoxFuture;
+use parking_lot::Mutex;
+use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
 /// `impl Coordinator for $ty`, with ReportShard handed to the type's inherent
@@ -75,4 +80,49 @@ pub async fn serve<C: Coordinator>(coordinator: C) -> SocketAddr {
             .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
     );
     addr
+}
+
+/// The shard side of the client: a fixed summary and three shortfalls; it records the
+/// domains it is told to own, how many domain instructions it applied, and the last term.
+#[derive(Default)]
+pub struct View {
+    pub domains: Mutex<BTreeSet<(String, String)>>,
+    pub applied: Mutex<u32>,
+    pub term: Mutex<i64>,
+}
+
+impl ShardView for View {
+    fn summary(&self) -> BoxFuture<'_, pb::ShardSummary> {
+        Box::pin(async {
+            pb::ShardSummary {
+                total_machines: 10,
+                free_machines: 4,
+                provider_address: "unix:///p.sock".into(),
+                ..Default::default()
+            }
+        })
+    }
+    fn shortfalls(&self, limit: usize) -> Vec<pb::Shortfall> {
+        (0..3)
+            .map(|i| pb::Shortfall {
+                priority: 10 - i,
+                age_cycles: 1,
+                ..Default::default()
+            })
+            .take(limit)
+            .collect()
+    }
+    fn observe_term(&self, term: i64) {
+        *self.term.lock() = term;
+    }
+    fn assign_domain(&self, key: &str, value: &str) -> Result<(), String> {
+        *self.applied.lock() += 1;
+        self.domains.lock().insert((key.into(), value.into()));
+        Ok(())
+    }
+    fn unassign_domain(&self, key: &str, value: &str) -> Result<(), String> {
+        *self.applied.lock() += 1;
+        self.domains.lock().remove(&(key.into(), value.into()));
+        Ok(())
+    }
 }
