@@ -271,9 +271,9 @@ async fn provision_creates_then_bootstraps_to_configured() {
     assert_eq!(
         calls
             .iter()
-            .map(|c| (c.rpc, c.epoch, c.sequence))
+            .map(|c| (c.rpc, c.machine.as_str(), c.epoch, c.sequence))
             .collect::<Vec<_>>(),
-        [("create", 3, 65_536), ("configure", 3, 65_537)]
+        [("create", "m1", 3, 65_536), ("configure", "m1", 3, 65_537)]
     );
     assert_eq!(h.gateway.bootstraps().len(), 1);
     assert_eq!(h.gateway.bootstraps()[0].need_fingerprint, FP);
