@@ -254,22 +254,6 @@ pub async fn main(args: UpArgs) -> ExitCode {
     }
 }
 
-/// Resolves on SIGINT or SIGTERM.
-async fn stop_signal() {
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    tokio::select! {
-        () = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
-}
-
 /// Runs the mesh until a signal, `--duration` or a crash; `Ok(false)` after a crash.
 pub async fn run(args: UpArgs) -> Result<bool, UpError> {
     if args.shards == 0 {
@@ -350,7 +334,7 @@ pub async fn run(args: UpArgs) -> Result<bool, UpError> {
                     eprintln!("bigfleet up: {e}");
                 }
             }
-            () = stop_signal() => {
+            () = bigfleet_mesh::stop_signal() => {
                 mesh.shutdown().await;
                 drop(temp);
                 eprintln!("bigfleet up: stopped");
@@ -640,7 +624,7 @@ async fn supervise(
     let mut history: std::collections::BTreeMap<String, ChildHistory> = Default::default();
     let mut manual_down: std::collections::BTreeSet<String> = Default::default();
     let mut previous: Option<(Snapshot, Instant)> = None;
-    let signal = stop_signal();
+    let signal = bigfleet_mesh::stop_signal();
     tokio::pin!(signal);
     let mut tick = tokio::time::interval(Duration::from_secs(1));
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);

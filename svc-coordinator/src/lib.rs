@@ -36,12 +36,14 @@ pub mod transfers;
 
 pub use args::Args;
 pub use dr::{DrError, RestoreReport, SnapshotArchive, restore_snapshot};
-pub use node::{Running, StartError, start, start_with_registry};
+pub use node::{NO_LEADER, Running, StartError, start, start_with};
 pub use raft_types::{node_id_of, ordinal_of};
 pub use replica::JOIN_API_ADDR_KEY;
 
-/// Runs a replica until SIGTERM/SIGINT, then drains and stops.
+/// Runs a replica until SIGTERM/SIGINT, then drains and stops: not ready, the loops stop,
+/// the Coordinator server drains, Raft stops, the ops endpoint stops.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let running = start(args).await?;
-    running.run_until_signal().await
+    let ops = bigfleet_mesh::binary::Ops::start(&args.metrics_addr, NO_LEADER).await?;
+    let running = start_with(args, ops.registry.clone(), ops.readiness.clone()).await?;
+    ops.drain_on_signal(running.shutdown()).await
 }

@@ -81,13 +81,10 @@ pub struct Running {
     pub api_addr: SocketAddr,
     /// Raft gRPC address (bound).
     pub raft_addr: SocketAddr,
-    /// Ops HTTP address, unless disabled.
-    pub metrics_addr: Option<SocketAddr>,
     pub node_id: NodeId,
     replica: Arc<Replica>,
     api: RunningServer,
     raft_server: RunningServer,
-    ops: Option<JoinHandle<std::io::Result<()>>>,
     stop: CancellationToken,
     tasks: Vec<JoinHandle<()>>,
 }
@@ -114,18 +111,9 @@ impl Running {
             tracing::warn!(error = %e, "raft shutdown");
         }
         let raft = self.raft_server.shutdown().await;
-        if let Some(ops) = self.ops {
-            let _ = ops.await;
-        }
         api?;
         raft?;
         Ok(())
-    }
-
-    /// Serves until SIGTERM/SIGINT, then shuts down.
-    pub async fn run_until_signal(self) -> anyhow::Result<()> {
-        bigfleet_mesh::until_shutdown_signal().await;
-        self.shutdown().await
     }
 }
 
@@ -163,15 +151,26 @@ fn bind(what: &'static str, s: &str) -> Result<TcpListener, StartError> {
     bigfleet_mesh::bind_tcp(addr).map_err(|source| StartError::Bind { what, addr, source })
 }
 
-/// Starts a replica and returns once it serves (it may not have a leader yet).
+/// `/readyz`'s reason while this replica sees no Raft leader.
+pub const NO_LEADER: &str = "no raft leader observed";
+
+/// Starts a replica and returns once it serves (it may not have a leader yet), with metrics
+/// in a registry of its own and a readiness nobody serves: for tests and tools.
 pub async fn start(args: Args) -> Result<Running, StartError> {
-    start_with_registry(args, MetricsRegistry::new()).await
+    start_with(
+        args,
+        MetricsRegistry::new(),
+        Readiness::not_ready(NO_LEADER),
+    )
+    .await
 }
 
-/// As [`start`], registering metrics in `registry`.
-pub async fn start_with_registry(
+/// As [`start`], registering metrics in `registry` and keeping `readiness` ready while the
+/// replica sees a leader: the binary's ops endpoint (`--metrics-addr`) serves both.
+pub async fn start_with(
     args: Args,
     registry: MetricsRegistry,
+    readiness: Readiness,
 ) -> Result<Running, StartError> {
     let tls = args.service.tls_context()?;
     let store = Store::open(&args.data_dir)?;
@@ -278,24 +277,6 @@ pub async fn start_with_registry(
     .await?;
 
     let stop = CancellationToken::new();
-    let readiness = Readiness::not_ready("no raft leader observed");
-    let (metrics_addr, ops) = if args.metrics_addr.trim() == "0" {
-        (None, None)
-    } else {
-        let addr = parse_listen(&args.metrics_addr).map_err(StartError::Config)?;
-        let s = stop.clone();
-        let (bound, task) =
-            bigfleet_telemetry::spawn_ops_server(addr, registry, readiness.clone(), async move {
-                s.cancelled().await
-            })
-            .await
-            .map_err(|source| StartError::Bind {
-                what: "metrics",
-                addr,
-                source,
-            })?;
-        (Some(bound), Some(task))
-    };
 
     let mut tasks = vec![
         tokio::spawn(watch_leader(
@@ -340,12 +321,10 @@ pub async fn start_with_registry(
     Ok(Running {
         api_addr,
         raft_addr,
-        metrics_addr,
         node_id: id,
         replica,
         api,
         raft_server,
-        ops,
         stop,
         tasks,
     })
@@ -401,7 +380,7 @@ async fn watch_leader(
                     health
                         .set_service_status(COORDINATOR, ServingStatus::NotServing)
                         .await;
-                    readiness.set_not_ready("no raft leader observed");
+                    readiness.set_not_ready(NO_LEADER);
                 }
             }
         }

@@ -6,6 +6,7 @@ mod common;
 
 use std::time::Duration;
 
+use bigfleet_mesh::binary::Ops;
 use bigfleet_proto::v1alpha1::{self as pb};
 use clap::Parser;
 use common::{assign, client, http_get, metric, report};
@@ -33,6 +34,19 @@ fn args(dir: &std::path::Path, bootstrap: bool) -> svc_coordinator::Args {
     svc_coordinator::Args::try_parse_from(v).unwrap()
 }
 
+/// A replica as the binary runs it: the ops endpoint first, the replica on its registry and
+/// readiness.
+async fn start_served(args: svc_coordinator::Args) -> (svc_coordinator::Running, Ops, u16) {
+    let ops = Ops::start("127.0.0.1:0", svc_coordinator::NO_LEADER)
+        .await
+        .unwrap();
+    let running = svc_coordinator::start_with(args, ops.registry.clone(), ops.readiness.clone())
+        .await
+        .unwrap();
+    let port = ops.addr().unwrap().port();
+    (running, ops, port)
+}
+
 async fn health(addr: std::net::SocketAddr, service: &str) -> i32 {
     let ch = tonic::transport::Channel::from_shared(format!("http://{addr}"))
         .unwrap()
@@ -54,10 +68,7 @@ async fn probes_follow_leadership_and_metrics_are_exposed() {
     let dir = tempfile::tempdir().unwrap();
 
     // A replica that never bootstraps sees no leader: alive, not ready.
-    let idle = svc_coordinator::start(args(&dir.path().join("idle"), false))
-        .await
-        .unwrap();
-    let mport = idle.metrics_addr.unwrap().port();
+    let (idle, idle_ops, mport) = start_served(args(&dir.path().join("idle"), false)).await;
     assert_eq!(
         health(idle.api_addr, "").await,
         ServingStatus::Serving as i32
@@ -71,13 +82,13 @@ async fn probes_follow_leadership_and_metrics_are_exposed() {
     let mut c = client(&idle.api_addr.to_string()).await.unwrap();
     let err = c.list_shards(pb::ListShardsRequest {}).await.unwrap_err();
     assert_eq!(err.code(), tonic::Code::FailedPrecondition);
-    idle.shutdown().await.unwrap();
-
-    // A bootstrapped one leads: both probes pass.
-    let r = svc_coordinator::start(args(&dir.path().join("leader"), true))
+    idle_ops
+        .drain_after(async {}, idle.shutdown())
         .await
         .unwrap();
-    let mport = r.metrics_addr.unwrap().port();
+
+    // A bootstrapped one leads: both probes pass.
+    let (r, ops, mport) = start_served(args(&dir.path().join("leader"), true)).await;
     bigfleet_testkit::wait_until(Duration::from_secs(10), "SERVING", async || {
         health(r.api_addr, "bigfleet.v1alpha1.Coordinator").await == ServingStatus::Serving as i32
     })
@@ -137,5 +148,12 @@ async fn probes_follow_leadership_and_metrics_are_exposed() {
         .await,
         Some(0.0)
     );
-    r.shutdown().await.unwrap();
+    // Stopping: not ready while the replica drains, though it still sees its leader.
+    ops.drain_after(async {}, async {
+        let (code, body) = http_get(mport, "/readyz").await.unwrap();
+        assert_eq!((code, body.trim()), (503, "draining"));
+        r.shutdown().await
+    })
+    .await
+    .unwrap();
 }

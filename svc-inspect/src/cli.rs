@@ -112,29 +112,19 @@ pub fn parse_listen(addr: &str) -> Result<SocketAddr, InspectError> {
     })
 }
 
-/// As [`parse_listen`], with `0` (or empty) meaning "disabled".
-pub fn parse_optional_listen(addr: &str) -> Result<Option<SocketAddr>, InspectError> {
-    bigfleet_mesh::parse_optional_listen_addr(addr).map_err(|reason| InspectError::Listen {
-        addr: addr.to_owned(),
-        reason,
-    })
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use clap::Parser;
 
-    /// The parsing is `bigfleet_mesh`'s (its forms are tested there); these wrappers add
-    /// the flag's value to the error.
+    /// The parsing is `bigfleet_mesh`'s (its forms are tested there); the wrapper adds the
+    /// flag's value to the error.
     #[test]
     fn listen_addresses() {
         assert_eq!(parse_listen(":7795").unwrap(), "[::]:7795".parse().unwrap());
         assert!(
             matches!(parse_listen("nope"), Err(InspectError::Listen { addr, .. }) if addr == "nope")
         );
-        assert_eq!(parse_optional_listen("0").unwrap(), None);
-        assert!(parse_optional_listen(":8796").unwrap().is_some());
     }
 
     #[test]

@@ -49,7 +49,7 @@ use bigfleet_identity::{TlsContext, TlsFiles};
 use bigfleet_mesh::{GrpcMetrics, MeshServer, RetryPolicy, RunningServer, ServerStackConfig};
 use bigfleet_proto::mesh::v1::inspect_server::InspectServer;
 use bigfleet_proto::v1alpha1::shard_read_server::ShardReadServer;
-use bigfleet_telemetry::{MetricsRegistry, Readiness};
+use bigfleet_telemetry::MetricsRegistry;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -65,8 +65,8 @@ pub struct Config {
     pub coordinator_addr: String,
     pub grpc_listen: SocketAddr,
     pub http_listen: SocketAddr,
-    /// `/metrics`, `/healthz`, `/readyz`; `None`: not served.
-    pub metrics_listen: Option<SocketAddr>,
+    /// Where inspect's metrics go: the binary's ops endpoint (`--metrics-addr`) serves it.
+    pub registry: MetricsRegistry,
     pub cache_ttl: Duration,
     pub shard_timeout: Duration,
     pub drain_timeout: Duration,
@@ -93,7 +93,7 @@ impl Config {
             coordinator_addr: args.coordinator_addr.clone(),
             grpc_listen: cli::parse_listen(&args.listen)?,
             http_listen: cli::parse_listen(&args.http_listen)?,
-            metrics_listen: cli::parse_optional_listen(&args.metrics_addr)?,
+            registry: MetricsRegistry::new(),
             cache_ttl: args.cache_ttl,
             shard_timeout: args.shard_timeout,
             drain_timeout: args.service.drain_timeout,
@@ -128,7 +128,7 @@ impl Config {
             coordinator_addr: coordinator_addr.to_owned(),
             grpc_listen: any,
             http_listen: any,
-            metrics_listen: None,
+            registry: MetricsRegistry::new(),
             cache_ttl: Duration::from_secs(2),
             shard_timeout: Duration::from_secs(3),
             drain_timeout: Duration::from_secs(5),
@@ -151,8 +151,6 @@ pub struct Running {
     grpc: RunningServer,
     http_addr: SocketAddr,
     http_task: JoinHandle<std::io::Result<()>>,
-    metrics_addr: Option<SocketAddr>,
-    metrics_task: Option<JoinHandle<std::io::Result<()>>>,
     sampler: Option<JoinHandle<()>>,
     stop: CancellationToken,
     drain_timeout: Duration,
@@ -163,7 +161,6 @@ impl std::fmt::Debug for Running {
         f.debug_struct("Running")
             .field("grpc_addr", &self.grpc.tcp_addr())
             .field("http_addr", &self.http_addr)
-            .field("metrics_addr", &self.metrics_addr)
             .finish_non_exhaustive()
     }
 }
@@ -179,10 +176,6 @@ impl Running {
         self.http_addr
     }
 
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.metrics_addr
-    }
-
     /// Stops accepting, drains in-flight calls until the drain timeout, and returns.
     pub async fn shutdown(self) -> Result<(), InspectError> {
         self.stop.cancel();
@@ -192,16 +185,11 @@ impl Running {
         {
             tracing::warn!(error = %e, "history sampler task failed");
         }
-        for task in [Some(self.http_task), self.metrics_task]
-            .into_iter()
-            .flatten()
-        {
-            match tokio::time::timeout(self.drain_timeout, task).await {
-                Ok(Ok(Ok(()))) => {}
-                Ok(Ok(Err(e))) => tracing::warn!(error = %e, "http server ended with an error"),
-                Ok(Err(e)) => tracing::warn!(error = %e, "http server task failed"),
-                Err(_) => tracing::warn!("http server did not drain in time"),
-            }
+        match tokio::time::timeout(self.drain_timeout, self.http_task).await {
+            Ok(Ok(Ok(()))) => {}
+            Ok(Ok(Err(e))) => tracing::warn!(error = %e, "http server ended with an error"),
+            Ok(Err(e)) => tracing::warn!(error = %e, "http server task failed"),
+            Err(_) => tracing::warn!("http server did not drain in time"),
         }
         grpc.map_err(InspectError::from)
     }
@@ -213,9 +201,9 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
     let server_tls = tls.as_ref().map(TlsContext::server_config).transpose()?;
     let client_tls = tls.as_ref().map(TlsContext::client_config).transpose()?;
 
-    let registry = MetricsRegistry::new();
-    let grpc_metrics = GrpcMetrics::server(&registry)?;
-    let fleet_metrics = FleetMetrics::register(&registry)?;
+    let registry = &config.registry;
+    let grpc_metrics = GrpcMetrics::server(registry)?;
+    let fleet_metrics = FleetMetrics::register(registry)?;
 
     let coordinator = CoordinatorClient::new(CoordinatorConfig {
         addr: config.coordinator_addr.clone(),
@@ -292,15 +280,6 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
             .await
     });
 
-    let (metrics_addr, metrics_task) = bigfleet_telemetry::spawn_ops_server_if(
-        config.metrics_listen,
-        registry,
-        Readiness::ready(),
-        stop.clone().cancelled_owned(),
-    )
-    .await
-    .map_err(InspectError::Http)?
-    .unzip();
     tracing::info!(
         grpc = %grpc.tcp_addr().map(|a| a.to_string()).unwrap_or_default(),
         http = %http_addr,
@@ -312,18 +291,20 @@ pub async fn start(config: Config) -> Result<Running, InspectError> {
         grpc,
         http_addr,
         http_task,
-        metrics_addr,
-        metrics_task,
         sampler,
         stop,
         drain_timeout: config.drain_timeout,
     })
 }
 
-/// Runs the service until SIGTERM or SIGINT, then drains.
+/// Runs the service until SIGTERM or SIGINT, then drains: not ready, in-flight calls and
+/// pages finish, the ops endpoint stops.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let running = start(Config::from_args(&args)?).await?;
-    bigfleet_mesh::until_shutdown_signal().await;
-    running.shutdown().await?;
+    let ops = bigfleet_mesh::binary::Ops::start(&args.metrics_addr, "inspect starting").await?;
+    let mut config = Config::from_args(&args)?;
+    config.registry = ops.registry.clone();
+    let running = start(config).await?;
+    ops.readiness.set_ready();
+    ops.drain_on_signal(running.shutdown()).await?;
     Ok(())
 }

@@ -33,14 +33,16 @@ pub mod outcome;
 pub mod pool;
 pub mod trace;
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_identity::{PeerIdentity, TlsContext};
 use bigfleet_mesh::{GrpcMetrics, ServiceFlags};
 use bigfleet_shardlease::{EtcdConfig, EtcdShards, EtcdTls, WorkEndpointWatcher};
-use bigfleet_telemetry::{MetricsRegistry, OpsServer, Readiness};
+use bigfleet_telemetry::{MetricsRegistry, Readiness};
+
+/// `/readyz`'s reason until a Work stream to decide is open.
+const NOT_STREAMING: &str = "no work stream to decide yet";
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -122,10 +124,6 @@ pub enum StartError {
     Tls(#[from] bigfleet_identity::TlsError),
     #[error("metrics: {0}")]
     Metrics(#[from] bigfleet_telemetry::TelemetryError),
-    #[error("metrics listener: {0}")]
-    Io(#[from] std::io::Error),
-    #[error("invalid --metrics-addr {0:?}: expected host:port, :port or 0")]
-    MetricsAddr(String),
     #[error("--etcd-*: {0}")]
     EtcdFlags(String),
     #[error("etcd: {0}")]
@@ -149,8 +147,10 @@ pub struct Config {
     pub concurrency: u32,
     pub exec: ExecConfig,
     pub drain_timeout: Duration,
-    /// `None`: no HTTP endpoint (tests).
-    pub metrics_addr: Option<SocketAddr>,
+    /// Where the worker's metrics go: the binary's ops endpoint serves it.
+    pub registry: MetricsRegistry,
+    /// The `/readyz` of the binary's ops endpoint: ready while a Work stream to decide is open.
+    pub readiness: Readiness,
     /// mTLS on `https` addresses.
     pub tls: Option<TlsContext>,
     /// Discover decide in etcd (`decide_addr` is then unused).
@@ -169,7 +169,8 @@ impl Config {
             concurrency: 64,
             exec: ExecConfig::default(),
             drain_timeout: Duration::from_secs(10),
-            metrics_addr: None,
+            registry: MetricsRegistry::new(),
+            readiness: Readiness::not_ready(NOT_STREAMING),
             tls: None,
             etcd: None,
         }
@@ -189,11 +190,6 @@ pub fn default_worker_id() -> String {
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "execute".to_owned());
     format!("{host}-{}", std::process::id())
-}
-
-/// `host:port`, `:port` (all interfaces) or `0` (disabled).
-pub fn parse_metrics_addr(s: &str) -> Result<Option<SocketAddr>, StartError> {
-    bigfleet_mesh::parse_optional_listen_addr(s).map_err(|_| StartError::MetricsAddr(s.to_owned()))
 }
 
 impl Args {
@@ -244,7 +240,6 @@ impl Args {
         cfg.concurrency = self.concurrency;
         cfg.exec.action_timeout = self.action_timeout;
         cfg.drain_timeout = self.service.drain_timeout;
-        cfg.metrics_addr = parse_metrics_addr(&self.metrics_addr)?;
         cfg.tls = tls;
         cfg.etcd = etcd;
         Ok(cfg)
@@ -258,17 +253,11 @@ pub struct Running {
     metrics: ExecuteMetrics,
     shutdown: CancellationToken,
     pool: JoinHandle<()>,
-    ops: OpsServer,
     /// etcd mode: the Work endpoint the pool follows.
     watcher: Option<WorkEndpointWatcher>,
 }
 
 impl Running {
-    /// The bound /metrics address, when enabled.
-    pub fn metrics_addr(&self) -> Option<SocketAddr> {
-        self.ops.addr()
-    }
-
     pub fn registry(&self) -> &MetricsRegistry {
         &self.registry
     }
@@ -289,7 +278,6 @@ impl Running {
         if let Err(e) = self.pool.await {
             tracing::error!(error = %e, "worker pool task failed");
         }
-        self.ops.stop().await;
     }
 
     /// Stops like a crash: running actions are dropped mid-flight without
@@ -297,7 +285,6 @@ impl Running {
     pub async fn abort(self) {
         self.pool.abort();
         let _ = self.pool.await;
-        self.ops.stop().await;
     }
 }
 
@@ -309,8 +296,7 @@ enum DecideSource {
     Discovered(WorkEndpointWatcher),
 }
 
-/// Connects (lazily) and starts the pool; returns once the metrics endpoint
-/// is bound. The Work stream is opened in the background and re-opened
+/// Connects (lazily) and starts the pool. The Work stream is opened in the background and re-opened
 /// whenever it ends.
 pub async fn start(cfg: Config) -> Result<Running, StartError> {
     if let Some(tls) = &cfg.tls {
@@ -325,7 +311,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         }
     }
     let tls = cfg.tls.as_ref();
-    let registry = MetricsRegistry::new();
+    let registry = cfg.registry.clone();
     let metrics = ExecuteMetrics::register(&registry)?;
     let client_metrics = GrpcMetrics::client(&registry)?;
     // Everything that can fail on bad configuration happens before anything is spawned.
@@ -350,8 +336,7 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         Some(&client_metrics),
     )?);
 
-    let readiness = Readiness::not_ready("no work stream to decide yet");
-    let ops = OpsServer::start(cfg.metrics_addr, registry.clone(), readiness.clone()).await?;
+    let readiness = cfg.readiness.clone();
 
     let pool_cfg = PoolConfig {
         worker_id: cfg.worker_id.clone(),
@@ -413,18 +398,23 @@ pub async fn start(cfg: Config) -> Result<Running, StartError> {
         metrics,
         shutdown,
         pool,
-        ops,
         watcher,
     })
 }
 
-/// Runs the worker pool until SIGTERM/SIGINT, then drains.
+/// Runs the worker pool until SIGTERM/SIGINT, then drains: not ready, running actions
+/// finish and report, the ops endpoint stops.
 pub async fn run(args: Args) -> anyhow::Result<()> {
-    let running = start(args.config()?).await?;
-    bigfleet_mesh::stop_signal().await;
-    tracing::info!("shutdown signal received; draining");
-    running.shutdown().await;
-    Ok(())
+    let ops = bigfleet_mesh::binary::Ops::start(&args.metrics_addr, NOT_STREAMING).await?;
+    let mut cfg = args.config()?;
+    cfg.registry = ops.registry.clone();
+    cfg.readiness = ops.readiness.clone();
+    let running = start(cfg).await?;
+    ops.drain_on_signal(async {
+        running.shutdown().await;
+        anyhow::Ok(())
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -443,7 +433,6 @@ mod tests {
         assert_eq!(args.metrics_addr, ":8782");
         let cfg = args.config().unwrap();
         assert_eq!(cfg.exec.action_timeout, Duration::from_secs(30));
-        assert_eq!(cfg.metrics_addr, Some("[::]:8782".parse().unwrap()));
         assert_eq!(cfg.drain_timeout, Duration::from_secs(10));
         assert!(cfg.tls.is_none());
 
@@ -470,7 +459,6 @@ mod tests {
         );
         let cfg = args.config().unwrap();
         assert_eq!(cfg.exec.action_timeout, Duration::from_millis(1500));
-        assert_eq!(cfg.metrics_addr, None);
         assert_eq!(cfg.drain_timeout, Duration::from_secs(2));
     }
 
@@ -514,15 +502,5 @@ mod tests {
         assert_eq!(etcd.endpoints, ["h:2379", "i:2379"]);
         assert_eq!(etcd.tls.unwrap().ca, std::path::PathBuf::from("/ca.pem"));
         assert!(parse(&[]).config().unwrap().etcd.is_none());
-    }
-
-    #[test]
-    fn metrics_addresses() {
-        assert_eq!(parse_metrics_addr("0").unwrap(), None);
-        assert_eq!(
-            parse_metrics_addr("127.0.0.1:9").unwrap(),
-            Some("127.0.0.1:9".parse().unwrap())
-        );
-        assert!(parse_metrics_addr("nope").is_err());
     }
 }

@@ -409,11 +409,16 @@ async fn graceful_shutdown_finishes_and_reports_running_actions() {
 async fn metrics_endpoint_reports_outcomes_and_readiness() {
     let m = mesh(ProviderConfig::default()).await;
     queue_bootstrap(&m);
+    // As the binary does: the ops endpoint first, the worker on its registry and readiness.
+    let ops = bigfleet_mesh::binary::Ops::start("127.0.0.1:0", "starting")
+        .await
+        .unwrap();
     let mut cfg = m.config("w1", 4);
-    cfg.metrics_addr = Some("127.0.0.1:0".parse().unwrap());
+    cfg.registry = ops.registry.clone();
+    cfg.readiness = ops.readiness.clone();
     let running = start(cfg).await.unwrap();
     m.wait_dones(1).await;
-    let addr = running.metrics_addr().unwrap();
+    let addr = ops.addr().unwrap();
     let (code, text) = http_request(addr, "/metrics", &[]).await.unwrap();
     assert_eq!(code, 200, "{text}");
     assert!(
@@ -440,7 +445,17 @@ async fn metrics_endpoint_reports_outcomes_and_readiness() {
     }
     let ready = http_request(addr, "/readyz", &[]).await;
     assert_eq!(ready.map(|(code, _)| code), Some(200));
-    running.shutdown().await;
+    // Stopping: not ready before the pool drains, so no traffic is routed to a worker that is
+    // going away; the endpoint itself stops last.
+    ops.drain_after(async {}, async {
+        let (code, body) = http_request(addr, "/readyz", &[]).await.unwrap();
+        assert_eq!((code, body.contains("draining")), (503, true), "{body}");
+        running.shutdown().await;
+        anyhow::Ok(())
+    })
+    .await
+    .unwrap();
+    assert!(http_request(addr, "/readyz", &[]).await.is_none());
 }
 
 #[tokio::test]

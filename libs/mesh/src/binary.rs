@@ -10,7 +10,7 @@ use bigfleet_telemetry::{
     MetricsRegistry, OpsServer, Readiness, TelemetryConfig, TelemetryError, TelemetryGuard,
 };
 
-use crate::{OpsFlagError, ServiceFlags, start_ops_server, until_shutdown_signal};
+use crate::{OpsFlagError, ServiceFlags, start_ops_server, stop_signal};
 
 /// The `/readyz` reason while a service drains.
 pub const DRAINING: &str = "draining";
@@ -61,12 +61,18 @@ impl Ops {
         })
     }
 
-    /// Waits for SIGTERM or SIGINT, then as [`Ops::drain_after`].
+    /// Where the endpoint listens (`None` when `--metrics-addr 0` turned it off).
+    pub fn addr(&self) -> Option<std::net::SocketAddr> {
+        self.server.addr()
+    }
+
+    /// Waits for SIGTERM or SIGINT, then as [`Ops::drain_after`]: the one way every
+    /// service binary stops.
     pub async fn drain_on_signal<E>(
         self,
         drain: impl Future<Output = Result<(), E>>,
     ) -> Result<(), E> {
-        self.drain_after(until_shutdown_signal(), drain).await
+        self.drain_after(stop_signal(), drain).await
     }
 
     /// Once `stop` resolves: not ready ([`DRAINING`]) so traffic moves away, then `drain`
@@ -78,7 +84,7 @@ impl Ops {
         drain: impl Future<Output = Result<(), E>>,
     ) -> Result<(), E> {
         stop.await;
-        self.readiness.set_not_ready(DRAINING);
+        self.readiness.set_draining(DRAINING);
         drain.await?;
         self.server.stop().await;
         Ok(())
@@ -151,7 +157,9 @@ mod tests {
         let readiness = ops.readiness.clone();
         let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
         let drain = async {
-            // The service drains while probes still reach the endpoint and see it draining.
+            // The service drains while probes still reach the endpoint and see it draining,
+            // even if one of its loops (a leader watch, a reconnecting stream) says ready.
+            readiness.set_ready();
             assert_eq!(readiness.status(), Err(DRAINING.to_owned()));
             assert!(tokio::net::TcpStream::connect(addr).await.is_ok());
             Ok::<(), String>(())

@@ -77,7 +77,7 @@ pub use peer::{Peer, peer_of};
 pub use rate_limit::{RateLimit, TokenBuckets};
 pub use server::{
     DEFAULT_DRAIN_DEADLINE, MAX_MESSAGE_SIZE, MeshServer, RoutableService, RunningServer,
-    ServerError, shutdown_signal, stop_signal, until_shutdown_signal,
+    ServerError, stop_signal,
 };
 pub use stack::{InnerService, MeshLayer, ServerStackConfig, ServerStackService, server_stack};
 

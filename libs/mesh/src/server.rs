@@ -94,8 +94,6 @@ pub enum ServerError {
     Serve(#[from] tonic::transport::Error),
     #[error("server task failed: {0}")]
     Join(#[from] tokio::task::JoinError),
-    #[error("waiting for a shutdown signal: {0}")]
-    Signal(#[source] std::io::Error),
 }
 
 enum TcpBind {
@@ -651,7 +649,7 @@ impl RunningServer {
 
     /// Serves until SIGTERM or SIGINT, then shuts down gracefully.
     pub async fn run_until_signal(self) -> Result<(), ServerError> {
-        self.run_until(until_shutdown_signal()).await
+        self.run_until(stop_signal()).await
     }
 
     /// Serves until `stop` resolves (or the server fails), then shuts down gracefully.
@@ -673,33 +671,9 @@ impl RunningServer {
     }
 }
 
-/// Resolves on SIGTERM (Kubernetes) or SIGINT (Ctrl-C) and says which.
-pub async fn shutdown_signal() -> Result<&'static str, ServerError> {
-    let mut term = tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())
-        .map_err(ServerError::Signal)?;
-    let name = tokio::select! {
-        _ = term.recv() => "SIGTERM",
-        r = tokio::signal::ctrl_c() => {
-            r.map_err(ServerError::Signal)?;
-            "SIGINT"
-        }
-    };
-    tracing::info!(signal = name, "shutdown signal received");
-    Ok(name)
-}
-
-/// [`shutdown_signal`] for a service's `run`: waits for SIGTERM or SIGINT, and a process
-/// that cannot listen for signals says so and stops at once rather than run on with no way
-/// to drain it.
-pub async fn until_shutdown_signal() {
-    if let Err(e) = shutdown_signal().await {
-        tracing::error!(error = %e, "cannot listen for signals; stopping");
-    }
-}
-
-/// Resolves on SIGTERM or SIGINT, for a process that stops the same way on
-/// either and has nothing better to do when it cannot listen for SIGTERM than
-/// to say so and go on with SIGINT alone.
+/// Resolves on SIGTERM (Kubernetes) or SIGINT (Ctrl-C) and logs which: the one way every
+/// process here waits to be stopped. A handler that cannot be installed is logged and the
+/// other signal still works: the process keeps serving rather than stop for want of one.
 pub async fn stop_signal() {
     let term = async {
         match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
@@ -707,13 +681,20 @@ pub async fn stop_signal() {
                 s.recv().await;
             }
             Err(e) => {
-                tracing::warn!(error = %e, "cannot listen for SIGTERM");
+                tracing::error!(error = %e, "cannot listen for SIGTERM; only SIGINT stops this process");
                 std::future::pending::<()>().await;
             }
         }
     };
-    tokio::select! {
-        () = term => {}
-        _ = tokio::signal::ctrl_c() => {}
-    }
+    let int = async {
+        if let Err(e) = tokio::signal::ctrl_c().await {
+            tracing::error!(error = %e, "cannot listen for SIGINT; only SIGTERM stops this process");
+            std::future::pending::<()>().await;
+        }
+    };
+    let name = tokio::select! {
+        () = term => "SIGTERM",
+        () = int => "SIGINT",
+    };
+    tracing::info!(signal = name, "stop signal received");
 }

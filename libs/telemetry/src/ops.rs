@@ -18,35 +18,59 @@ use crate::MetricsRegistry;
 const PROMETHEUS_TEXT: &str = "text/plain; version=0.0.4; charset=utf-8";
 
 /// Whether the process should receive traffic. Starts not ready with a reason; the service
-/// flips it (either way — a coordinator loses readiness when it stops seeing a leader).
-/// Clones share state.
+/// flips it (either way — a coordinator loses readiness when it stops seeing a leader) until
+/// it drains, which is for good. Clones share state.
 #[derive(Debug, Clone)]
 pub struct Readiness {
-    // `None` = ready; `Some(reason)` = not ready, and why (shown in the 503 body).
-    state: Arc<RwLock<Option<String>>>,
+    state: Arc<RwLock<Phase>>,
+}
+
+#[derive(Debug)]
+enum Phase {
+    Ready,
+    /// Not ready, and why (shown in the 503 body).
+    NotReady(String),
+    /// Stopping: not ready whatever the service's loops still say.
+    Draining(String),
 }
 
 impl Readiness {
     /// Not ready yet, with the reason probes will see.
     pub fn not_ready(reason: impl Into<String>) -> Self {
         Self {
-            state: Arc::new(RwLock::new(Some(reason.into()))),
+            state: Arc::new(RwLock::new(Phase::NotReady(reason.into()))),
         }
     }
 
     /// Ready from the start (processes with nothing to wait for).
     pub fn ready() -> Self {
         Self {
-            state: Arc::new(RwLock::new(None)),
+            state: Arc::new(RwLock::new(Phase::Ready)),
         }
     }
 
+    /// Ready, unless draining.
     pub fn set_ready(&self) {
-        *self.state.write().unwrap_or_else(|e| e.into_inner()) = None;
+        self.set(Phase::Ready);
     }
 
+    /// Not ready for `reason`, unless draining (which keeps its own reason).
     pub fn set_not_ready(&self, reason: impl Into<String>) {
-        *self.state.write().unwrap_or_else(|e| e.into_inner()) = Some(reason.into());
+        self.set(Phase::NotReady(reason.into()));
+    }
+
+    /// Not ready for good, for `reason`: the process is stopping. A loop of the service that
+    /// has not stopped yet (a leader watch, a stream that reconnects) cannot make it ready
+    /// again and draw traffic to a process that is going away.
+    pub fn set_draining(&self, reason: impl Into<String>) {
+        *self.state.write().unwrap_or_else(|e| e.into_inner()) = Phase::Draining(reason.into());
+    }
+
+    fn set(&self, next: Phase) {
+        let mut state = self.state.write().unwrap_or_else(|e| e.into_inner());
+        if !matches!(*state, Phase::Draining(_)) {
+            *state = next;
+        }
     }
 
     pub fn is_ready(&self) -> bool {
@@ -56,8 +80,8 @@ impl Readiness {
     /// `Ok` when ready, else the reason.
     pub fn status(&self) -> Result<(), String> {
         match &*self.state.read().unwrap_or_else(|e| e.into_inner()) {
-            None => Ok(()),
-            Some(reason) => Err(reason.clone()),
+            Phase::Ready => Ok(()),
+            Phase::NotReady(reason) | Phase::Draining(reason) => Err(reason.clone()),
         }
     }
 }
@@ -274,6 +298,16 @@ mod tests {
             (StatusCode::SERVICE_UNAVAILABLE, "no leader\n")
         );
         assert_eq!(get_path(&router, "/healthz").await.0, StatusCode::OK);
+    }
+
+    #[test]
+    fn draining_is_for_good() {
+        let readiness = Readiness::ready();
+        readiness.set_draining("draining");
+        // A service loop that has not stopped yet saw its leader again, or its stream back.
+        readiness.set_ready();
+        readiness.set_not_ready("no leader");
+        assert_eq!(readiness.status(), Err("draining".to_owned()));
     }
 
     #[tokio::test]
