@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use anyhow::Context as _;
-use bigfleet_telemetry::{LogArgs, MetricsRegistry, Readiness, TelemetryConfig};
+use bigfleet_telemetry::{LogArgs, TelemetryConfig};
 
 use crate::metrics::ProviderMetrics;
 use crate::server::{ServeOptions, spawn_tcp_with, spawn_uds_with};
@@ -170,19 +170,8 @@ impl Args {
 
 /// `"0"` (or empty) means off.
 fn optional_addr(flag: &str, value: &str) -> anyhow::Result<Option<SocketAddr>> {
-    let v = value.trim();
-    if v.is_empty() || v == "0" {
-        return Ok(None);
-    }
-    // Accept the chart's `:8790` shorthand for "all interfaces".
-    let full = if v.starts_with(':') {
-        format!("0.0.0.0{v}")
-    } else {
-        v.to_owned()
-    };
-    full.parse()
-        .map(Some)
-        .with_context(|| format!("--{flag} {value:?} is not an address"))
+    bigfleet_mesh::parse_optional_listen_addr(value)
+        .map_err(|reason| anyhow::anyhow!("--{flag} {value:?}: {reason}"))
 }
 
 /// Runs the fake provider until SIGINT/SIGTERM.
@@ -191,7 +180,8 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         "bigfleet-fake-provider",
         args.log.log_format,
     ))?;
-    let metrics_addr = optional_addr("metrics-addr", &args.metrics_addr)?;
+    // The ops endpoint as every BigFleet binary serves it: not ready while the catalog seeds.
+    let ops = bigfleet_mesh::binary::Ops::start(&args.metrics_addr, "seeding machines").await?;
     let admin_addr = optional_addr("admin-addr", &args.admin_addr)?;
     let started = std::time::Instant::now();
     let provider = Arc::new(args.build_provider()?);
@@ -213,14 +203,9 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         rpc_latency: args.rpc_latency.unwrap_or_default(),
         ..ServeOptions::default()
     };
-    if let Some(addr) = metrics_addr {
-        let registry = MetricsRegistry::new();
-        let metrics = ProviderMetrics::register(&registry)?;
+    if ops.addr().is_some() {
+        let metrics = ProviderMetrics::register(&ops.registry)?;
         let first_revision = provider.revision();
-        let (bound, _task) =
-            bigfleet_telemetry::spawn_ops_server(addr, registry, Readiness::ready(), stopped())
-                .await?;
-        tracing::info!(addr = %bound, "metrics");
         let (p, m) = (provider.clone(), metrics.clone());
         tokio::spawn(async move {
             let mut tick = tokio::time::interval(Duration::from_secs(2));
@@ -232,7 +217,7 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         opts.metrics = Some(metrics);
     }
     if let Some(addr) = admin_addr {
-        let listener = tokio::net::TcpListener::bind(addr).await?;
+        let listener = bigfleet_mesh::bind_tcp(addr)?;
         tracing::info!(addr = %listener.local_addr()?, "admin api");
         let router = crate::admin::admin_router(provider.clone());
         let shutdown = stopped();
@@ -250,14 +235,16 @@ pub async fn run(args: Args) -> anyhow::Result<()> {
         Some(path) => spawn_uds_with(path, provider.clone(), opts).await?,
         None => spawn_tcp_with(args.listen, provider.clone(), opts).await?,
     };
-    bigfleet_mesh::stop_signal().await;
-    tracing::info!("shutting down");
-    let _ = stop_tx.send(true);
-    server.shutdown().await;
-    if let Some(path) = &args.socket {
-        let _ = std::fs::remove_file(path);
-    }
-    Ok(())
+    ops.readiness.set_ready();
+    ops.drain_on_signal(async {
+        let _ = stop_tx.send(true);
+        server.shutdown().await;
+        if let Some(path) = &args.socket {
+            let _ = std::fs::remove_file(path);
+        }
+        anyhow::Ok(())
+    })
+    .await
 }
 
 #[cfg(test)]
@@ -275,10 +262,16 @@ mod tests {
         assert_eq!(a.listen, "127.0.0.1:7800".parse().unwrap());
         assert_eq!(a.provider_config().transitions, TransitionModel::instant());
         assert!(a.provider_config().delete_supported);
+        assert_eq!(a.metrics_addr, "0");
+        assert_eq!(optional_addr("admin-addr", &a.admin_addr).unwrap(), None);
+        // Read as every BigFleet binary reads a listen flag: `:port` is every interface,
+        // IPv6 and IPv4 alike; a bad value names the flag.
         assert_eq!(
-            optional_addr("metrics-addr", &a.metrics_addr).unwrap(),
-            None
+            optional_addr("admin-addr", ":7801").unwrap(),
+            Some("[::]:7801".parse().unwrap())
         );
+        let err = optional_addr("admin-addr", "nope").unwrap_err().to_string();
+        assert!(err.starts_with("--admin-addr \"nope\""), "{err}");
     }
 
     #[test]
@@ -326,10 +319,5 @@ mod tests {
         assert!(parse(&["--instant", "--latency-create", "1s"]).is_err());
         assert!(parse(&["--catalog", "x.json", "--generate", "10"]).is_err());
         assert!(parse(&["--failure-rate-create", "1.5"]).is_err());
-        assert!(optional_addr("metrics-addr", "nonsense").is_err());
-        assert_eq!(
-            optional_addr("metrics-addr", ":8790").unwrap(),
-            Some("0.0.0.0:8790".parse().unwrap())
-        );
     }
 }
