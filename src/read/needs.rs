@@ -279,7 +279,6 @@ pub fn needs_warnings(o: &NeedsOutput) -> Vec<String> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use std::collections::BTreeMap;
     use svc_inspect::view::SupplyView;
 
     fn row(satisfied: bool, reason: &str) -> NeedRow {
@@ -287,34 +286,17 @@ mod tests {
             shard_id: Some("s1".into()),
             cluster_id: "c".into(),
             priority: 5,
-            arrival_unix_nanos: 0,
-            profile_fingerprint: String::new(),
             satisfied,
             unmet_reason: reason.into(),
-            requirements: vec![],
             aggregate_resources: [("cpu".to_owned(), "8".to_owned())].into(),
-            min_unit: BTreeMap::new(),
-            residual_deficit: BTreeMap::new(),
-            spread: vec![],
-            group: String::new(),
-            interruption_penalty_bucket: String::new(),
-            reclamation_penalty_bucket: String::new(),
             claimed_machine_count: 2,
-            bootstrap_count: 0,
-            provision_count: 0,
-            same_domain: String::new(),
-            same_satisfiable: false,
-            acquisition_parked: false,
-            parked_age_cycles: 0,
-            age_cycles_unmet: 0,
             matching_supply: (!satisfied).then_some(SupplyView {
                 idle: 1,
                 configured: 2,
                 speculative: 3,
                 capped: true,
             }),
-            preemption: None,
-            same_candidates: vec![],
+            ..NeedRow::default()
         }
     }
 

@@ -341,7 +341,7 @@ pub struct ClusterNeedsView {
 }
 
 /// A need with its last-cycle verdict.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, Default, PartialEq, Serialize, Deserialize)]
 pub struct NeedRow {
     /// The shard that holds the row (absent when read through a fleet-wide ShardRead, which
     /// does not say).

@@ -320,7 +320,6 @@ mod tests {
     use crate::fixtures::{overview as fleet, shard};
     use crate::fleet::FleetOverview;
     use crate::view::{ClusterNeedsView, NeedRow, ShardView, SupplyView};
-    use std::collections::BTreeMap;
 
     fn empty_history() -> FleetHistory {
         crate::history::History::new(Default::default(), std::time::Duration::from_secs(5)).fleet()
@@ -382,25 +381,12 @@ mod tests {
             shard_id: Some("s1".into()),
             cluster_id: "c".into(),
             priority: 100,
-            arrival_unix_nanos: 0,
-            profile_fingerprint: String::new(),
-            satisfied: false,
             unmet_reason: "PRIORITY_STARVED".into(),
             requirements: vec!["zone In [a]".into()],
             aggregate_resources: [("cpu".to_owned(), "8".to_owned())].into(),
-            min_unit: BTreeMap::new(),
             residual_deficit: [("cpu".to_owned(), "4".to_owned())].into(),
-            spread: vec![],
-            group: String::new(),
-            interruption_penalty_bucket: String::new(),
-            reclamation_penalty_bucket: String::new(),
             claimed_machine_count: 1,
-            bootstrap_count: 0,
-            provision_count: 0,
             same_domain: "rack-<1>".into(),
-            same_satisfiable: false,
-            acquisition_parked: false,
-            parked_age_cycles: 0,
             age_cycles_unmet: 12,
             matching_supply: Some(SupplyView {
                 idle: 0,
@@ -408,8 +394,7 @@ mod tests {
                 speculative: 0,
                 capped: true,
             }),
-            preemption: None,
-            same_candidates: vec![],
+            ..NeedRow::default()
         };
         let v = needs_of_c(&[row]);
         let html = cluster(Shell::default(), &v, None, 5000);
