@@ -19,7 +19,7 @@ use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::UnmetReason;
 use clap::Parser;
 use svc_inspect::doubles::{
-    CoordinatorDouble, CoordinatorState, gpu_transfer, need, records_shard, registry_entry,
+    CoordinatorDouble, CoordinatorState, need, records_shard, registry_entry, sample_transfers,
 };
 use svc_inspect::view::ShardView;
 
@@ -151,33 +151,6 @@ impl Fleet {
     async fn shutdown(self) {
         self.coordinator_server.shutdown().await.unwrap();
         self.shard.shutdown().await.unwrap();
-    }
-}
-
-/// One transfer in its adopt phase and one finished (s2 gives s1 two GPU machines), with
-/// s1 owning a zone and waiting to acknowledge the adopt.
-fn sample_transfers() -> mesh::ListTransfersResponse {
-    mesh::ListTransfersResponse {
-        active: vec![gpu_transfer("t-2", "adopt", "9b24f1087cda4ea8", 0)],
-        recent: vec![gpu_transfer("t-1", "done", "", 2)],
-        shards: vec![
-            mesh::ShardOwnership {
-                shard_id: "s1".into(),
-                domains: vec![mesh::OwnedDomain {
-                    topology_key: "topology.kubernetes.io/zone".into(),
-                    topology_value: "eu-west-1a".into(),
-                }],
-                pending_instruction_ids: vec!["9b24f1087cda4ea8".into()],
-            },
-            mesh::ShardOwnership {
-                shard_id: "s2".into(),
-                domains: vec![mesh::OwnedDomain {
-                    topology_key: "topology.kubernetes.io/zone".into(),
-                    topology_value: "eu-west-1b".into(),
-                }],
-                pending_instruction_ids: Vec::new(),
-            },
-        ],
     }
 }
 

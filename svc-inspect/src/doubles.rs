@@ -581,6 +581,33 @@ pub fn gpu_transfer(id: &str, phase: &str, pending: &str, moved: u32) -> mesh::T
     }
 }
 
+/// One transfer in its adopt phase and one finished (s2 gives s1 two GPU machines), with
+/// s1 owning a zone and waiting to acknowledge the adopt.
+pub fn sample_transfers() -> mesh::ListTransfersResponse {
+    mesh::ListTransfersResponse {
+        active: vec![gpu_transfer("t-2", "adopt", "9b24f1087cda4ea8", 0)],
+        recent: vec![gpu_transfer("t-1", "done", "", 2)],
+        shards: vec![
+            mesh::ShardOwnership {
+                shard_id: "s1".into(),
+                domains: vec![mesh::OwnedDomain {
+                    topology_key: "topology.kubernetes.io/zone".into(),
+                    topology_value: "eu-west-1a".into(),
+                }],
+                pending_instruction_ids: vec!["9b24f1087cda4ea8".into()],
+            },
+            mesh::ShardOwnership {
+                shard_id: "s2".into(),
+                domains: vec![mesh::OwnedDomain {
+                    topology_key: "topology.kubernetes.io/zone".into(),
+                    topology_value: "eu-west-1b".into(),
+                }],
+                pending_instruction_ids: Vec::new(),
+            },
+        ],
+    }
+}
+
 /// A registry entry for a shard served at `addr`.
 pub fn registry_entry(shard_id: &str, addr: SocketAddr) -> pb::ShardRegistryEntry {
     pb::ShardRegistryEntry {

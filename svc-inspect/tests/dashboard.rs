@@ -12,7 +12,7 @@ use bigfleet_testkit::tools::tool;
 use bigfleet_testkit::wait_until;
 use common::cdp::Browser;
 use common::{Harness, Options, get_json, http_get, shoot_and_expect, shortfall};
-use svc_inspect::doubles::{ShardDouble, gpu_transfer, need};
+use svc_inspect::doubles::{ShardDouble, need, sample_transfers};
 use svc_inspect::history::{ClusterSample, FleetHistory, KeyHistory, ShardSample};
 use svc_inspect::http::{CONTENT_SECURITY_POLICY, ErrorResponse};
 
@@ -370,45 +370,28 @@ async fn headless_chromium_sees_charts_and_values_change_without_a_reload() {
 #[tokio::test]
 async fn shard_pages_show_domains_pending_instructions_and_transfers() {
     let h = Harness::start(Options::default()).await;
-    h.coordinator.state().transfers = mesh::ListTransfersResponse {
-        active: vec![gpu_transfer("t-active", "adopt", "ins-7", 0)],
-        recent: vec![gpu_transfer("t-done", "done", "", 2)],
-        shards: vec![
-            mesh::ShardOwnership {
-                shard_id: "s1".into(),
-                domains: vec![mesh::OwnedDomain {
-                    topology_key: "zone".into(),
-                    topology_value: "z1".into(),
-                }],
-                pending_instruction_ids: vec!["ins-7".into()],
-            },
-            mesh::ShardOwnership {
-                shard_id: "s3".into(),
-                ..Default::default()
-            },
-        ],
-    };
+    h.coordinator.state().transfers = sample_transfers();
     let addr = h.inspect().http_addr();
     let (status, _, page) = http_get(addr, "/shards/s1").await;
     assert_eq!(status, 200, "{page}");
     assert!(page.contains("Domains and transfers"), "{page}");
     assert!(
-        page.contains("<span class=\"mono domains\">zone=z1</span>"),
+        page.contains("<span class=\"mono domains\">topology.kubernetes.io/zone=eu-west-1a</span>"),
         "{page}"
     );
     assert!(
-        page.contains("<span class=\"mono pending\">ins-7</span>"),
+        page.contains("<span class=\"mono pending\">9b24f1087cda4ea8</span>"),
         "{page}"
     );
     // In flight first, then the finished one.
-    let active = page.find("t-active").expect("active transfer row");
-    let done = page.find("t-done").expect("recent transfer row");
+    let active = page.find(">t-2<").expect("active transfer row");
+    let done = page.find(">t-1<").expect("recent transfer row");
     assert!(active < done);
     assert!(
         page.contains("<tr data-phase=\"adopt\">") && page.contains("<tr data-phase=\"done\">")
     );
     assert!(
-        page.contains("ins-7 → s1") && page.contains("2 x gpu"),
+        page.contains("9b24f1087cda4ea8 → s1") && page.contains("2 x gpu"),
         "{page}"
     );
     // The page asked the coordinator for this shard only.
