@@ -17,25 +17,22 @@
 //! every transfer has finished and every machine has exactly one owner — a released machine
 //! owned by nobody would never be used again.
 
-use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
 use bigfleet_coordclient::{ClientConfig, CoordClient, ShardView};
-use bigfleet_model::{INSTANCE_TYPE_KEY, ZONE_KEY};
+use bigfleet_model::ZONE_KEY;
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_telemetry::Readiness;
-use futures::future::BoxFuture;
-use parking_lot::Mutex;
 use proptest::prelude::*;
 use svc_coordinator::fsm::{Command, State};
 use svc_coordinator::rebalance::{self, Inputs, Policy};
 use svc_coordinator::soft::SoftState;
 use svc_coordinator::transfers::{Transfer, released_ids, verdict_of};
 use svc_shard_decide::coordinator::{CoordView, OWNERSHIP_FILE_NAME, load_ownership};
-use svc_shard_decide_core::reconcile::{MachineSource, RawMachineList};
+use svc_shard_decide_core::testing::{self, MapSource};
 use svc_shard_decide_core::{Decide, DecideConfig, Events, Publisher, RailsConfig, ShardMetrics};
 
 const SHARDS: usize = 3;
@@ -87,43 +84,6 @@ fn provider_machine(id: &str, zone: &str, instance_type: &str) -> pb::Machine {
     }
 }
 
-/// The one provider every shard lists, and the record of which shard acted on which machine.
-#[derive(Default)]
-struct FakeProvider {
-    machines: Mutex<BTreeMap<String, pb::Machine>>,
-    revision: Mutex<u64>,
-    /// (step, shard, machine, action kind), in the order they reached the provider.
-    touched: Mutex<Vec<(usize, String, String, String)>>,
-}
-
-impl FakeProvider {
-    fn list_all(&self) -> Vec<pb::Machine> {
-        self.machines.lock().values().cloned().collect()
-    }
-
-    fn change(&self, id: &str, f: impl FnOnce(&mut pb::Machine)) {
-        if let Some(m) = self.machines.lock().get_mut(id) {
-            f(m);
-        }
-        *self.revision.lock() += 1;
-    }
-}
-
-/// A shard's view of the provider: every List returns everything.
-struct Listing(Arc<FakeProvider>);
-
-impl MachineSource for Listing {
-    fn list(&self, _since: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-        Box::pin(async move {
-            let list = pb::MachineList {
-                machines: self.0.list_all(),
-                revision: self.0.revision.lock().to_string().into_bytes(),
-            };
-            Ok(RawMachineList::from(&list))
-        })
-    }
-}
-
 /// One shard process: what it keeps in memory dies with a restart; its owned-set file
 /// (in `dir`) and the provider do not.
 struct Shard {
@@ -148,12 +108,7 @@ impl Shard {
 
     /// Starts (or restarts) the process over `dir`: the owned set is read back before
     /// anything else, as decide's start-up does.
-    fn boot(
-        index: usize,
-        dir: tempfile::TempDir,
-        epoch: u64,
-        provider: &Arc<FakeProvider>,
-    ) -> Self {
+    fn boot(index: usize, dir: tempfile::TempDir, epoch: u64, provider: &MapSource) -> Self {
         let id = shard_id(index);
         let (publisher, events) = Publisher::channel(1024);
         let decide = Decide::new(
@@ -165,7 +120,7 @@ impl Shard {
                 queue_capacity: 1024,
                 ..DecideConfig::default()
             },
-            Arc::new(Listing(provider.clone())),
+            Arc::new(provider.clone()),
             publisher,
             ShardMetrics::unregistered(),
             Readiness::not_ready("interleavings"),
@@ -214,23 +169,13 @@ fn rollup(cluster: &str, units: u32) -> mesh::ApplyRollupRequest {
     let needs = if units == 0 {
         Vec::new()
     } else {
+        // Whole machines only: a piece is one machine's four cores.
         vec![pb::CapacityNeed {
-            requirements: vec![pb::NodeSelectorRequirement {
-                key: INSTANCE_TYPE_KEY.into(),
-                operator: pb::node_selector_requirement::Operator::In as i32,
-                values: vec![MOVED_TYPE.into()],
-            }],
-            aggregate_resources: [("cpu".to_owned(), (4 * units).to_string())]
-                .into_iter()
-                .collect(),
-            priority: 100,
-            interruption_penalty_bucket: pb::PenaltyBucket::PenaltyBucket8 as i32,
-            reclamation_penalty_bucket: pb::PenaltyBucket::Zero as i32,
-            min_unit: [("cpu".to_owned(), "4".to_owned())].into_iter().collect(),
-            ..Default::default()
+            min_unit: [("cpu".to_owned(), "4".to_owned())].into(),
+            ..testing::need_on(MOVED_TYPE, 4 * units, 100)
         }]
     };
-    svc_shard_decide_core::testing::rollup_request(cluster, 1, needs)
+    testing::rollup_request(cluster, 1, needs)
 }
 
 /// The coordinator: replicated state that survives a failover, the leader's soft state and
@@ -432,7 +377,10 @@ fn op() -> impl Strategy<Value = Op> {
 }
 
 struct World {
-    provider: Arc<FakeProvider>,
+    /// The one provider every shard lists.
+    provider: MapSource,
+    /// (step, shard, machine, action kind), in the order they reached the provider.
+    touched: Vec<(usize, String, String, String)>,
     shards: Vec<Shard>,
     demand: Vec<u32>,
     coordinator: Coordinator,
@@ -441,12 +389,9 @@ struct World {
 
 impl World {
     async fn new() -> Self {
-        let provider = Arc::new(FakeProvider::default());
-        {
-            let mut ms = provider.machines.lock();
-            for (id, zone, t) in MACHINES {
-                ms.insert((*id).to_owned(), provider_machine(id, zone, t));
-            }
+        let provider = MapSource::default();
+        for (id, zone, t) in MACHINES {
+            provider.put(provider_machine(id, zone, t));
         }
         let mut shards = Vec::new();
         for (i, zone) in ZONES.iter().enumerate() {
@@ -458,6 +403,7 @@ impl World {
         }
         let mut w = World {
             provider,
+            touched: Vec::new(),
             shards,
             demand: vec![0; SHARDS],
             coordinator: Coordinator::new(),
@@ -541,13 +487,13 @@ impl World {
                     grant.action.kind()
                 ));
             }
-            self.provider.touched.lock().push((
+            self.touched.push((
                 step,
                 grant.shard_id.clone(),
                 id.clone(),
                 format!("{:?}", grant.action.kind()),
             ));
-            self.provider.change(&id, |m| match &grant.action {
+            self.provider.update(&id, |m| match &grant.action {
                 bigfleet_model::Action::Bootstrap { cluster, .. }
                 | bigfleet_model::Action::Provision { cluster, .. } => {
                     m.state = pb::MachineState::Configured as i32;
@@ -566,7 +512,7 @@ impl World {
 
     /// The shards whose owned set (in memory, as their cycle and hooks see it) holds `id`.
     fn owners_of(&self, id: &str) -> Vec<usize> {
-        let Some(m) = self.provider.machines.lock().get(id).cloned() else {
+        let Some(m) = self.provider.get(id) else {
             return Vec::new();
         };
         let m = bigfleet_conv::machine_from_proto(&m).expect("valid machine");
@@ -725,9 +671,7 @@ fn a_shortfall_is_met_by_a_transfer_and_the_recipient_acts_on_it() {
         w.quiesce().await.unwrap();
         w.check_everything_owned().unwrap();
         let acted: Vec<_> = w
-            .provider
             .touched
-            .lock()
             .iter()
             .filter(|(_, shard, id, _)| shard == "shard-0" && !id.starts_with("a-"))
             .cloned()

@@ -48,6 +48,24 @@ pub fn provider_machine(id: &str, state: pb::MachineState, cluster: &str) -> pb:
     }
 }
 
+/// A need for `cpu` cores on `instance_type` machines at `priority`: the $8 interruption and
+/// $0 reclamation penalty buckets, in pieces of at least one core.
+pub fn need_on(instance_type: &str, cpu: u32, priority: i32) -> pb::CapacityNeed {
+    pb::CapacityNeed {
+        requirements: vec![pb::NodeSelectorRequirement {
+            key: bigfleet_model::INSTANCE_TYPE_KEY.into(),
+            operator: pb::node_selector_requirement::Operator::In as i32,
+            values: vec![instance_type.to_owned()],
+        }],
+        aggregate_resources: [("cpu".to_owned(), cpu.to_string())].into(),
+        priority,
+        interruption_penalty_bucket: pb::PenaltyBucket::PenaltyBucket8 as i32,
+        reclamation_penalty_bucket: pb::PenaltyBucket::Zero as i32,
+        min_unit: [("cpu".to_owned(), "1".to_owned())].into(),
+        ..Default::default()
+    }
+}
+
 /// `cluster`'s full-replacement roll-up of `needs`, stamped `at` by the operator, as the
 /// gateway forwards it: with no receive time, and not tied to a session (id 0 skips the
 /// supersession check; tests of session ordering set `session_id`).
@@ -95,6 +113,11 @@ impl MapSource {
     /// The provider no longer lists `id`.
     pub fn remove(&self, id: &str) {
         self.machines.lock().remove(id);
+    }
+
+    /// The machine the provider lists as `id`, if any.
+    pub fn get(&self, id: &str) -> Option<pb::Machine> {
+        self.machines.lock().get(id).cloned()
     }
 
     /// Changes a machine the provider lists; panics if it lists no `id`.

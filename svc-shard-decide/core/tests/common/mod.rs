@@ -64,19 +64,7 @@ pub fn idle_fleet(n: usize, name: impl Fn(usize) -> String) -> impl Iterator<Ite
 
 /// A need for `cpu` cores on m5.xlarge machines.
 pub fn need(cpu: u32, priority: i32) -> pb::CapacityNeed {
-    pb::CapacityNeed {
-        requirements: vec![pb::NodeSelectorRequirement {
-            key: "node.kubernetes.io/instance-type".into(),
-            operator: pb::node_selector_requirement::Operator::In as i32,
-            values: vec!["m5.xlarge".into()],
-        }],
-        aggregate_resources: [("cpu".to_owned(), cpu.to_string())].into_iter().collect(),
-        priority,
-        interruption_penalty_bucket: pb::PenaltyBucket::PenaltyBucket8 as i32,
-        reclamation_penalty_bucket: pb::PenaltyBucket::Zero as i32,
-        min_unit: [("cpu".to_owned(), "1".to_owned())].into_iter().collect(),
-        ..Default::default()
-    }
+    svc_shard_decide_core::testing::need_on("m5.xlarge", cpu, priority)
 }
 
 pub fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>) -> mesh::ApplyRollupRequest {
