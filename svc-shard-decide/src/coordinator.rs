@@ -454,18 +454,8 @@ fn applied(verdict: TransferVerdict) -> Applied {
 mod tests {
     use super::*;
     use std::sync::Arc;
-    use svc_shard_decide_core::reconcile::RawMachineList;
     use svc_shard_decide_core::testing::{self, MapSource, provider_machine};
     use svc_shard_decide_core::{DecideConfig, MachineSource};
-
-    /// Never listed: these tests run no cycle.
-    struct NoProvider;
-
-    impl MachineSource for NoProvider {
-        fn list(&self, _: Vec<u8>) -> BoxFuture<'_, Result<RawMachineList, tonic::Status>> {
-            Box::pin(async { Err(tonic::Status::unavailable("no provider in this test")) })
-        }
-    }
 
     /// A shard's decide reading `source`; its session frames go nowhere.
     fn decide(cfg: DecideConfig, source: impl MachineSource) -> Decide {
@@ -477,7 +467,8 @@ mod tests {
             shard_id: shard.to_owned(),
             ..DecideConfig::default()
         };
-        CoordView::new(decide(cfg, NoProvider))
+        // An empty provider: these tests run no cycle.
+        CoordView::new(decide(cfg, MapSource::default()))
     }
 
     /// A valid m5.xlarge record; Configured ones serve `priority` in cluster c1.
