@@ -362,10 +362,11 @@ async fn three_replicas_form_and_fail_over_over_mtls() {
         async || {
             for &i in &survivors {
                 if is_leader(&rs[i]).await {
-                    return true;
+                    return Ok(());
                 }
             }
-            false
+            // The replicas' own logs say why, should the election never settle.
+            Err(dump_logs(&mut rs))
         },
     )
     .await;
