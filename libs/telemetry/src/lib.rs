@@ -6,8 +6,8 @@
 //! * [`propagation`] moves trace context in and out of HTTP headers / tonic metadata; the
 //!   mesh's trace layer and clients use it so one trace spans every hop.
 //! * [`MetricsRegistry`] wraps a Prometheus registry with typed registration helpers.
-//! * [`ops_router`] / [`serve_ops`] serve `/metrics`, `/healthz` and `/readyz` (driven by a
-//!   [`Readiness`] handle) on a plain HTTP port; the router adds the `process_*` family and
+//! * [`OpsServer`] serves [`ops_router`]: `/metrics`, `/healthz` and `/readyz` (driven by a
+//!   [`Readiness`] handle) on a plain HTTP port, until the service has drained; the router adds the `process_*` family and
 //!   `bigfleet_build_info{version, git_sha, service}` ([`MetricsRegistry::register_process_metrics`])
 //!   to the registry it serves, so every service exports them.
 //! * [`bind_tcp`] binds every TCP listener: `[::]` dual-stack, `0.0.0.0` without IPv6.
@@ -25,7 +25,7 @@ pub use logging::{
     TelemetryGuard, clip, init,
 };
 pub use metrics::{LATENCY_BUCKETS, MetricDescription, MetricsRegistry, id_label};
-pub use ops::{OpsServer, Readiness, ops_router, serve_ops, spawn_ops_server, spawn_ops_server_if};
+pub use ops::{OpsServer, Readiness, ops_router};
 pub use process::{BUILD_INFO, GIT_SHA, VERSION, service_name, set_service_name};
 
 /// Errors setting up telemetry or registering metrics.

@@ -1,6 +1,5 @@
 //! The plain-HTTP operations endpoints every process serves: `/metrics`, `/healthz`, `/readyz`.
 
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 
@@ -9,7 +8,6 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::get;
-use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
 
 use crate::MetricsRegistry;
@@ -133,52 +131,6 @@ async fn readyz(State(s): State<OpsState>) -> Response {
     }
 }
 
-/// Serves `router` on `listener` until `shutdown` resolves, then finishes in-flight requests.
-pub async fn serve_ops(
-    listener: TcpListener,
-    router: Router,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<()> {
-    axum::serve(listener, router)
-        .with_graceful_shutdown(shutdown)
-        .await
-}
-
-/// Binds `addr` (port 0 picks one) and serves the ops router in a task; returns the bound
-/// address and the task.
-pub async fn spawn_ops_server(
-    addr: SocketAddr,
-    registry: MetricsRegistry,
-    readiness: Readiness,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<(SocketAddr, JoinHandle<std::io::Result<()>>)> {
-    let listener = crate::bind_tcp(addr)?;
-    let local = listener.local_addr()?;
-    tracing::info!(addr = %local, "serving /metrics /healthz /readyz");
-    let task = tokio::spawn(serve_ops(
-        listener,
-        ops_router(registry, readiness),
-        shutdown,
-    ));
-    Ok((local, task))
-}
-
-/// [`spawn_ops_server`] when the service has an ops address (`--metrics-addr 0` leaves it
-/// `None`): the bound address and the task, or `None` with nothing served.
-pub async fn spawn_ops_server_if(
-    addr: Option<SocketAddr>,
-    registry: MetricsRegistry,
-    readiness: Readiness,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> std::io::Result<Option<(SocketAddr, JoinHandle<std::io::Result<()>>)>> {
-    match addr {
-        Some(addr) => spawn_ops_server(addr, registry, readiness, shutdown)
-            .await
-            .map(Some),
-        None => Ok(None),
-    }
-}
-
 /// The ops server of a service binary, started by [`OpsServer::start`] and stopped by
 /// [`OpsServer::stop`] after the service has drained, so `/metrics` stays readable to the
 /// end.
@@ -198,13 +150,28 @@ impl OpsServer {
         readiness: Readiness,
     ) -> std::io::Result<Self> {
         let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-        let shutdown = async move {
-            let _ = stopped.await;
+        let Some(addr) = addr else {
+            return Ok(Self {
+                addr: None,
+                stop,
+                task: None,
+            });
         };
-        let (addr, task) = spawn_ops_server_if(addr, registry, readiness, shutdown)
-            .await?
-            .unzip();
-        Ok(Self { addr, stop, task })
+        let listener = crate::bind_tcp(addr)?;
+        let local = listener.local_addr()?;
+        tracing::info!(addr = %local, "serving /metrics /healthz /readyz");
+        let task = tokio::spawn(async move {
+            axum::serve(listener, ops_router(registry, readiness))
+                .with_graceful_shutdown(async move {
+                    let _ = stopped.await;
+                })
+                .await
+        });
+        Ok(Self {
+            addr: Some(local),
+            stop,
+            task: Some(task),
+        })
     }
 
     /// The bound address, `None` when disabled.

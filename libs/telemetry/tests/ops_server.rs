@@ -2,10 +2,9 @@
 
 use std::net::SocketAddr;
 
-use bigfleet_telemetry::{MetricsRegistry, Readiness, spawn_ops_server};
+use bigfleet_telemetry::{MetricsRegistry, OpsServer, Readiness};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::oneshot;
 
 async fn http_get(addr: SocketAddr, path: &str) -> String {
     let mut s = TcpStream::connect(addr).await.unwrap();
@@ -21,17 +20,14 @@ async fn serves_probes_and_metrics_then_shuts_down() {
     let registry = MetricsRegistry::new();
     registry.int_gauge("up_things", "things").unwrap().set(4);
     let readiness = Readiness::not_ready("warming up");
-    let (stop_tx, stop_rx) = oneshot::channel::<()>();
-    let (addr, task) = spawn_ops_server(
-        "127.0.0.1:0".parse().unwrap(),
+    let server = OpsServer::start(
+        Some("127.0.0.1:0".parse().unwrap()),
         registry,
         readiness.clone(),
-        async {
-            let _ = stop_rx.await;
-        },
     )
     .await
     .unwrap();
+    let addr = server.addr().unwrap();
 
     assert!(http_get(addr, "/healthz").await.starts_with("HTTP/1.1 200"));
     let not_ready = http_get(addr, "/readyz").await;
@@ -41,8 +37,7 @@ async fn serves_probes_and_metrics_then_shuts_down() {
     assert!(http_get(addr, "/readyz").await.starts_with("HTTP/1.1 200"));
     assert!(http_get(addr, "/metrics").await.contains("up_things 4"));
 
-    stop_tx.send(()).unwrap();
-    task.await.unwrap().unwrap();
+    server.stop().await;
     assert!(
         TcpStream::connect(addr).await.is_err(),
         "listener must be closed"
