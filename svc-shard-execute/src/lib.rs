@@ -40,9 +40,6 @@ use bigfleet_identity::{PeerIdentity, TlsContext};
 use bigfleet_mesh::{GrpcMetrics, ServiceFlags};
 use bigfleet_shardlease::{EtcdConfig, EtcdShards, EtcdTls, WorkEndpointWatcher};
 use bigfleet_telemetry::{MetricsRegistry, Readiness};
-
-/// `/readyz`'s reason until a Work stream to decide is open.
-const NOT_STREAMING: &str = "no work stream to decide yet";
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
@@ -53,6 +50,9 @@ pub use links::{DecideLink, GatewayLink, GrpcDecide, GrpcGateway, GrpcProvider, 
 pub use metrics::ExecuteMetrics;
 pub use outcome::Outcome;
 pub use pool::{PoolConfig, run_pool};
+
+/// `/readyz`'s reason until a Work stream to decide is open.
+const NOT_STREAMING: &str = "no work stream to decide yet";
 
 /// Bound of one Transition call to decide (a local, fast service).
 pub(crate) const TRANSITION_TIMEOUT: Duration = Duration::from_secs(10);
@@ -296,8 +296,8 @@ enum DecideSource {
     Discovered(WorkEndpointWatcher),
 }
 
-/// Connects (lazily) and starts the pool. The Work stream is opened in the background and re-opened
-/// whenever it ends.
+/// Connects (lazily) and starts the pool. The Work stream is opened in the background and
+/// re-opened whenever it ends.
 pub async fn start(cfg: Config) -> Result<Running, StartError> {
     if let Some(tls) = &cfg.tls {
         match tls.own_identity()? {
