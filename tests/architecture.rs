@@ -548,6 +548,97 @@ fn sources_cite_adrs_not_outside_documents() {
     );
 }
 
+/// Where a crate's integration tests would stop linking as one binary (docs/testing.md):
+/// a file in `tests/` that its `tests/it.rs` does not name as a module (with
+/// `autotests = false` it would never compile, let alone run), an `it.rs` in a crate that
+/// still auto-discovers every file (each would run twice), or a second test file in a crate
+/// without an `it.rs`. `read` gives a tracked file's text.
+fn unlinked_test_files(paths: &[&str], read: impl Fn(&str) -> Option<String>) -> Vec<String> {
+    let mut dirs: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
+    for path in paths {
+        let Some((dir, file)) = path.rsplit_once('/') else {
+            continue;
+        };
+        let in_tests_root = dir == "tests" || dir.ends_with("/tests");
+        if let (true, Some(stem)) = (in_tests_root, file.strip_suffix(".rs")) {
+            dirs.entry(dir).or_default().push(stem);
+        }
+    }
+    let mut found = Vec::new();
+    for (dir, stems) in dirs {
+        let krate = dir.strip_suffix("tests").unwrap_or_default();
+        if !stems.contains(&"it") {
+            if stems.len() > 1 {
+                found.push(format!("{dir}: {} test files and no it.rs", stems.len()));
+            }
+            continue;
+        }
+        let manifest = read(&format!("{krate}Cargo.toml")).unwrap_or_default();
+        if !manifest.lines().any(|l| l.trim() == "autotests = false") {
+            found.push(format!(
+                "{krate}Cargo.toml: has {dir}/it.rs but not autotests = false"
+            ));
+        }
+        let root = read(&format!("{dir}/it.rs")).unwrap_or_default();
+        for stem in stems.iter().filter(|s| **s != "it") {
+            if !root.lines().any(|l| l.trim() == format!("mod {stem};")) {
+                found.push(format!("{dir}/{stem}.rs: not a module of {dir}/it.rs"));
+            }
+        }
+    }
+    found
+}
+
+#[test]
+fn every_test_file_is_a_module_of_its_crates_one_test_binary() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let files = tracked_files();
+    let paths: Vec<&str> = files.iter().map(String::as_str).collect();
+    let found = unlinked_test_files(&paths, |p| std::fs::read_to_string(root.join(p)).ok());
+    assert!(
+        found.is_empty(),
+        "test files outside the one binary: {found:?}"
+    );
+}
+
+#[test]
+fn the_test_binary_check_catches_a_forgotten_file() {
+    let files = HashMap::from([
+        ("a/Cargo.toml", "[package]\nautotests = false\n"),
+        ("a/tests/it.rs", "mod common;\n\nmod one;\n"),
+        ("b/Cargo.toml", "[package]\n"),
+        ("b/tests/it.rs", "mod one;\n"),
+        ("tests/it.rs", "mod one;\nmod two;\n"),
+        ("Cargo.toml", "autotests = false\n"),
+    ]);
+    let paths = [
+        "a/Cargo.toml",
+        "a/tests/it.rs",
+        "a/tests/one.rs",
+        "a/tests/forgotten.rs",
+        "a/tests/common/mod.rs",
+        "b/Cargo.toml",
+        "b/tests/it.rs",
+        "b/tests/one.rs",
+        "c/tests/one.rs",
+        "c/tests/two.rs",
+        "d/tests/only.rs",
+        "tests/it.rs",
+        "tests/one.rs",
+        "tests/two.rs",
+        "tests/e2e/main.rs",
+    ];
+    let got = unlinked_test_files(&paths, |p| files.get(p).map(|t| t.to_string()));
+    assert_eq!(
+        got,
+        [
+            "a/tests/forgotten.rs: not a module of a/tests/it.rs",
+            "b/Cargo.toml: has b/tests/it.rs but not autotests = false",
+            "c/tests: 2 test files and no it.rs",
+        ]
+    );
+}
+
 #[test]
 fn the_citation_check_catches_outside_documents() {
     let text = "/// Drain grace by priority gap (ref §6 table).\n\

@@ -20,7 +20,7 @@ use svc_inspect::doubles::{
 use svc_inspect::view::DomainView;
 use tonic::Code;
 
-mod common;
+use crate::common;
 
 struct Pki {
     dir: tempfile::TempDir,

@@ -4,7 +4,7 @@
 //! records; `--watch`, completions, `--help` examples and `--version` of the binary.
 //!
 //! Regenerate the goldens after a deliberate format change with
-//! `BIGFLEET_BLESS=1 cargo nextest run -p bigfleet --test cli_output` and review the diff.
+//! `BIGFLEET_BLESS=1 cargo nextest run -p bigfleet --test it cli_output::` and review the diff.
 
 use std::io::{BufRead, BufReader, Write};
 use std::path::PathBuf;
@@ -23,7 +23,7 @@ use svc_inspect::doubles::{
 };
 use svc_inspect::view::ShardView;
 
-mod common;
+use crate::common;
 
 const FORMATS: &[(&str, &[&str])] = &[
     ("table", &[]),

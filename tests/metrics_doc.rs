@@ -3,7 +3,7 @@
 //! * Every service's metrics are registered into one registry per service, exactly as its
 //!   `start` does (nothing is started), and the generated table in `docs/metrics.md` must list
 //!   exactly those families: name, type, labels, help and which services export them.
-//!   `BIGFLEET_BLESS=1 cargo test --test metrics_doc` rewrites the table (and the chart's
+//!   `BIGFLEET_BLESS=1 cargo test --test it metrics_doc` rewrites the table (and the chart's
 //!   copies of the kit) instead of failing.
 //! * One name, one meaning: a name registered by two services has the same type, labels and
 //!   help in both, and no `bigfleet_shard_*` name comes from two containers of the shard pod
@@ -272,7 +272,7 @@ fn docs_metrics_md_lists_exactly_what_the_services_register() {
         return;
     }
     panic!(
-        "docs/metrics.md is out of date with the code (BIGFLEET_BLESS=1 cargo test --test metrics_doc rewrites it):\n  {}",
+        "docs/metrics.md is out of date with the code (BIGFLEET_BLESS=1 cargo test --test it metrics_doc rewrites it):\n  {}",
         problems.join("\n  ")
     );
 }

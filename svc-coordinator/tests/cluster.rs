@@ -2,7 +2,7 @@
 //! leader failover, a follower restarted on new ports, a partitioned follower, and
 //! snapshot save → offline restore → a new cluster.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The coordinator's identity matrix under mTLS (`docs/security.md`, ADR-0100), against an
 //! in-process single-replica coordinator.
 
-mod common;
+use crate::common;
 
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::{self as pb};

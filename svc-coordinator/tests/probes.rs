@@ -2,7 +2,7 @@
 //! `bigfleet.v1alpha1.Coordinator` for leadership), HTTP /healthz and /readyz, and the
 //! coordinator metrics.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

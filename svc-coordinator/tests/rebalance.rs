@@ -3,7 +3,7 @@
 //! the transfer's instructions in protocol order (donor releases first, recipient adopts
 //! only after the donor's ack), across a restart of the leader mid-transfer.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

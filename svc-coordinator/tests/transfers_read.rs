@@ -2,7 +2,7 @@
 //! shows while a transfer runs and after it finishes (against the real binary, fed by two
 //! fake shards), and who may call it under mTLS (against an in-process replica).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

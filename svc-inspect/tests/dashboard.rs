@@ -2,7 +2,7 @@
 //! per-shard and per-cluster pages, escaping by the template library, the strict CSP, and
 //! — in headless Chromium — pages that update in place without a reload.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,6 +1,6 @@
 //! svc-inspect's gRPC surface against coordinator and shard doubles (plaintext).
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -2,7 +2,7 @@
 //! `ShardInfo.RecentActions` / `ShardInfo.ListMachines` out to every shard and merges
 //! them, on gRPC (`bigfleet.mesh.v1.Inspect`) and as JSON under `/api/v1`.
 
-mod common;
+use crate::common;
 
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::inspect_client::InspectClient;

@@ -1,6 +1,6 @@
 //! The JSON API and the dashboard pages over real HTTP, against doubles.
 
-mod common;
+use crate::common;
 
 use bigfleet_proto::v1alpha1 as pb;
 use common::{Harness, Options, get_json, http_get};

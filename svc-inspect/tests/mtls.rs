@@ -1,7 +1,7 @@
 //! Role gating under mTLS: readonly and admin read everything; shard and cluster
 //! certificates are refused; svc-inspect itself only ever reads from the coordinator.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 

@@ -2,7 +2,7 @@
 //! describes and calls; headless Chromium renders the dashboard. Each test skips with a
 //! notice when its tool's variable (see `.tools/env`) is unset.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::process::Command;

@@ -1,6 +1,6 @@
 //! Identity binding under mTLS: the Hello's cluster must be the certificate's.
 
-mod common;
+use crate::common;
 
 use bigfleet_identity::{TlsContext, TlsFiles};
 use bigfleet_proto::mesh::v1::outbox_client::OutboxClient;

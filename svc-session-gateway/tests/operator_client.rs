@@ -2,7 +2,7 @@
 //! over a Unix socket: roll-ups, demand changes, node updates, bootstrap, reclaim,
 //! reconnect after a gateway restart, and mTLS with a cluster certificate.
 
-mod common;
+use crate::common;
 
 use std::sync::atomic::Ordering;
 use std::time::Duration;

@@ -1,6 +1,6 @@
 //! The session protocol against a real gateway and a Decide double over a Unix socket.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::sync::atomic::Ordering;

@@ -2,7 +2,7 @@
 //! sockets, driven by the simulated operator: roll-ups reach the NeedsTable (seen through
 //! the proxied ShardRead) and decide's resync of the cluster's machines reaches the operator.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -3,7 +3,7 @@
 //! last-known-good demand; decide's own rejections (the shard-wide dimension bound) are
 //! counted under the reason decide names.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

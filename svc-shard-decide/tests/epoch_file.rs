@@ -6,7 +6,7 @@
 //! Actuation goes through the real worker pool (svc-shard-execute, in-process) against the
 //! fake provider with a fence log, the file of every token the provider accepted.
 
-mod fixtures;
+use crate::fixtures;
 
 use std::path::Path;
 use std::time::Duration;

@@ -5,7 +5,7 @@
 //! And one process through an etcd outage: a blip changes nothing, a freeze longer than
 //! the TTL pauses only the hand-out, and it resumes under a higher epoch.
 
-mod fixtures;
+use crate::fixtures;
 
 use std::time::{Duration, Instant};
 

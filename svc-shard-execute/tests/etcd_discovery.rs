@@ -2,7 +2,7 @@
 //! leader publishes in a real etcd, and follows it when another decide takes over — even
 //! while the old decide is still up and its stream healthy.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

@@ -1,7 +1,7 @@
 //! The worker over real gRPC: Decide and Gateway doubles and the in-repo fake
 //! provider on Unix sockets, the worker started in-process with [`start`].
 
-mod common;
+use crate::common;
 
 use std::collections::HashSet;
 use std::time::Duration;

@@ -3,7 +3,7 @@
 //! client span per provider RPC that the fake provider's server span continues.
 //! Own test binary because it installs the global tracing subscriber.
 
-mod common;
+use crate::common;
 
 use std::collections::HashMap;
 

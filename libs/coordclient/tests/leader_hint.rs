@@ -12,7 +12,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
-mod common;
+use crate::common;
 use common::{View, serve};
 
 /// A coordinator replica: a follower hints at `leader`, the leader answers

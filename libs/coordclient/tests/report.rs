@@ -11,7 +11,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tonic::{Request, Response, Status};
 
-mod common;
+use crate::common;
 use common::{View, serve};
 
 /// Answers ReportShard from a script and records every report.

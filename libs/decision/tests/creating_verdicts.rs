@@ -1,7 +1,7 @@
 //! In-flight Creating credit (ADR-0052 / ADR-0022), verdicts (ADR-0061),
 //! shortfall summing and the parking ledger, through whole cycles.
 
-mod common;
+use crate::common;
 use bigfleet_decision::{
     CycleInput, CycleOptions, ParkingLedger, UnmetReason, VerdictSource, parking_key,
 };

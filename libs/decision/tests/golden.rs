@@ -2,7 +2,7 @@
 //! every action instantly. Each run is rendered to text and compared with
 //! `tests/golden/<name>.txt`; `BIGFLEET_BLESS=1 cargo test` rewrites them.
 
-mod common;
+use crate::common;
 use bigfleet_decision::{
     CycleInput, CycleOptions, CycleOutput, ParkingLedger, UnmetReason, VerdictSource, run_cycle,
 };

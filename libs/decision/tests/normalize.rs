@@ -1,7 +1,7 @@
 //! NormalizeDemand (ADR-0041) scenarios: the original's published NormalizeDemand cases,
 //! each asserted on the engine's output.
 
-mod common;
+use crate::common;
 use bigfleet_decision::normalize_demand;
 use bigfleet_model::{MachineState::*, Need};
 use common::*;

@@ -1,7 +1,7 @@
 //! Owned domains (ADR-0128): the engine never names a machine another shard
 //! owns, while foreign machines still count as facts.
 
-mod common;
+use crate::common;
 use bigfleet_decision::{CycleInput, CycleOptions, CycleOutput, Ownership};
 use bigfleet_model::{ActionKind::*, CapacityType, Machine, MachineState::*, ZONE_KEY};
 use common::*;

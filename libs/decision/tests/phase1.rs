@@ -1,7 +1,7 @@
 //! Phase 1 scenarios: the original's published acquisition cases (ADR-0020's precedence
 //! order), each asserted on the engine's output.
 
-mod common;
+use crate::common;
 use bigfleet_model::{Action, ActionKind::*, MachineState::*, PenaltyBucket, WhenUnsatisfiable};
 use common::*;
 

@@ -1,7 +1,7 @@
 //! Phase 2 scenarios: the original's published preemption cases (victim scoring, grace,
 //! ADR-0024's spared machines), each asserted on the engine's output.
 
-mod common;
+use crate::common;
 use bigfleet_decision::UnmetReason;
 use bigfleet_model::{Action, ActionKind::*, Machine, MachineState::*, Need};
 use common::*;

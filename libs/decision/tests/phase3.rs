@@ -1,7 +1,7 @@
 //! Phase 3 scenarios: shrink-only reclaim, first-rollup gate, idle release
 //! (ADR-0023; the first-roll-up gate is the original's ADR-0036).
 
-mod common;
+use crate::common;
 use bigfleet_decision::{CycleInput, CycleOptions, RECLAIM_GRACE};
 use bigfleet_model::{Action, ActionKind::*, CapacityType, Machine, MachineState::*};
 use common::*;

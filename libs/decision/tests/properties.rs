@@ -1,6 +1,6 @@
 //! Invariants over random fleets and demand.
 
-mod common;
+use crate::common;
 use bigfleet_decision::{Claim, CycleInput, CycleOptions, CycleOutput, run_cycle};
 use bigfleet_model::{
     Action, ActionKind, CapacityType, INSTANCE_TYPE_KEY, Machine, MachineState, Need, Operator,

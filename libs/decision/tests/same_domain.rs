@@ -1,7 +1,7 @@
 //! Same-domain choice (ChooseSameBucket rules 1–6, ADR-0042/0051), incumbency
 //! (M77h) and the precedence outcomes of the reference broker, at engine level.
 
-mod common;
+use crate::common;
 use bigfleet_model::{ActionKind::*, Machine, MachineState::*, Need, PenaltyBucket};
 use common::*;
 

@@ -2,7 +2,7 @@
 //! not reach: supply in transit, Failed machines, and a need whose own claims
 //! are all the matching supply there is.
 
-mod common;
+use crate::common;
 use bigfleet_decision::UnmetReason;
 use bigfleet_model::MachineState::{self, *};
 use common::*;

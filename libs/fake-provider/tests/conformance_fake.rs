@@ -181,7 +181,7 @@ async fn suite_fails_against_a_provider_that_ignores_fencing() {
 }
 
 /// `BIGFLEET_PROVIDER_TARGET=unix:///run/p.sock cargo test -p bigfleet-fake-provider
-/// --test conformance_fake -- --ignored`
+/// --test it conformance_fake -- --ignored`
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 #[ignore = "needs BIGFLEET_PROVIDER_TARGET pointing at a running provider"]
 async fn suite_passes_against_external_provider() {

@@ -1,7 +1,7 @@
 //! The client stack against a real server: what is retried, how often, per-attempt timeouts,
 //! attempt hooks and client metrics.
 
-mod common;
+use crate::common;
 
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The mesh under mTLS: identities from role certificates, the authorization policy, the
 //! per-identity rate limit, and what happens to callers without a usable certificate.
 
-mod common;
+use crate::common;
 
 use std::path::Path;
 use std::sync::Arc;

@@ -1,7 +1,7 @@
 //! The server builder over TCP and a Unix socket: health, reflection (v1 and v1alpha),
 //! health flips, graceful shutdown and the drain deadline.
 
-mod common;
+use crate::common;
 
 use std::time::{Duration, Instant};
 

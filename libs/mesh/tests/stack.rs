@@ -1,7 +1,7 @@
 //! The server stack's rejections and limits, over real connections where possible and by
 //! calling the composed stack directly where a situation cannot be produced on the wire.
 
-mod common;
+use crate::common;
 
 use std::sync::Arc;
 use std::time::Duration;

@@ -1,7 +1,7 @@
 //! One trace across a call: the client stack injects the caller's span as `traceparent`
 //! and the server stack's span continues it. Own test binary: installs a global subscriber.
 
-mod common;
+use crate::common;
 
 use bigfleet_mesh::{ChannelConfig, ClientStackConfig, dial};
 use bigfleet_testkit::SpanCollector;

@@ -1,6 +1,5 @@
 //! Multi-process harness: replicas are the real `bigfleet-coordinator` binary on loopback;
 //! an optional TCP proxy in front of each replica's Raft port lets a test cut its traffic.
-#![allow(dead_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -1,5 +1,4 @@
 //! A small fleet of doubles (coordinator + shards) with svc-inspect in front of it.
-#![allow(dead_code)]
 
 pub mod cdp;
 

@@ -1,5 +1,4 @@
 //! A gateway and a Decide double over a Unix socket, plus a raw operator client.
-#![allow(dead_code)] // each test binary uses a different subset
 
 use std::net::SocketAddr;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! between terms — cycles, roll-ups and reads go on — and each term's items carry that
 //! term's epoch.
 
-mod common;
+use crate::common;
 
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;

@@ -4,7 +4,7 @@
 //! cluster that asked later. InspectNeeds shows that same arrival and orders
 //! rows by it.
 
-mod common;
+use crate::common;
 
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::v1alpha1 as pb;

@@ -1,7 +1,7 @@
 //! The cycle end to end against the fake provider over a Unix socket:
 //! reconcile, readiness, the first-roll-up gate, rails and the ledgers.
 
-mod common;
+use crate::common;
 
 use bigfleet_model::machine::{
     META_ASSIGNED_GROUP, META_ASSIGNED_INTERRUPTION_PENALTY, META_ASSIGNED_NEED_FINGERPRINT,

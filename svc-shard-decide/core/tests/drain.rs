@@ -3,7 +3,7 @@
 //! path with Phase 2's drain grace, and held back — not lost — by the reclaim
 //! budget. Simulated clock, in-process provider.
 
-mod common;
+use crate::common;
 
 use bigfleet_model::machine::{
     META_ASSIGNED_INTERRUPTION_PENALTY, META_ASSIGNED_PRIORITY, META_ASSIGNED_RECLAMATION_PENALTY,

@@ -2,7 +2,7 @@
 //! the Work stream, and `ShardInfo.RecentActions` / `ShardInfo.ListMachines` answering
 //! what actually happened.
 
-mod common;
+use crate::common;
 
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::shard_info_client::ShardInfoClient;

@@ -3,7 +3,7 @@
 //! effect on the next cycle, and a release is all-or-nothing and never races
 //! an action already decided.
 
-mod common;
+use crate::common;
 
 use bigfleet_model::ZONE_KEY;
 use bigfleet_proto::mesh::v1 as mesh;

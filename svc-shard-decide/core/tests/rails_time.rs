@@ -2,7 +2,7 @@
 //! provider: the reclaim budget under 1 s cycles plus roll-up wake-ups, the quarantine's
 //! quantity rule, and its baseline across a restart.
 
-mod common;
+use crate::common;
 
 use bigfleet_model::machine::{
     META_ASSIGNED_GROUP, META_ASSIGNED_INTERRUPTION_PENALTY, META_ASSIGNED_NEED_FINGERPRINT,

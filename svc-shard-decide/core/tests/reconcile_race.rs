@@ -2,7 +2,7 @@
 //! List is answered before the merge takes the inventory lock, and a worker's
 //! Done in between clears the in-flight mark the merge relies on.
 
-mod common;
+use crate::common;
 
 use bigfleet_model::MachineState;
 use bigfleet_proto::mesh::v1 as mesh;

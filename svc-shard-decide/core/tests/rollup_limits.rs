@@ -2,7 +2,7 @@
 //! with its fixed reason in the status metadata, counted by that reason, and the cluster's
 //! previous demand stays in force.
 
-mod common;
+use crate::common;
 
 use bigfleet_conv::{REJECT_REASON_METADATA, RollupLimits};
 use bigfleet_proto::v1alpha1 as pb;

@@ -1,7 +1,7 @@
 //! The Decide gRPC API end to end: the Work stream, Transition, session
 //! events and hints, and ShardRead.InspectNeeds.
 
-mod common;
+use crate::common;
 
 use bigfleet_fake_provider::ListFault;
 use bigfleet_model::MachineState;

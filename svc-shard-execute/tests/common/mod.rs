@@ -1,8 +1,6 @@
 //! A shard around the worker: the Decide and Gateway doubles and the real
 //! fake provider, each on a Unix socket in a temp dir.
 
-#![allow(dead_code)]
-
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -20,7 +18,6 @@ use tempfile::TempDir;
 
 pub const SHARD: &str = "shard-a";
 pub const EPOCH: i64 = 3;
-pub const FP: &str = svc_shard_execute::doubles::fixtures::NEED_FINGERPRINT;
 /// How long any test waits for the worker.
 pub const WAIT: Duration = Duration::from_secs(10);
 

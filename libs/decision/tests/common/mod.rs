@@ -1,5 +1,4 @@
 //! Builders shared by the engine's integration tests.
-#![allow(dead_code)]
 
 use bigfleet_decision::{CycleInput, CycleOptions, CycleOutput, run_cycle};
 use bigfleet_model::{

@@ -1,6 +1,5 @@
 //! A hand-written `test.v1.Echo` service (no proto crate needed) and helpers shared by the
 //! mesh integration tests.
-#![allow(dead_code)]
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -1,6 +1,5 @@
 //! Shared fixtures: the fake capacity provider served over a Unix socket, and a decide
 //! instance serving its gRPC API on another one.
-#![allow(dead_code)]
 
 use bigfleet_fake_provider::{FakeProvider, ListFault, ProviderConfig, ServerHandle, spawn_uds};
 use bigfleet_mesh::BareServer;
@@ -72,7 +71,8 @@ pub fn rollup(cluster: &str, needs: Vec<pb::CapacityNeed>) -> mesh::ApplyRollupR
 }
 
 pub struct Harness {
-    pub dir: tempfile::TempDir,
+    /// Holds the sockets' temp dir for as long as the harness lives.
+    _dir: tempfile::TempDir,
     pub provider: Arc<FakeProvider>,
     pub decide: Decide,
     pub events: svc_shard_decide_core::Events,
@@ -127,7 +127,7 @@ impl Harness {
             UnixListenerStream::new(listener),
         );
         Harness {
-            dir,
+            _dir: dir,
             provider,
             decide,
             events,

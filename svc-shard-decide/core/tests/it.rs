@@ -1,0 +1,17 @@
+//! One test binary for this crate: each file beside this one is a module of it, so
+//! the crate's integration tests link once instead of once per file (disk, link time).
+//! nextest still runs every test in its own process.
+
+mod common;
+
+mod actuation;
+mod arrival_order;
+mod cycle;
+mod drain;
+mod history;
+mod ownership;
+mod rails_time;
+mod reconcile_race;
+mod rollup_limits;
+mod static_stability;
+mod work;
