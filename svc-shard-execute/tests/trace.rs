@@ -1,7 +1,8 @@
 //! Trace context: a work item's span is a child of the context decide put on
 //! the item, and that trace continues into the calls the worker makes, including a
 //! client span per provider RPC that the fake provider's server span continues.
-//! Own test binary because it installs the global tracing subscriber.
+//! It installs the global tracing subscriber, which is safe because nextest gives every
+//! test a process of its own (docs/testing.md).
 
 use crate::common;
 

@@ -1,7 +1,7 @@
 //! The stop signal of processes that stop alike on SIGTERM and SIGINT.
 //!
-//! Its own test binary: it sends SIGTERM to this process, which only the
-//! handler under test keeps alive.
+//! It sends SIGTERM to its own process, which only the handler under test keeps alive:
+//! nextest gives every test a process of its own (docs/testing.md).
 
 use std::process::Command;
 use std::time::Duration;

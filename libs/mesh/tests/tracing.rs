@@ -1,5 +1,6 @@
 //! One trace across a call: the client stack injects the caller's span as `traceparent`
-//! and the server stack's span continues it. Own test binary: installs a global subscriber.
+//! and the server stack's span continues it. It installs the global subscriber, which is safe
+//! because nextest gives every test a process of its own (docs/testing.md).
 
 use crate::common;
 

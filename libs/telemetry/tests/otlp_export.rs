@@ -1,5 +1,6 @@
 //! With OTEL_EXPORTER_OTLP_ENDPOINT configured, spans reach an OTLP/gRPC collector and keep
-//! the remote parent's trace id. Its own test binary: it installs the global subscriber.
+//! the remote parent's trace id. It installs the global subscriber, which is safe because
+//! nextest gives every test a process of its own (docs/testing.md).
 
 use std::net::SocketAddr;
 use std::sync::{Arc, Mutex};
