@@ -26,24 +26,30 @@ fn env_dir() -> PathBuf {
 
 /// Reruns this script when HEAD moves, the branch it names moves, or the index changes
 /// (a commit, `git add`), without rescanning the whole tree on every build.
+///
+/// Only files that exist are watched: cargo treats a watched path that is missing as
+/// changed, so watching `packed-refs` in a repository without one (or a loose branch ref
+/// that `git gc` has packed) rebuilt this package on every cargo command. When a ref
+/// moves between the two places, the loose file appears or vanishes, which reruns this.
 fn watch(git_dir: &Path, common_dir: &Path) {
-    println!("cargo::rerun-if-changed={}", git_dir.join("HEAD").display());
-    println!(
-        "cargo::rerun-if-changed={}",
-        git_dir.join("index").display()
-    );
-    println!(
-        "cargo::rerun-if-changed={}",
-        common_dir.join("packed-refs").display()
-    );
+    let mut paths = vec![
+        git_dir.join("HEAD"),
+        git_dir.join("index"),
+        common_dir.join("packed-refs"),
+    ];
     if let Some(head_ref) = git(&["rev-parse", "--symbolic-full-name", "HEAD"])
         && head_ref.starts_with("refs/")
     {
-        println!(
-            "cargo::rerun-if-changed={}",
-            common_dir.join(head_ref).display()
-        );
+        paths.push(common_dir.join(head_ref));
     }
+    for path in watched(paths) {
+        println!("cargo::rerun-if-changed={}", path.display());
+    }
+}
+
+/// The paths of `candidates` that exist (see [`watch`]).
+fn watched(candidates: Vec<PathBuf>) -> Vec<PathBuf> {
+    candidates.into_iter().filter(|p| p.exists()).collect()
 }
 
 fn absolute(p: String) -> PathBuf {

@@ -639,6 +639,73 @@ fn the_test_binary_check_catches_a_forgotten_file() {
     );
 }
 
+/// The newest output of this package's build script (`build.rs`, the `--version` stamp)
+/// in the target dir the test binaries were built into.
+fn newest_stamp_output() -> Option<(std::path::PathBuf, String)> {
+    let bin = Path::new(env!("CARGO_BIN_EXE_bigfleet"));
+    let build = bin.parent()?.join("build");
+    std::fs::read_dir(build)
+        .ok()?
+        .flatten()
+        .filter(|e| {
+            // `bigfleet-<hash>`, not `bigfleet-proto-<hash>` and the like.
+            let name = e.file_name().to_string_lossy().into_owned();
+            name.strip_prefix("bigfleet-")
+                .is_some_and(|h| h.bytes().all(|b| b.is_ascii_hexdigit()))
+        })
+        .filter_map(|e| {
+            let path = e.path().join("output");
+            let text = std::fs::read_to_string(&path).ok()?;
+            let modified = std::fs::metadata(&path).ok()?.modified().ok()?;
+            text.contains("BIGFLEET_GIT_SHA")
+                .then_some((modified, path, text))
+        })
+        .max_by_key(|(modified, ..)| *modified)
+        .map(|(_, path, text)| (path, text))
+}
+
+/// Paths a build script told cargo to watch that do not exist. Cargo counts a missing
+/// watched path as changed, so each one reruns the script, and rebuilds the package and
+/// everything after it, on every cargo command.
+fn missing_watched_paths(output: &str, manifest_dir: &Path) -> Vec<String> {
+    output
+        .lines()
+        .filter_map(|l| {
+            l.strip_prefix("cargo::rerun-if-changed=")
+                .or_else(|| l.strip_prefix("cargo:rerun-if-changed="))
+        })
+        .filter(|p| !manifest_dir.join(p).exists())
+        .map(str::to_owned)
+        .collect()
+}
+
+#[test]
+fn the_version_stamp_does_not_rebuild_the_cli_on_every_command() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let (path, output) =
+        newest_stamp_output().expect("the bigfleet build script's output in the target dir");
+    let missing = missing_watched_paths(&output, root);
+    assert!(
+        missing.is_empty(),
+        "{} watches paths that do not exist, so every cargo command rebuilds the CLI: {missing:?}",
+        path.display()
+    );
+}
+
+#[test]
+fn the_watch_check_catches_a_missing_path() {
+    let root = Path::new(env!("CARGO_MANIFEST_DIR"));
+    let output = "cargo::rerun-if-changed=build.rs\n\
+                  cargo::rerun-if-changed=src\n\
+                  cargo::rerun-if-changed=.git/no-such-file\n\
+                  cargo:rerun-if-changed=no-such-dir\n\
+                  cargo::rustc-env=BIGFLEET_GIT_SHA=abc\n";
+    assert_eq!(
+        missing_watched_paths(output, root),
+        [".git/no-such-file", "no-such-dir"]
+    );
+}
+
 #[test]
 fn the_citation_check_catches_outside_documents() {
     let text = "/// Drain grace by priority gap (ref §6 table).\n\
