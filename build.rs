@@ -8,8 +8,12 @@
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
+/// Runs git without optional locks: a plain `git status` refreshes the index on disk, and
+/// the index is a watched file, so the stamp would invalidate itself and the next cargo
+/// command would rebuild the CLI once more.
 fn git(args: &[&str]) -> Option<String> {
     let out = Command::new("git")
+        .arg("--no-optional-locks")
         .args(args)
         .current_dir(env_dir())
         .output()
@@ -35,6 +39,8 @@ fn watch(git_dir: &Path, common_dir: &Path) {
     let mut paths = vec![
         git_dir.join("HEAD"),
         git_dir.join("index"),
+        // The reflog grows on every commit, checkout and reset, wherever the ref lives.
+        git_dir.join("logs").join("HEAD"),
         common_dir.join("packed-refs"),
     ];
     if let Some(head_ref) = git(&["rev-parse", "--symbolic-full-name", "HEAD"])
