@@ -48,14 +48,9 @@ fn watch(git_dir: &Path, common_dir: &Path) {
     {
         paths.push(common_dir.join(head_ref));
     }
-    for path in watched(paths) {
+    for path in paths.iter().filter(|p| p.exists()) {
         println!("cargo::rerun-if-changed={}", path.display());
     }
-}
-
-/// The paths of `candidates` that exist (see [`watch`]).
-fn watched(candidates: Vec<PathBuf>) -> Vec<PathBuf> {
-    candidates.into_iter().filter(|p| p.exists()).collect()
 }
 
 fn absolute(p: String) -> PathBuf {
