@@ -4,7 +4,8 @@
 use std::path::PathBuf;
 use std::time::Duration;
 
-use svc_inspect::coordinator::{CoordinatorError, code_name, leader_hint};
+use bigfleet_mesh::leader_hint;
+use svc_inspect::coordinator::{CoordinatorError, code_name};
 use tonic::{Code, Status};
 
 /// A failed call to the coordinator or to svc-inspect.

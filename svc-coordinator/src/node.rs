@@ -32,7 +32,6 @@ use crate::replica::{JOIN_API_ADDR_KEY, Replica};
 use crate::service::CoordinatorService;
 use crate::soft::SoftState;
 use crate::store::Store;
-use bigfleet_mesh::LEADER_HINT_METADATA;
 
 /// Leader heartbeat. Elections must not fire on a 2-replica machine whose scheduler stalls a
 /// task for tens of milliseconds, so the heartbeat sits well below the election window.
@@ -582,12 +581,9 @@ async fn join_once(
     }
     match client.join_raft_cluster(req).await {
         Ok(_) => Ok(()),
-        Err(s) if s.code() == Code::FailedPrecondition => Err(JoinFailure::NotLeader(
-            s.metadata()
-                .get(LEADER_HINT_METADATA)
-                .and_then(|v| v.to_str().ok())
-                .map(str::to_owned),
-        )),
+        Err(s) if s.code() == Code::FailedPrecondition => {
+            Err(JoinFailure::NotLeader(bigfleet_mesh::leader_hint(&s)))
+        }
         Err(s) => Err(JoinFailure::Other(format!("{}: {}", s.code(), s.message()))),
     }
 }

@@ -258,7 +258,7 @@ impl Replica {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use bigfleet_mesh::LEADER_HINT_METADATA;
+    use bigfleet_mesh::leader_hint;
     use tonic::Code;
 
     #[test]
@@ -268,18 +268,13 @@ mod tests {
                 leader_api_addr: leader_api_addr.map(str::to_owned),
             })
         };
-        let hint = |s: &Status| {
-            s.metadata()
-                .get(LEADER_HINT_METADATA)
-                .map(|v| v.to_str().unwrap().to_owned())
-        };
         let s = not_leader(Some("10.0.0.2:7790"));
         assert_eq!(
             (s.code(), s.message()),
             (Code::FailedPrecondition, "coordinator: not leader")
         );
-        assert_eq!(hint(&s).as_deref(), Some("10.0.0.2:7790"));
-        assert_eq!(hint(&not_leader(None)), None);
+        assert_eq!(leader_hint(&s).as_deref(), Some("10.0.0.2:7790"));
+        assert_eq!(leader_hint(&not_leader(None)), None);
     }
 
     #[test]

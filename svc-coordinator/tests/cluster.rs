@@ -6,7 +6,7 @@ use crate::common;
 
 use std::time::{Duration, Instant};
 
-use bigfleet_mesh::LEADER_HINT_METADATA;
+use bigfleet_mesh::leader_hint;
 use bigfleet_proto::v1alpha1::{self as pb, snapshot_save_chunk};
 use bigfleet_testkit::wait_until;
 use common::*;
@@ -52,14 +52,7 @@ async fn bootstrap_commit_failover_and_rejoin_on_new_ports() {
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition);
     assert_eq!(err.message(), "coordinator: not leader");
-    assert_eq!(
-        err.metadata()
-            .get(LEADER_HINT_METADATA)
-            .unwrap()
-            .to_str()
-            .unwrap(),
-        leader_addr
-    );
+    assert_eq!(leader_hint(&err), Some(leader_addr.clone()));
 
     // Writes: three shards self-register through ReportShard, then domains are pinned.
     let mut lc = client(&leader_addr).await.unwrap();

@@ -2,23 +2,20 @@
 //!
 //! Every coordinator RPC is served by the Raft leader only; a follower answers
 //! FAILED_PRECONDITION "not leader" and names the leader's client address in the
-//! [`LEADER_HINT_METADATA`] metadata entry. This client retries such a call once against the
+//! [`bigfleet_mesh::LEADER_HINT_METADATA`] metadata entry (read with [`leader_hint`]). This client retries such a call once against the
 //! hinted leader and keeps talking to it afterwards, so a Kubernetes Service that lands on a
 //! follower costs one extra round trip, not an error. svc-inspect and the `bigfleet` CLI
 //! (reads and admin commands) share it.
 
 use std::time::Duration;
 
-use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshChannel, RetryPolicy};
+use bigfleet_mesh::{ChannelConfig, ClientStackConfig, MeshChannel, RetryPolicy, leader_hint};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::coordinator_info_client::CoordinatorInfoClient as InfoClient;
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient as RawClient;
 use parking_lot::Mutex;
 use tonic::{Code, Status};
-
-/// Metadata key in which a follower names the leader's client address (`host:port`).
-pub use bigfleet_mesh::LEADER_HINT_METADATA;
 
 /// Which RPC failed, for error messages that tell people what to do.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -105,20 +102,6 @@ pub fn code_name(code: Code) -> String {
             s.extend(c.to_lowercase());
             s
         })
-}
-
-/// The leader hint of a "not leader" answer, if the status is one and carries a hint.
-pub fn leader_hint(status: &Status) -> Option<String> {
-    if status.code() != Code::FailedPrecondition || !status.message().contains("not leader") {
-        return None;
-    }
-    status
-        .metadata()
-        .get(LEADER_HINT_METADATA)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned)
 }
 
 /// How to reach the coordinator.
@@ -422,38 +405,6 @@ fn with_scheme_of(current: &str, hint: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use tonic::metadata::MetadataValue;
-
-    fn not_leader(hint: Option<&str>) -> Status {
-        let mut s = Status::failed_precondition("coordinator: not leader");
-        if let Some(h) = hint {
-            s.metadata_mut()
-                .insert(LEADER_HINT_METADATA, MetadataValue::try_from(h).unwrap());
-        }
-        s
-    }
-
-    #[test]
-    fn leader_hints_are_read_only_from_not_leader_answers() {
-        assert_eq!(
-            leader_hint(&not_leader(Some("10.0.0.2:7790"))).as_deref(),
-            Some("10.0.0.2:7790")
-        );
-        assert_eq!(leader_hint(&not_leader(None)), None);
-        assert_eq!(leader_hint(&not_leader(Some("  "))), None);
-        let mut other = Status::failed_precondition("stale fencing token");
-        other.metadata_mut().insert(
-            LEADER_HINT_METADATA,
-            MetadataValue::try_from("x:1").unwrap(),
-        );
-        assert_eq!(leader_hint(&other), None, "fencing is not a leader problem");
-        let mut unavailable = Status::unavailable("not leader");
-        unavailable.metadata_mut().insert(
-            LEADER_HINT_METADATA,
-            MetadataValue::try_from("x:1").unwrap(),
-        );
-        assert_eq!(leader_hint(&unavailable), None);
-    }
 
     #[test]
     fn hints_keep_the_scheme_the_user_chose() {

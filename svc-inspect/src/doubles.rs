@@ -1,14 +1,18 @@
 //! In-process doubles of the coordinator and of a shard's read services, with canned data,
-//! for svc-inspect's tests and the `bigfleet` CLI's tests (feature `doubles`). They serve
+//! for svc-inspect's tests, the `bigfleet` CLI's tests and the coordinator client's tests
+//! (feature `doubles`): the one double of each of these contracts. They serve
 //! through the real mesh server, so mTLS and the ADR-0060 identity matrix apply exactly as
 //! the policies below say.
 
+use std::collections::VecDeque;
 use std::net::SocketAddr;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
-use bigfleet_mesh::{AuthzPolicy, MeshServer, Role, RunningServer, ServerError, ServerStackConfig};
+use bigfleet_mesh::{
+    AuthzPolicy, MeshServer, Role, RunningServer, ServerError, ServerStackConfig, not_leader_status,
+};
 use bigfleet_proto::mesh::v1 as mesh;
 use bigfleet_proto::mesh::v1::coordinator_info_server::{CoordinatorInfo, CoordinatorInfoServer};
 use bigfleet_proto::mesh::v1::shard_info_server::{ShardInfo, ShardInfoServer};
@@ -18,10 +22,7 @@ use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServe
 use bigfleet_proto::v1alpha1::shard_read_server::{ShardRead, ShardReadServer};
 use futures::Stream;
 use parking_lot::{Mutex, MutexGuard};
-use tonic::metadata::MetadataValue;
 use tonic::{Request, Response, Status};
-
-use bigfleet_mesh::LEADER_HINT_METADATA;
 
 use crate::grpc::{NeedsStream, READERS, needs_stream};
 
@@ -75,6 +76,11 @@ pub struct CoordinatorState {
     pub calls: Vec<String>,
     /// What `CoordinatorInfo/ListTransfers` answers (before its shard filter).
     pub transfers: mesh::ListTransfersResponse,
+    /// Every `ShardReport` that reached the handler, those refused as a follower included.
+    pub received_reports: Vec<pb::ShardReport>,
+    /// How ReportShard answers, one entry a report, in order; when empty it acknowledges
+    /// with no instructions (term 0).
+    pub report_answers: VecDeque<Result<pb::ReportAck, Status>>,
 }
 
 /// A coordinator with canned, mutable state.
@@ -96,15 +102,15 @@ impl CoordinatorDouble {
 
     /// Records the call and applies the leader-only rule.
     fn enter(&self, rpc: &str) -> Result<MutexGuard<'_, CoordinatorState>, Status> {
-        let mut st = self.state.lock();
+        Self::admit(self.state.lock(), rpc)
+    }
+
+    fn admit<'a>(
+        mut st: MutexGuard<'a, CoordinatorState>,
+        rpc: &str,
+    ) -> Result<MutexGuard<'a, CoordinatorState>, Status> {
         if let Some(leader) = &st.follower_of {
-            let mut status = Status::failed_precondition("coordinator: not leader");
-            if let Ok(v) = MetadataValue::try_from(leader.as_str())
-                && !leader.is_empty()
-            {
-                status.metadata_mut().insert(LEADER_HINT_METADATA, v);
-            }
-            return Err(status);
+            return Err(not_leader_status("coordinator: not leader", Some(leader)));
         }
         st.calls.push(rpc.to_owned());
         Ok(st)
@@ -167,9 +173,20 @@ type SnapshotStream = Pin<Box<dyn Stream<Item = Result<pb::SnapshotSaveChunk, St
 impl Coordinator for CoordinatorDouble {
     async fn report_shard(
         &self,
-        _: Request<pb::ShardReport>,
+        request: Request<pb::ShardReport>,
     ) -> Result<Response<pb::ReportAck>, Status> {
-        self.unimplemented("ReportShard", "the double takes no reports")
+        let mut st = self.state.lock();
+        st.received_reports.push(request.into_inner());
+        let mut st = Self::admit(st, "ReportShard")?;
+        st.report_answers
+            .pop_front()
+            .unwrap_or_else(|| {
+                Ok(pb::ReportAck {
+                    acknowledged: true,
+                    ..Default::default()
+                })
+            })
+            .map(Response::new)
     }
 
     async fn assign_domain(

@@ -14,8 +14,8 @@ use svc_inspect::doubles::{
     CoordinatorDouble, CoordinatorState, ShardDouble, need, registry_entry,
 };
 use svc_inspect::grpc::{COORDINATOR_ERROR_METADATA_KEY, UNREACHABLE_SHARDS_METADATA_KEY};
-use tonic::Code;
 use tonic::transport::Channel;
+use tonic::{Code, Status};
 
 async fn client(h: &Harness) -> ShardReadClient<Channel> {
     ShardReadClient::connect(h.grpc_uri()).await.unwrap()
@@ -418,9 +418,6 @@ async fn the_coordinator_double_records_then_refuses_what_it_does_not_serve() {
         .await
         .unwrap();
     let refused = [
-        c.report_shard(pb::ShardReport::default())
-            .await
-            .unwrap_err(),
         c.join_raft_cluster(pb::JoinRaftClusterRequest::default())
             .await
             .unwrap_err(),
@@ -432,7 +429,6 @@ async fn the_coordinator_double_records_then_refuses_what_it_does_not_serve() {
             .unwrap_err(),
     ];
     for (status, why) in refused.iter().zip([
-        "the double takes no reports",
         "the double has no raft group",
         "removed in the current revision",
         "removed in the current revision",
@@ -442,12 +438,7 @@ async fn the_coordinator_double_records_then_refuses_what_it_does_not_serve() {
     }
     assert_eq!(
         double.state().calls,
-        [
-            "ReportShard",
-            "JoinRaftCluster",
-            "ListQuotas",
-            "ListProviders"
-        ]
+        ["JoinRaftCluster", "ListQuotas", "ListProviders"]
     );
 
     // A follower refuses them as it refuses everything, before recording.
@@ -457,6 +448,62 @@ async fn the_coordinator_double_records_then_refuses_what_it_does_not_serve() {
         .await
         .unwrap_err();
     assert_eq!(err.code(), Code::FailedPrecondition, "{err:?}");
-    assert_eq!(double.state().calls.len(), 4);
+    assert_eq!(
+        bigfleet_mesh::leader_hint(&err),
+        None,
+        "an empty hint is none"
+    );
+    assert_eq!(double.state().calls.len(), 3);
+    server.shutdown().await.unwrap();
+}
+
+#[tokio::test]
+async fn the_coordinator_double_answers_reports_from_its_script() {
+    use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
+    let double = CoordinatorDouble::default();
+    double.state().report_answers.extend([
+        Ok(pb::ReportAck {
+            coordinator_term: 5,
+            acknowledged: true,
+            instructions: vec![],
+        }),
+        Err(Status::unavailable("stepping down")),
+    ]);
+    let server = double.serve(None).await.unwrap();
+    let mut c = CoordinatorClient::connect(format!("http://{}", server.tcp_addr().unwrap()))
+        .await
+        .unwrap();
+    let report = |shard: &str| pb::ShardReport {
+        shard_id: shard.into(),
+        ..Default::default()
+    };
+
+    let first = c.report_shard(report("s-1")).await.unwrap().into_inner();
+    assert_eq!((first.coordinator_term, first.acknowledged), (5, true));
+    let second = c.report_shard(report("s-2")).await.unwrap_err();
+    assert_eq!(
+        (second.code(), second.message()),
+        (Code::Unavailable, "stepping down")
+    );
+    // The script is spent: a plain acknowledgement.
+    let third = c.report_shard(report("s-3")).await.unwrap().into_inner();
+    assert_eq!((third.coordinator_term, third.acknowledged), (0, true));
+
+    // A follower refuses reports with the leader's address, and still records them.
+    double.state().follower_of = Some("10.0.0.9:7790".into());
+    let refused = c.report_shard(report("s-4")).await.unwrap_err();
+    assert_eq!(
+        bigfleet_mesh::leader_hint(&refused).as_deref(),
+        Some("10.0.0.9:7790")
+    );
+    let st = double.state();
+    let shards: Vec<&str> = st
+        .received_reports
+        .iter()
+        .map(|r| r.shard_id.as_str())
+        .collect();
+    assert_eq!(shards, ["s-1", "s-2", "s-3", "s-4"]);
+    assert_eq!(st.calls, ["ReportShard", "ReportShard", "ReportShard"]);
+    drop(st);
     server.shutdown().await.unwrap();
 }

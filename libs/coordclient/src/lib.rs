@@ -33,7 +33,7 @@
 //! leader at once and keeps reporting there until it fails, then starts again
 //! from the configured address — never stuck on a follower until a restart.
 
-use bigfleet_mesh::MeshChannel;
+use bigfleet_mesh::{MeshChannel, leader_hint};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_client::CoordinatorClient;
 use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
@@ -182,23 +182,6 @@ pub struct CoordClient<V: ShardView> {
     leader: Mutex<Option<(String, CoordinatorClient<MeshChannel>)>>,
     redial: Option<Redial>,
     state: Mutex<State>,
-}
-
-/// The leader address a follower's `NotLeader` answer names, if any: the
-/// mesh's FAILED_PRECONDITION "not leader" with the hint in
-/// `bigfleet_mesh::LEADER_HINT_METADATA`.
-pub fn leader_hint(status: &tonic::Status) -> Option<String> {
-    if status.code() != tonic::Code::FailedPrecondition || !status.message().contains("not leader")
-    {
-        return None;
-    }
-    status
-        .metadata()
-        .get(bigfleet_mesh::LEADER_HINT_METADATA)
-        .and_then(|v| v.to_str().ok())
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .map(str::to_owned)
 }
 
 fn ack(id: &str, outcome: Outcome, reason: &str) -> pb::InstructAck {

@@ -3,59 +3,38 @@
 //! and keeps reporting there, and falls back to its configured address when
 //! the hinted leader stops answering.
 
-use bigfleet_coordclient::{ClientConfig, CoordClient, Redial, leader_hint};
+use bigfleet_coordclient::{ClientConfig, CoordClient, Redial};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
-use bigfleet_proto::v1alpha1::coordinator_server::Coordinator;
 use parking_lot::Mutex;
 use std::sync::Arc;
 use std::time::Duration;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::common;
-use common::{View, serve};
+use common::{CoordinatorDouble, RunningServer, View, serve};
 
-/// A coordinator replica: a follower hints at `leader`, the leader answers
-/// (or fails with UNAVAILABLE while `down`).
-#[derive(Clone, Default)]
-struct Replica {
-    leader: Arc<Mutex<Option<String>>>,
-    down: Arc<Mutex<bool>>,
-    reports: Arc<Mutex<u32>>,
-}
-
-fn not_leader(hint: &str) -> Status {
-    let mut s = Status::failed_precondition("not leader: this replica is a follower");
-    s.metadata_mut()
-        .insert(bigfleet_mesh::LEADER_HINT_METADATA, hint.parse().unwrap());
-    s
-}
-
-common::coordinator_reporting_to!(Replica);
-
-impl Replica {
-    async fn report(&self, _: Request<pb::ShardReport>) -> Result<Response<pb::ReportAck>, Status> {
-        *self.reports.lock() += 1;
-        if let Some(hint) = self.leader.lock().clone() {
-            return Err(not_leader(&hint));
-        }
-        if *self.down.lock() {
-            return Err(Status::unavailable("stepping down"));
-        }
-        Ok(Response::new(pb::ReportAck {
+/// What the leader answers: term 2 and one domain instruction (the same one each time, so
+/// a second leader's answer is a redelivery).
+fn assign_ack() -> Result<pb::ReportAck, Status> {
+    Ok(pb::ReportAck {
+        coordinator_term: 2,
+        acknowledged: true,
+        instructions: vec![pb::CoordinatorInstruction {
             coordinator_term: 2,
-            acknowledged: true,
-            instructions: vec![pb::CoordinatorInstruction {
-                coordinator_term: 2,
-                sequence_number: 1,
-                instruction_id: "assign-1".into(),
-                payload: Some(Payload::AssignDomain(pb::AssignDomain {
-                    topology_key: "rack".into(),
-                    topology_value: "r1".into(),
-                })),
-            }],
-        }))
-    }
+            sequence_number: 1,
+            instruction_id: "assign-1".into(),
+            payload: Some(Payload::AssignDomain(pb::AssignDomain {
+                topology_key: "rack".into(),
+                topology_value: "r1".into(),
+            })),
+        }],
+    })
+}
+
+/// How many reports reached `replica`, refused ones included.
+fn reports(replica: &CoordinatorDouble) -> usize {
+    replica.state().received_reports.len()
 }
 
 fn channel(addr: &str) -> Result<bigfleet_mesh::MeshChannel, String> {
@@ -89,19 +68,43 @@ fn client(home: &str, view: Arc<View>, dialled: Arc<Mutex<Vec<String>>>) -> Coor
     .with_redial(redial)
 }
 
-/// A leader replica and a follower hinting at it, both served, with their addresses.
-async fn leader_and_follower() -> (Replica, String, Replica, String) {
-    let leader = Replica::default();
-    let leader_addr = serve(leader.clone()).await.to_string();
-    let follower = Replica::default();
-    *follower.leader.lock() = Some(leader_addr.clone());
-    let follower_addr = serve(follower.clone()).await.to_string();
-    (leader, leader_addr, follower, follower_addr)
+/// A replica answering with `leader_answers` and a follower hinting at it, both served: each
+/// replica, its address and its server.
+struct Replicas {
+    leader: CoordinatorDouble,
+    leader_addr: String,
+    follower: CoordinatorDouble,
+    follower_addr: String,
+    _servers: [RunningServer; 2],
+}
+
+async fn leader_and_follower(
+    leader_answers: impl IntoIterator<Item = Result<pb::ReportAck, Status>>,
+) -> Replicas {
+    let leader = CoordinatorDouble::default();
+    leader.state().report_answers.extend(leader_answers);
+    let (leader_addr, leader_server) = serve(&leader).await;
+    let follower = CoordinatorDouble::default();
+    follower.state().follower_of = Some(leader_addr.to_string());
+    let (follower_addr, follower_server) = serve(&follower).await;
+    Replicas {
+        leader,
+        leader_addr: leader_addr.to_string(),
+        follower,
+        follower_addr: follower_addr.to_string(),
+        _servers: [leader_server, follower_server],
+    }
 }
 
 #[tokio::test]
 async fn a_follower_hint_is_followed_at_once_and_kept() {
-    let (leader, leader_addr, follower, follower_addr) = leader_and_follower().await;
+    let Replicas {
+        leader,
+        leader_addr,
+        follower,
+        follower_addr,
+        ..
+    } = leader_and_follower([assign_ack(), assign_ack()]).await;
 
     let view = Arc::new(View::default());
     let dialled = Arc::new(Mutex::new(Vec::new()));
@@ -111,7 +114,7 @@ async fn a_follower_hint_is_followed_at_once_and_kept() {
     let o = c.report_once().await.expect("the hinted leader answers");
     assert_eq!(o.acks.len(), 1);
     assert_eq!(*view.applied.lock(), 1);
-    assert_eq!((*follower.reports.lock(), *leader.reports.lock()), (1, 1));
+    assert_eq!((reports(&follower), reports(&leader)), (1, 1));
     assert_eq!(
         dialled.lock().as_slice(),
         std::slice::from_ref(&leader_addr)
@@ -120,7 +123,7 @@ async fn a_follower_hint_is_followed_at_once_and_kept() {
 
     // Later reports go straight to the leader, carrying the ack.
     c.report_once().await.unwrap();
-    assert_eq!((*follower.reports.lock(), *leader.reports.lock()), (1, 2));
+    assert_eq!((reports(&follower), reports(&leader)), (1, 2));
     assert_eq!(
         dialled.lock().len(),
         1,
@@ -130,13 +133,18 @@ async fn a_follower_hint_is_followed_at_once_and_kept() {
 
 #[tokio::test]
 async fn a_failing_hinted_leader_sends_reports_home_again() {
-    let (leader, _, follower, follower_addr) = leader_and_follower().await;
+    // The leader answers once, then steps down.
+    let Replicas {
+        follower,
+        follower_addr,
+        ..
+    } = leader_and_follower([assign_ack(), Err(Status::unavailable("stepping down"))]).await;
+    follower.state().report_answers.push_back(assign_ack());
     let dialled = Arc::new(Mutex::new(Vec::new()));
     let c = client(&follower_addr, Arc::new(View::default()), dialled.clone());
     c.report_once().await.unwrap();
 
     // The leader steps down: that report fails and its acks wait...
-    *leader.down.lock() = true;
     assert!(c.report_once().await.is_err());
     assert_eq!(c.hinted_leader(), None);
     assert_eq!(
@@ -146,29 +154,11 @@ async fn a_failing_hinted_leader_sends_reports_home_again() {
     );
     // ...and the next one starts from the configured address, which now
     // names a new leader (the old follower).
-    *follower.leader.lock() = None;
+    follower.state().follower_of = None;
     c.report_once().await.unwrap();
-    assert_eq!(*follower.reports.lock(), 2);
+    assert_eq!(reports(&follower), 2);
     // The new leader redelivers the instruction: re-acked, not re-applied.
     let acks = c.pending_acks();
     assert_eq!(acks.len(), 1);
     assert_eq!(acks[0].reason, "duplicate-redelivery");
-}
-
-#[test]
-fn only_a_not_leader_answer_is_a_hint() {
-    assert_eq!(
-        leader_hint(&not_leader("10.0.0.2:7790")).as_deref(),
-        Some("10.0.0.2:7790")
-    );
-    let mut other = Status::failed_precondition("fenced");
-    other
-        .metadata_mut()
-        .insert(bigfleet_mesh::LEADER_HINT_METADATA, "x:1".parse().unwrap());
-    assert_eq!(leader_hint(&other), None);
-    assert_eq!(leader_hint(&Status::unavailable("down")), None);
-    assert_eq!(
-        leader_hint(&Status::failed_precondition("not leader: no leader known")),
-        None
-    );
 }

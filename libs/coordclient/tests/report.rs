@@ -1,41 +1,25 @@
-//! The client against an in-test Coordinator server on 127.0.0.1:0.
+//! The client against the Coordinator double on 127.0.0.1:0, its answers scripted per test.
 
 use bigfleet_coordclient::{ClientConfig, CoordClient};
 use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_proto::v1alpha1::coordinator_instruction::Payload;
-use bigfleet_proto::v1alpha1::coordinator_server::Coordinator;
 use bigfleet_proto::v1alpha1::instruct_ack::Outcome;
-use parking_lot::Mutex;
-use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Duration;
-use tonic::{Request, Response, Status};
+use tonic::Status;
 
 use crate::common;
-use common::{View, serve};
+use common::{CoordinatorDouble, View, serve};
 
-/// Answers ReportShard from a script and records every report.
-#[derive(Default, Clone)]
-struct ScriptedCoordinator {
-    replies: Arc<Mutex<VecDeque<Result<pb::ReportAck, Status>>>>,
-    reports: Arc<Mutex<Vec<pb::ShardReport>>>,
+/// The double with ReportShard answered from `answers`, in order.
+fn scripted(answers: impl IntoIterator<Item = Result<pb::ReportAck, Status>>) -> CoordinatorDouble {
+    let coord = CoordinatorDouble::default();
+    coord.state().report_answers.extend(answers);
+    coord
 }
 
-common::coordinator_reporting_to!(ScriptedCoordinator);
-
-impl ScriptedCoordinator {
-    async fn report(&self, r: Request<pb::ShardReport>) -> Result<Response<pb::ReportAck>, Status> {
-        self.reports.lock().push(r.into_inner());
-        let next = self.replies.lock().pop_front();
-        next.unwrap_or_else(|| {
-            Ok(pb::ReportAck {
-                coordinator_term: 0,
-                acknowledged: true,
-                instructions: vec![],
-            })
-        })
-        .map(Response::new)
-    }
+fn received(coord: &CoordinatorDouble) -> Vec<pb::ShardReport> {
+    coord.state().received_reports.clone()
 }
 
 fn client_for(addr: &str, view: Arc<View>) -> CoordClient<View> {
@@ -97,12 +81,12 @@ fn acks_of(r: &pb::ShardReport) -> Vec<(String, i32, String)> {
 
 #[tokio::test]
 async fn reports_carry_summary_shortfalls_and_address() {
-    let coord = ScriptedCoordinator::default();
-    let addr = serve(coord.clone()).await;
+    let coord = CoordinatorDouble::default();
+    let (addr, _server) = serve(&coord).await;
     let c = client_for(&format!("http://{addr}"), Arc::new(View::default()));
     c.report_once().await.unwrap();
     c.report_once().await.unwrap();
-    let reports = coord.reports.lock().clone();
+    let reports = received(&coord);
     assert_eq!(reports.len(), 2);
     let r = &reports[0];
     assert_eq!(
@@ -118,28 +102,26 @@ async fn reports_carry_summary_shortfalls_and_address() {
 
 #[tokio::test]
 async fn stale_terms_are_rejected_and_redeliveries_re_acked() {
-    let coord = ScriptedCoordinator::default();
-    {
-        let mut s = coord.replies.lock();
-        s.push_back(reply(5, vec![instruction("i1", 5, 1, assign("r1"))]));
+    let coord = scripted([
+        reply(5, vec![instruction("i1", 5, 1, assign("r1"))]),
         // Redelivery of i1 (its ack is in this very report) plus a stale one.
-        s.push_back(reply(
+        reply(
             5,
             vec![
                 instruction("i1", 5, 1, assign("r1")),
                 instruction("i2", 4, 2, assign("r2")),
             ],
-        ));
+        ),
         // A whole reply from a deposed leader.
-        s.push_back(reply(3, vec![instruction("i3", 3, 3, assign("r3"))]));
-    }
-    let addr = serve(coord.clone()).await;
+        reply(3, vec![instruction("i3", 3, 3, assign("r3"))]),
+    ]);
+    let (addr, _server) = serve(&coord).await;
     let view = Arc::new(View::default());
     let c = client_for(&format!("http://{addr}"), view.clone());
     for _ in 0..4 {
         c.report_once().await.unwrap();
     }
-    let reports = coord.reports.lock().clone();
+    let reports = received(&coord);
     assert!(acks_of(&reports[0]).is_empty());
     assert_eq!(
         acks_of(&reports[1]),
@@ -168,20 +150,18 @@ async fn stale_terms_are_rejected_and_redeliveries_re_acked() {
 
 #[tokio::test]
 async fn acks_are_requeued_after_a_failed_report() {
-    let coord = ScriptedCoordinator::default();
-    {
-        let mut s = coord.replies.lock();
-        s.push_back(reply(2, vec![instruction("u1", 2, 1, assign("r1"))]));
-        s.push_back(Err(Status::failed_precondition("coordinator: not leader")));
-        s.push_back(reply(2, vec![]));
-    }
-    let addr = serve(coord.clone()).await;
+    let coord = scripted([
+        reply(2, vec![instruction("u1", 2, 1, assign("r1"))]),
+        Err(Status::failed_precondition("coordinator: not leader")),
+        reply(2, vec![]),
+    ]);
+    let (addr, _server) = serve(&coord).await;
     let c = client_for(&format!("http://{addr}"), Arc::new(View::default()));
     c.report_once().await.unwrap();
     assert!(c.report_once().await.is_err());
     assert_eq!(c.pending_acks().len(), 1, "re-queued");
     c.report_once().await.unwrap();
-    let reports = coord.reports.lock().clone();
+    let reports = received(&coord);
     assert_eq!(acks_of(&reports[1]).len(), 1, "sent, but not delivered");
     assert_eq!(
         acks_of(&reports[2]),

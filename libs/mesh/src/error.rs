@@ -119,20 +119,42 @@ impl<E: ClassifyError> IntoStatus for E {
 pub fn status_from<E: ClassifyError + ?Sized>(err: &E) -> Status {
     match err.class() {
         ErrorClass::Internal => internal_status(&ErrorChain(err)),
-        ErrorClass::NotLeader { leader } => {
-            let mut status = Status::failed_precondition(not_leader_message(err));
-            if let Some(v) = leader
-                .as_deref()
-                .map(str::trim)
-                .filter(|l| !l.is_empty())
-                .and_then(|l| MetadataValue::try_from(l).ok())
-            {
-                status.metadata_mut().insert(LEADER_HINT_METADATA, v);
-            }
-            status
-        }
+        ErrorClass::NotLeader { leader } => not_leader_status(&err.to_string(), leader.as_deref()),
         class => Status::new(class.code(), err.to_string()),
     }
+}
+
+/// The one way to write a "not leader" answer (what [`status_from`] sends for
+/// [`ErrorClass::NotLeader`]; doubles that play a follower send it too): FAILED_PRECONDITION
+/// whose message says "not leader", with `leader` in [`LEADER_HINT_METADATA`] when it is a
+/// usable address. [`leader_hint`] reads it back.
+pub fn not_leader_status(message: &str, leader: Option<&str>) -> Status {
+    let mut status = Status::failed_precondition(not_leader_message(message));
+    if let Some(v) = leader
+        .map(str::trim)
+        .filter(|l| !l.is_empty())
+        .and_then(|l| MetadataValue::try_from(l).ok())
+    {
+        status.metadata_mut().insert(LEADER_HINT_METADATA, v);
+    }
+    status
+}
+
+/// The one way to read a "not leader" answer: the leader's address it names, or `None` when
+/// the status is anything else (fencing shares its code, so the message must say "not
+/// leader") or names no usable address. Every client that follows hints (the coordinator
+/// client, inspect and the CLI, a joining replica) reads it here.
+pub fn leader_hint(status: &Status) -> Option<String> {
+    if status.code() != Code::FailedPrecondition || !status.message().contains("not leader") {
+        return None;
+    }
+    status
+        .metadata()
+        .get(LEADER_HINT_METADATA)
+        .and_then(|v| v.to_str().ok())
+        .map(str::trim)
+        .filter(|v| !v.is_empty())
+        .map(str::to_owned)
 }
 
 /// The HTTP answer for a classified error: its status and the message to send (generic for
@@ -149,7 +171,7 @@ pub fn http_error<E: ClassifyError + ?Sized>(err: &E) -> HttpError {
         },
         ErrorClass::NotLeader { leader } => HttpError {
             status,
-            message: not_leader_message(err),
+            message: not_leader_message(&err.to_string()),
             leader,
         },
         _ => HttpError {
@@ -169,10 +191,9 @@ pub struct HttpError {
     pub leader: Option<String>,
 }
 
-fn not_leader_message<E: std::fmt::Display + ?Sized>(err: &E) -> String {
-    let message = err.to_string();
+fn not_leader_message(message: &str) -> String {
     if message.contains("not leader") {
-        message
+        message.to_owned()
     } else {
         format!("not leader: {message}")
     }
@@ -436,6 +457,7 @@ mod tests {
                 .unwrap(),
             "10.0.0.2:7790"
         );
+        assert_eq!(leader_hint(&s).as_deref(), Some("10.0.0.2:7790"));
         for leader in [None, Some("  ".to_owned()), Some("bad\nvalue".to_owned())] {
             let s = status_from(&Classified(
                 ErrorClass::NotLeader { leader },
@@ -443,7 +465,40 @@ mod tests {
             ));
             assert_eq!(s.code(), Code::FailedPrecondition);
             assert!(s.metadata().get(LEADER_HINT_METADATA).is_none());
+            assert_eq!(leader_hint(&s), None);
         }
+        // A message that does not say it is added, so hint readers recognise the answer.
+        let s = not_leader_status("follower of term 3", Some("10.0.0.2:7790"));
+        assert_eq!(s.message(), "not leader: follower of term 3");
+        assert_eq!(leader_hint(&s).as_deref(), Some("10.0.0.2:7790"));
+    }
+
+    #[test]
+    fn leader_hints_are_read_only_from_not_leader_answers() {
+        let with_hint = |mut s: Status, hint: &str| {
+            s.metadata_mut()
+                .insert(LEADER_HINT_METADATA, MetadataValue::try_from(hint).unwrap());
+            s
+        };
+        let hinted = with_hint(
+            Status::failed_precondition("not leader: a follower"),
+            " x:1 ",
+        );
+        assert_eq!(leader_hint(&hinted).as_deref(), Some("x:1"), "trimmed");
+        let blank = with_hint(Status::failed_precondition("not leader"), "  ");
+        assert_eq!(leader_hint(&blank), None);
+        let fenced = with_hint(Status::failed_precondition("stale fencing token"), "x:1");
+        assert_eq!(
+            leader_hint(&fenced),
+            None,
+            "fencing is not a leader problem"
+        );
+        let unavailable = with_hint(Status::unavailable("not leader"), "x:1");
+        assert_eq!(leader_hint(&unavailable), None, "only FAILED_PRECONDITION");
+        assert_eq!(
+            leader_hint(&Status::failed_precondition("not leader: no leader known")),
+            None
+        );
     }
 
     #[test]

@@ -58,7 +58,8 @@ pub use client::{
 pub use conn::{ConnInfo, MeshConn, PeerCert, Transport};
 pub use error::{
     BoxError, ClassifyError, ErrorClass, HttpError, INTERNAL_MESSAGE, IntoStatus,
-    LEADER_HINT_METADATA, MeshError, http_error, internal_message, internal_status, status_from,
+    LEADER_HINT_METADATA, MeshError, http_error, internal_message, internal_status, leader_hint,
+    not_leader_status, status_from,
 };
 pub use flags::ServiceFlags;
 pub use layers::{

@@ -1,86 +1,26 @@
-//! A fake coordinator for the client's tests: ReportShard answered by the test's own
-//! `report` method, every other RPC UNIMPLEMENTED (the client only ever calls ReportShard),
-//! served on a loopback port. Also the one shard-side double, [`View`].
+//! The shard side of the coordinator client's tests, [`View`]; the coordinator they report
+//! to is the one Coordinator double, `svc_inspect::doubles::CoordinatorDouble`, whose
+//! ReportShard answers come from each test's script.
 
 use bigfleet_coordclient::ShardView;
 use bigfleet_proto::v1alpha1 as pb;
-use bigfleet_proto::v1alpha1::coordinator_server::{Coordinator, CoordinatorServer};
 use futures::future::BoxFuture;
 use parking_lot::Mutex;
 use std::collections::BTreeSet;
 use std::net::SocketAddr;
 
-/// `impl Coordinator for $ty`, with ReportShard handed to the type's inherent
-/// `async fn report(&self, Request<pb::ShardReport>) -> Result<Response<pb::ReportAck>, Status>`.
-/// Needs `Coordinator`, `pb` (`bigfleet_proto::v1alpha1`), `Request`, `Response` and
-/// `Status` in scope, and this module mounted as `common`.
-macro_rules! coordinator_reporting_to {
-    ($ty:ty) => {
-        #[tonic::async_trait]
-        impl Coordinator for $ty {
-            async fn report_shard(
-                &self,
-                request: Request<pb::ShardReport>,
-            ) -> Result<Response<pb::ReportAck>, Status> {
-                self.report(request).await
-            }
-            type SnapshotSaveStream = futures::stream::Empty<Result<pb::SnapshotSaveChunk, Status>>;
-            common::unimplemented_rpcs! {
-                assign_domain(AssignDomainRequest) -> pb::AssignDomainResponse;
-                unassign_domain(UnassignDomainRequest) -> pb::UnassignDomainResponse;
-                remove_shard(RemoveShardRequest) -> pb::RemoveShardResponse;
-                list_shards(ListShardsRequest) -> pb::ListShardsResponse;
-                list_domain_assignments(ListDomainAssignmentsRequest) -> pb::ListDomainAssignmentsResponse;
-                list_shard_reports(ListShardReportsRequest) -> pb::ListShardReportsResponse;
-                join_raft_cluster(JoinRaftClusterRequest) -> pb::JoinRaftClusterResponse;
-                snapshot_save(SnapshotSaveRequest) -> Self::SnapshotSaveStream;
-                list_quotas(ListQuotasRequest) -> pb::ListQuotasResponse;
-                list_providers(ListProvidersRequest) -> pb::ListProvidersResponse;
-            }
-        }
-    };
+/// Serves `double` in plaintext on a fresh loopback port; the address, and the server to
+/// keep alive.
+pub async fn serve(double: &CoordinatorDouble) -> (SocketAddr, RunningServer) {
+    let server = double
+        .serve(None)
+        .await
+        .expect("the coordinator double serves");
+    (server.tcp_addr().expect("a tcp listener"), server)
 }
 
-/// The Coordinator RPCs the test coordinator refuses with UNIMPLEMENTED, written in the
-/// shape `#[tonic::async_trait]` gives trait methods (the attribute runs before this macro
-/// expands, so the items must already be in that shape).
-macro_rules! unimplemented_rpcs {
-    ($($method:ident($request:ident) -> $response:ty;)+) => {
-        $(
-            fn $method<'life0, 'async_trait>(
-                &'life0 self,
-                _: Request<pb::$request>,
-            ) -> ::std::pin::Pin<
-                Box<
-                    dyn ::std::future::Future<Output = Result<Response<$response>, Status>>
-                        + Send
-                        + 'async_trait,
-                >,
-            >
-            where
-                'life0: 'async_trait,
-                Self: 'async_trait,
-            {
-                Box::pin(async { Err(Status::unimplemented("test coordinator: reports only")) })
-            }
-        )+
-    };
-}
-pub(crate) use unimplemented_rpcs;
-
-pub(crate) use coordinator_reporting_to;
-
-/// Serves `coordinator` on a fresh loopback port in the background and returns the address.
-pub async fn serve<C: Coordinator>(coordinator: C) -> SocketAddr {
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    tokio::spawn(
-        tonic::transport::Server::builder()
-            .add_service(CoordinatorServer::new(coordinator))
-            .serve_with_incoming(tokio_stream::wrappers::TcpListenerStream::new(listener)),
-    );
-    addr
-}
+pub use bigfleet_mesh::RunningServer;
+pub use svc_inspect::doubles::CoordinatorDouble;
 
 /// The shard side of the client: a fixed summary and three shortfalls; it records the
 /// domains it is told to own, how many domain instructions it applied, and the last term.
