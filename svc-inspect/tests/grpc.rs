@@ -496,14 +496,12 @@ async fn the_coordinator_double_answers_reports_from_its_script() {
         bigfleet_mesh::leader_hint(&refused).as_deref(),
         Some("10.0.0.9:7790")
     );
-    let st = double.state();
-    let shards: Vec<&str> = st
-        .received_reports
-        .iter()
-        .map(|r| r.shard_id.as_str())
-        .collect();
+    let (shards, calls): (Vec<String>, _) = {
+        let st = double.state();
+        let shards = st.received_reports.iter().map(|r| r.shard_id.clone());
+        (shards.collect(), st.calls.clone())
+    };
     assert_eq!(shards, ["s-1", "s-2", "s-3", "s-4"]);
-    assert_eq!(st.calls, ["ReportShard", "ReportShard", "ReportShard"]);
-    drop(st);
+    assert_eq!(calls, ["ReportShard", "ReportShard", "ReportShard"]);
     server.shutdown().await.unwrap();
 }
