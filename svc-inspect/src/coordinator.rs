@@ -2,10 +2,10 @@
 //!
 //! Every coordinator RPC is served by the Raft leader only; a follower answers
 //! FAILED_PRECONDITION "not leader" and names the leader's client address in the
-//! [`bigfleet_mesh::LEADER_HINT_METADATA`] metadata entry (read with [`leader_hint`]). This client retries such a call once against the
-//! hinted leader and keeps talking to it afterwards, so a Kubernetes Service that lands on a
-//! follower costs one extra round trip, not an error. svc-inspect and the `bigfleet` CLI
-//! (reads and admin commands) share it.
+//! [`bigfleet_mesh::LEADER_HINT_METADATA`] metadata entry (read with [`leader_hint`]). This
+//! client retries such a call once against the hinted leader and keeps talking to it
+//! afterwards, so a Kubernetes Service that lands on a follower costs one extra round trip,
+//! not an error. svc-inspect and the `bigfleet` CLI (reads and admin commands) share it.
 
 use std::time::Duration;
 

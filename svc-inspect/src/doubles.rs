@@ -105,6 +105,8 @@ impl CoordinatorDouble {
         Self::admit(self.state.lock(), rpc)
     }
 
+    /// [`Self::enter`] on a guard the caller already holds: ReportShard records the report
+    /// first, so a follower's refusals are counted too.
     fn admit<'a>(
         mut st: MutexGuard<'a, CoordinatorState>,
         rpc: &str,
