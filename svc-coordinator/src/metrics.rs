@@ -23,6 +23,7 @@ pub struct Metrics {
     pub last_applied_index: IntGauge,
     pub state_entries: IntGaugeVec,
     pub voters: IntGauge,
+    pub membership_settled: IntGauge,
     pub snapshot_exports: IntCounterVec,
     pub rebalance_rounds: IntCounter,
     pub rebalance_decisions: IntCounterVec,
@@ -121,7 +122,11 @@ impl Metrics {
             )?,
             voters: reg.int_gauge(
                 "bigfleet_coordinator_raft_voters",
-                "Voters in the membership this replica knows.",
+                "Voters in the membership this replica knows (during a joint change, of both configurations).",
+            )?,
+            membership_settled: reg.int_gauge(
+                "bigfleet_coordinator_raft_membership_settled",
+                "1 while the membership this replica knows is one configuration, not a joint change, and applied here.",
             )?,
             snapshot_exports: reg.int_counter_vec(
                 "bigfleet_coordinator_snapshot_exports_total",

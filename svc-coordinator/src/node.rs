@@ -28,7 +28,7 @@ use crate::dr::SnapshotArchive;
 use crate::metrics::Metrics;
 use crate::network::{Network, RaftService};
 use crate::raft_types::{CoordNode, NodeId, Raft, node_id_of, ordinal_of};
-use crate::replica::{JOIN_API_ADDR_KEY, Replica};
+use crate::replica::{JOIN_API_ADDR_KEY, Replica, membership_settled};
 use crate::service::CoordinatorService;
 use crate::soft::SoftState;
 use crate::store::Store;
@@ -219,6 +219,7 @@ pub async fn start_with(
         metrics: metrics.clone(),
         soft: parking_lot::Mutex::new(SoftState::default()),
         api_port: api_addr.port(),
+        membership_changes: tokio::sync::Mutex::new(()),
     });
 
     // The Raft port: the process's mTLS config, and only coordinator replicas may call it
@@ -352,6 +353,10 @@ async fn watch_leader(
         mx.voters.set(
             i64::try_from(m.membership_config.membership().voter_ids().count()).unwrap_or(i64::MAX),
         );
+        mx.membership_settled.set(i64::from(membership_settled(
+            &m.membership_config,
+            m.last_applied,
+        )));
         let (shards, clusters, domains) = replica.shared.read().state.sizes();
         for (table, n) in [
             ("shards", shards),

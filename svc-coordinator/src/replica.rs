@@ -12,7 +12,9 @@ use tonic::Status;
 
 use crate::fsm::{Command, Effect, FsmError};
 use crate::metrics::{Metrics, OUTCOME_ERROR, OUTCOME_FSM_ERROR, OUTCOME_SUCCESS};
-use crate::raft_types::{CoordNode, NodeId, Raft, SnapshotMeta, node_id_of};
+use crate::raft_types::{
+    CoordNode, LogId, NodeId, Raft, SnapshotMeta, StoredMembership, node_id_of,
+};
 use crate::soft::SoftState;
 use crate::store::{SharedState, Store};
 
@@ -90,6 +92,10 @@ pub struct Replica {
     /// Port of the Coordinator listener, to derive a joiner's API address when it did not
     /// send one (identical args on every replica ⇒ the same port).
     pub api_port: u16,
+    /// Held by the leader across one replica's whole add-and-promote: openraft refuses a
+    /// membership change while another is in flight, so replicas joining together would
+    /// otherwise fail each other's promotion and wait out a join backoff.
+    pub membership_changes: tokio::sync::Mutex<()>,
 }
 
 impl Replica {
@@ -162,6 +168,7 @@ impl Replica {
         raft_addr: &str,
         api_addr: &str,
     ) -> Result<(), CoordError> {
+        let _one_change_at_a_time = self.membership_changes.lock().await;
         let id = node_id_of(name);
         let node = CoordNode {
             name: name.to_owned(),
@@ -255,6 +262,14 @@ impl Replica {
     }
 }
 
+/// Whether `membership` is a single configuration (not a joint change) that this replica has
+/// applied. Only then is taking one voter down safe in a three-voter group: in the joint
+/// configuration of a promotion from two voters to three, a quorum needs both old voters,
+/// so losing either stalls elections until it returns.
+pub fn membership_settled(membership: &StoredMembership, last_applied: Option<LogId>) -> bool {
+    membership.membership().get_joint_config().len() == 1 && *membership.log_id() <= last_applied
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -275,6 +290,35 @@ mod tests {
         );
         assert_eq!(leader_hint(&s).as_deref(), Some("10.0.0.2:7790"));
         assert_eq!(leader_hint(&not_leader(None)), None);
+    }
+
+    #[test]
+    fn a_membership_settles_once_it_is_one_applied_configuration() {
+        let log_id = |index| Some(LogId::new(openraft::CommittedLeaderId::new(1, 1), index));
+        let node = |n: u64| {
+            (
+                n,
+                CoordNode {
+                    name: format!("coord-{n}"),
+                    raft_addr: format!("10.0.0.{n}:7791"),
+                    api_addr: format!("10.0.0.{n}:7790"),
+                },
+            )
+        };
+        let nodes = || BTreeMap::from([node(1), node(2), node(3)]);
+        let config = |voters: &[&[u64]]| {
+            let configs = voters.iter().map(|c| c.iter().copied().collect()).collect();
+            openraft::Membership::new(configs, nodes())
+        };
+        // Promoting the third voter: {1,2} → joint {1,2} & {1,2,3} → {1,2,3}.
+        let joint = StoredMembership::new(log_id(6), config(&[&[1, 2], &[1, 2, 3]]));
+        let uniform = StoredMembership::new(log_id(7), config(&[&[1, 2, 3]]));
+        assert_eq!(joint.membership().voter_ids().count(), 3);
+        assert!(!membership_settled(&joint, log_id(6)), "joint change");
+        assert!(!membership_settled(&uniform, log_id(6)), "not yet applied");
+        assert!(membership_settled(&uniform, log_id(7)));
+        assert!(membership_settled(&uniform, log_id(9)));
+        assert!(!membership_settled(&uniform, None));
     }
 
     #[test]

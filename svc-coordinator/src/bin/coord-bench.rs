@@ -135,7 +135,12 @@ async fn wait_formed(procs: &[Proc], within: Duration) -> anyhow::Result<usize> 
     loop {
         let mut all = true;
         for p in procs.iter().filter(|p| p.child.is_some()) {
-            if metric(p.metrics, "bigfleet_coordinator_raft_voters").await != Some(3.0) {
+            // Settled too: killing a leader mid-promotion can leave no quorum (see
+            // `membership_settled`), which would be measured as a failover that never ends.
+            if metric(p.metrics, "bigfleet_coordinator_raft_voters").await != Some(3.0)
+                || metric(p.metrics, "bigfleet_coordinator_raft_membership_settled").await
+                    != Some(1.0)
+            {
                 all = false;
             }
         }
