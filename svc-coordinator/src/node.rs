@@ -627,6 +627,70 @@ mod tests {
         assert!(!effective_bootstrap(&args(&["--id", "coord-0"]), false));
     }
 
+    /// A joiner nobody can reach stays a learner however often it retries: promoting it
+    /// would make every commit of a one-voter group wait for it (the joint configuration's
+    /// quorum needs both).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreachable_joiner_is_never_promoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let data = dir.path().join("data");
+        let running = start(args(&[
+            "--id",
+            "coord-0",
+            "--listen",
+            "127.0.0.1:0",
+            "--raft-bind",
+            "127.0.0.1:0",
+            "--data-dir",
+            data.to_str().unwrap(),
+            "--bootstrap",
+        ]))
+        .await
+        .unwrap();
+        let me = running.node_id;
+        running
+            .raft()
+            .wait(Some(Duration::from_secs(10)))
+            .metrics(|m| m.current_leader == Some(me), "a leader")
+            .await
+            .unwrap();
+        // A port nobody listens on any more.
+        let dead = std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string();
+        let replica = running.replica.clone();
+        for attempt in 0..2 {
+            let join = tokio::time::timeout(
+                Duration::from_secs(1),
+                replica.add_voter("coord-9", &dead, "127.0.0.1:9"),
+            )
+            .await;
+            assert!(join.is_err(), "attempt {attempt} finished: {join:?}");
+        }
+        let m = replica.raft.metrics().borrow().clone();
+        let membership = m.membership_config.membership();
+        assert_eq!(membership.voter_ids().collect::<Vec<_>>(), vec![me]);
+        assert!(
+            membership.get_node(&node_id_of("coord-9")).is_some(),
+            "kept as a learner"
+        );
+        // The group still commits on its own.
+        tokio::time::timeout(
+            Duration::from_secs(3),
+            replica.apply(crate::fsm::Command::AddShard {
+                shard_id: "s1".into(),
+                address: "s1.shards:7780".into(),
+                registered_at_unix_ns: 1,
+            }),
+        )
+        .await
+        .expect("a commit within 3 s")
+        .expect("applied");
+        running.shutdown().await.unwrap();
+    }
+
     #[test]
     fn join_targets_get_a_scheme() {
         assert_eq!(target("a:1", false).unwrap().to_string(), "http://a:1");

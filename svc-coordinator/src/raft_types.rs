@@ -38,6 +38,7 @@ pub type LogId = openraft::LogId<NodeId>;
 pub type Entry = openraft::Entry<TypeConfig>;
 pub type Vote = openraft::Vote<NodeId>;
 pub type StoredMembership = openraft::StoredMembership<NodeId, CoordNode>;
+pub type RaftMetrics = openraft::RaftMetrics<NodeId, CoordNode>;
 pub type SnapshotMeta = openraft::SnapshotMeta<NodeId, CoordNode>;
 pub type Snapshot = openraft::Snapshot<TypeConfig>;
 pub type StorageError = openraft::StorageError<NodeId>;

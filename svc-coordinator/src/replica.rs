@@ -13,7 +13,7 @@ use tonic::Status;
 use crate::fsm::{Command, Effect, FsmError};
 use crate::metrics::{Metrics, OUTCOME_ERROR, OUTCOME_FSM_ERROR, OUTCOME_SUCCESS};
 use crate::raft_types::{
-    CoordNode, LogId, NodeId, Raft, SnapshotMeta, StoredMembership, node_id_of,
+    CoordNode, LogId, NodeId, Raft, RaftMetrics, SnapshotMeta, StoredMembership, node_id_of,
 };
 use crate::soft::SoftState;
 use crate::store::{SharedState, Store};
@@ -23,6 +23,11 @@ pub const JOIN_API_ADDR_KEY: &str = "x-bigfleet-coordinator-address";
 /// Raft proposals that do not commit within this are answered UNAVAILABLE (the original's
 /// apply timeout).
 pub const APPLY_TIMEOUT: Duration = Duration::from_secs(5);
+/// How long a join waits for the joiner's log to catch up before it is promoted; a joiner
+/// that has not caught up by then is refused (UNAVAILABLE) and retries, still a learner.
+/// With adding and promoting (an [`APPLY_TIMEOUT`] each) it stays inside the joiner's 40 s
+/// call deadline.
+const LEARNER_CATCH_UP_TIMEOUT: Duration = Duration::from_secs(25);
 
 /// Everything a coordinator RPC can fail with. [`ClassifyError`] is its one mapping; gRPC
 /// statuses come from `bigfleet_mesh` (leader hint in `bigfleet_mesh::LEADER_HINT_METADATA`,
@@ -194,18 +199,26 @@ impl Replica {
             .map_err(|e| unavailable(e.to_string()))?;
         }
         if !is_voter {
-            if existing.is_none() {
-                tracing::info!(node = name, raft_addr, "adding learner");
-                // Blocking: returns once the learner has caught up, so promoting it next does
-                // not stall commits on a voter that is still far behind.
-                tokio::time::timeout(
-                    Duration::from_secs(30),
-                    self.raft.add_learner(id, node.clone(), true),
+            // Also when it is a learner already (an earlier attempt that timed out): it is
+            // promoted only once it has acknowledged the entry that (re-)added it. openraft's
+            // own blocking add counts a learner within 5,000 entries as caught up, which on a
+            // young log is true of one nobody can reach; promoting that one would put every
+            // commit behind it (a one-voter group's joint configuration needs both) until it
+            // answers.
+            tracing::info!(node = name, raft_addr, "adding learner");
+            let added = tokio::time::timeout(APPLY_TIMEOUT, self.raft.add_learner(id, node, false))
+                .await
+                .map_err(|_| unavailable("adding the learner timed out".into()))?
+                .map_err(|e| unavailable(e.to_string()))?;
+            let upto = added.log_id.index;
+            self.raft
+                .wait(Some(LEARNER_CATCH_UP_TIMEOUT))
+                .metrics(
+                    |m| learner_matched(m, id).is_some_and(|l| l.index >= upto),
+                    "learner caught up",
                 )
                 .await
-                .map_err(|_| unavailable("learner did not catch up in time".into()))?
-                .map_err(|e| unavailable(e.to_string()))?;
-            }
+                .map_err(|_| unavailable("learner did not catch up in time".into()))?;
             tracing::info!(node = name, "promoting to voter");
             tokio::time::timeout(
                 APPLY_TIMEOUT,
@@ -260,6 +273,11 @@ impl Replica {
             .map_err(|e| CoordError::Internal(e.to_string()))?
             .ok_or(CoordError::NoSnapshot)
     }
+}
+
+/// The last log entry `learner` has acknowledged to this replica, while it leads.
+fn learner_matched(metrics: &RaftMetrics, learner: NodeId) -> Option<LogId> {
+    *metrics.replication.as_ref()?.get(&learner)?
 }
 
 /// Whether `membership` is a single configuration (not a joint change) that this replica has
