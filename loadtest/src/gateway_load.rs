@@ -379,14 +379,24 @@ mod tests {
 
     #[test]
     fn own_cpu_is_readable() {
-        // Burn a little CPU so the counter cannot be zero by accident of timing.
-        let mut x = 0u64;
+        // Burn CPU until the kernel has charged at least one tick (10 ms) to this process.
+        // A fixed wall-clock burn is not enough: on a loaded machine 30 ms of wall time can
+        // come with less than a tick of CPU time. The deadline only bounds a broken reader.
+        let me = std::process::id();
         let start = std::time::Instant::now();
-        while start.elapsed() < Duration::from_millis(30) {
-            x = x.wrapping_mul(31).wrapping_add(7);
+        let mut x = 0u64;
+        let mut seen = cpu_seconds(me).expect("own /proc stat");
+        while seen <= 0.0 && start.elapsed() < Duration::from_secs(30) {
+            for _ in 0..100_000 {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+            seen = cpu_seconds(me).expect("own /proc stat");
         }
-        std::hint::black_box(x);
-        assert!(cpu_seconds(std::process::id()).unwrap() > 0.0);
+        assert!(
+            seen > 0.0,
+            "no CPU time charged after {:?}",
+            start.elapsed()
+        );
         assert!(cpu_seconds(u32::MAX).is_none());
     }
 
