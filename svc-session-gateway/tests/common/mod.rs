@@ -199,6 +199,9 @@ pub fn ask_bootstrap(cluster: &str, timeout_ms: u32) -> meshpb::RequestBootstrap
     }
 }
 
+/// How long [`RawSession::next`] waits for a frame the gateway sends at once.
+pub const FRAME_WAIT: Duration = Duration::from_secs(5);
+
 /// Opens a plaintext session for `cluster` and reads the hello ack.
 pub async fn open(target: &str, cluster: &str) -> RawSession {
     let mut s = open_with(channel(target, None).await, hello(cluster))
@@ -214,15 +217,24 @@ impl RawSession {
         self.tx.send(m).await.unwrap();
     }
 
-    /// The next frame (fails the test after 5 s).
+    /// The next frame (fails the test after [`FRAME_WAIT`]).
     pub async fn next(&mut self) -> Result<Option<ShardMessage>, Status> {
-        tokio::time::timeout(Duration::from_secs(5), self.rx.message())
+        self.next_within(FRAME_WAIT).await
+    }
+
+    /// The next frame, failing the test after `wait`: for frames that follow slow work.
+    pub async fn next_within(&mut self, wait: Duration) -> Result<Option<ShardMessage>, Status> {
+        tokio::time::timeout(wait, self.rx.message())
             .await
-            .expect("no frame within 5 s")
+            .unwrap_or_else(|_| panic!("no frame within {wait:?}"))
     }
 
     pub async fn next_payload(&mut self) -> shard_message::Payload {
-        self.next()
+        self.next_payload_within(FRAME_WAIT).await
+    }
+
+    pub async fn next_payload_within(&mut self, wait: Duration) -> shard_message::Payload {
+        self.next_within(wait)
             .await
             .unwrap()
             .expect("stream ended")
@@ -238,7 +250,11 @@ impl RawSession {
     }
 
     pub async fn next_ack(&mut self) -> Acknowledgement {
-        match self.next_payload().await {
+        self.next_ack_within(FRAME_WAIT).await
+    }
+
+    pub async fn next_ack_within(&mut self, wait: Duration) -> Acknowledgement {
+        match self.next_payload_within(wait).await {
             shard_message::Payload::Ack(a) => a,
             other => panic!("expected an ack, got {other:?}"),
         }
