@@ -353,6 +353,28 @@ async fn a_lying_provider_moves_no_machine() {
         .wait_for(8, S::Configured, "cluster-l", Duration::from_secs(30))
         .await;
     let idle = sc.wait_for(8, S::Idle, "", Duration::from_secs(10)).await;
+    // The operator hears of a machine after decide lists it: count node updates only once
+    // every configured machine has reached it as configured (the stream is ordered, so
+    // every earlier update has too).
+    let told_configured = bigfleet_model::MachineState::from_ordinal(S::Configured as i32);
+    wait_until(
+        Duration::from_secs(10),
+        "the operator told of every configured machine",
+        async || {
+            let told: BTreeSet<String> = sc.operators[op]
+                .nodes()
+                .into_iter()
+                .filter(|(_, v)| v.state == told_configured)
+                .map(|(id, _)| id)
+                .collect();
+            if configured.is_subset(&told) {
+                Ok(())
+            } else {
+                Err(format!("told of {told:?}"))
+            }
+        },
+    )
+    .await;
     let node_updates = sc.operators[op].stats().node_updates;
 
     // The test's own Lists would eat the lies: until they are all answered it reads only
