@@ -596,6 +596,7 @@ async fn join_once(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::replica::CoordError;
     use clap::Parser;
 
     fn args(extra: &[&str]) -> Args {
@@ -627,13 +628,9 @@ mod tests {
         assert!(!effective_bootstrap(&args(&["--id", "coord-0"]), false));
     }
 
-    /// A joiner nobody can reach stays a learner however often it retries: promoting it
-    /// would make every commit of a one-voter group wait for it (the joint configuration's
-    /// quorum needs both).
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn an_unreachable_joiner_is_never_promoted() {
-        let dir = tempfile::tempdir().unwrap();
-        let data = dir.path().join("data");
+    /// coord-0 bootstrapped alone and leading, and a port nobody listens on any more.
+    async fn alone_with_a_dead_port(dir: &std::path::Path) -> (Running, String) {
+        let data = dir.join("data");
         let running = start(args(&[
             "--id",
             "coord-0",
@@ -654,12 +651,70 @@ mod tests {
             .metrics(|m| m.current_leader == Some(me), "a leader")
             .await
             .unwrap();
-        // A port nobody listens on any more.
         let dead = std::net::TcpListener::bind("127.0.0.1:0")
             .unwrap()
             .local_addr()
             .unwrap()
             .to_string();
+        (running, dead)
+    }
+
+    /// A leader deposed while it waits for a joiner to catch up answers the join at once
+    /// with NotLeader (the joiner follows the hint), not after the 25 s catch-up timeout.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_deposed_leader_answers_a_waiting_join_at_once() {
+        let dir = tempfile::tempdir().unwrap();
+        let (running, dead) = alone_with_a_dead_port(dir.path()).await;
+        let replica = running.replica.clone();
+        let join = tokio::spawn({
+            let replica = replica.clone();
+            async move { replica.add_voter("coord-9", &dead, "127.0.0.1:9").await }
+        });
+        let joiner = node_id_of("coord-9");
+        let m = replica
+            .raft
+            .wait(Some(Duration::from_secs(10)))
+            .metrics(
+                |m| {
+                    m.membership_config.membership().get_node(&joiner).is_some()
+                        && m.last_applied.map(|l| l.index) == m.last_log_index
+                },
+                "the learner added and applied",
+            )
+            .await
+            .unwrap();
+        // Another candidate with a newer term and the whole log: granted once coord-0's
+        // leader lease (one maximum election timeout) has run out, which deposes it.
+        let vote = openraft::raft::VoteRequest::new(
+            openraft::Vote::new(m.current_term + 1, joiner),
+            m.last_applied,
+        );
+        let deposed = tokio::time::timeout(Duration::from_secs(10), async {
+            while !replica.raft.vote(vote.clone()).await.unwrap().vote_granted {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        })
+        .await;
+        assert!(deposed.is_ok(), "coord-0 never granted the vote");
+        let answer = tokio::time::timeout(Duration::from_secs(5), join)
+            .await
+            .expect("the join answered within 5 s of the leader being deposed")
+            .unwrap();
+        assert!(
+            matches!(answer, Err(CoordError::NotLeader { .. })),
+            "{answer:?}"
+        );
+        running.shutdown().await.unwrap();
+    }
+
+    /// A joiner nobody can reach stays a learner however often it retries: promoting it
+    /// would make every commit of a one-voter group wait for it (the joint configuration's
+    /// quorum needs both).
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unreachable_joiner_is_never_promoted() {
+        let dir = tempfile::tempdir().unwrap();
+        let (running, dead) = alone_with_a_dead_port(dir.path()).await;
+        let me = running.node_id;
         let replica = running.replica.clone();
         for attempt in 0..2 {
             let join = tokio::time::timeout(

@@ -7,6 +7,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use bigfleet_mesh::{ClassifyError, ErrorClass};
 use openraft::ChangeMembers;
 use openraft::ServerState;
+use openraft::error::{ClientWriteError, RaftError};
 use parking_lot::Mutex;
 use tonic::Status;
 
@@ -107,19 +108,15 @@ impl Replica {
     /// The current term if this replica leads, else NotLeader with the leader's address.
     pub fn leader_term(&self) -> Result<u64, CoordError> {
         let m = self.raft.metrics().borrow().clone();
-        if m.state == ServerState::Leader && m.current_leader == Some(self.id) {
+        if self.leads_in(&m) {
             return Ok(m.current_term);
         }
-        let hint = m.current_leader.and_then(|l| {
-            m.membership_config
-                .membership()
-                .get_node(&l)
-                .map(|n| n.api_addr.clone())
-                .filter(|a| !a.is_empty())
-        });
-        Err(CoordError::NotLeader {
-            leader_api_addr: hint,
-        })
+        Err(not_leader(&m))
+    }
+
+    /// Whether `m` says this replica leads.
+    fn leads_in(&self, m: &RaftMetrics) -> bool {
+        m.state == ServerState::Leader && m.current_leader == Some(self.id)
     }
 
     /// Admits a call that `may_call` (the caller's role check) rules on: leadership comes
@@ -143,7 +140,7 @@ impl Replica {
             }
             Ok(Err(e)) => {
                 self.metrics.apply(OUTCOME_ERROR);
-                Err(CoordError::Unavailable(e.to_string()))
+                Err(write_failed(e))
             }
             Ok(Ok(resp)) => match resp.data.0 {
                 Some(Ok(effect)) => {
@@ -196,7 +193,7 @@ impl Replica {
             )
             .await
             .map_err(|_| unavailable("membership change timed out".into()))?
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(write_failed)?;
         }
         if !is_voter {
             // Also when it is a learner already (an earlier attempt that timed out): it is
@@ -209,16 +206,24 @@ impl Replica {
             let added = tokio::time::timeout(APPLY_TIMEOUT, self.raft.add_learner(id, node, false))
                 .await
                 .map_err(|_| unavailable("adding the learner timed out".into()))?
-                .map_err(|e| unavailable(e.to_string()))?;
+                .map_err(write_failed)?;
             let upto = added.log_id.index;
-            self.raft
+            let caught_up =
+                |m: &RaftMetrics| learner_matched(m, id).is_some_and(|l| l.index >= upto);
+            // A leader deposed meanwhile answers at once with the hint, so the joiner
+            // follows it to the new leader instead of waiting out the catch-up timeout.
+            let m = self
+                .raft
                 .wait(Some(LEARNER_CATCH_UP_TIMEOUT))
                 .metrics(
-                    |m| learner_matched(m, id).is_some_and(|l| l.index >= upto),
-                    "learner caught up",
+                    |m| caught_up(m) || !self.leads_in(m),
+                    "learner caught up or leadership lost",
                 )
                 .await
                 .map_err(|_| unavailable("learner did not catch up in time".into()))?;
+            if !caught_up(&m) {
+                return Err(not_leader(&m));
+            }
             tracing::info!(node = name, "promoting to voter");
             tokio::time::timeout(
                 APPLY_TIMEOUT,
@@ -227,7 +232,7 @@ impl Replica {
             )
             .await
             .map_err(|_| unavailable("membership change timed out".into()))?
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(write_failed)?;
         }
         Ok(())
     }
@@ -275,6 +280,35 @@ impl Replica {
     }
 }
 
+/// A refused proposal or membership change: NotLeader (with the new leader's address, so
+/// the caller follows it) when leadership moved under it, else UNAVAILABLE.
+fn write_failed(e: RaftError<NodeId, ClientWriteError<NodeId, CoordNode>>) -> CoordError {
+    match e.forward_to_leader() {
+        Some(f) => CoordError::NotLeader {
+            leader_api_addr: f
+                .leader_node
+                .as_ref()
+                .map(|n| n.api_addr.clone())
+                .filter(|a| !a.is_empty()),
+        },
+        None => CoordError::Unavailable(e.to_string()),
+    }
+}
+
+/// NotLeader with the address of the leader `m` knows of, if any.
+fn not_leader(m: &RaftMetrics) -> CoordError {
+    let hint = m.current_leader.and_then(|l| {
+        m.membership_config
+            .membership()
+            .get_node(&l)
+            .map(|n| n.api_addr.clone())
+            .filter(|a| !a.is_empty())
+    });
+    CoordError::NotLeader {
+        leader_api_addr: hint,
+    }
+}
+
 /// The last log entry `learner` has acknowledged to this replica, while it leads.
 fn learner_matched(metrics: &RaftMetrics, learner: NodeId) -> Option<LogId> {
     *metrics.replication.as_ref()?.get(&learner)?
@@ -308,6 +342,31 @@ mod tests {
         );
         assert_eq!(leader_hint(&s).as_deref(), Some("10.0.0.2:7790"));
         assert_eq!(leader_hint(&not_leader(None)), None);
+    }
+
+    #[test]
+    fn a_write_refused_for_lost_leadership_is_not_leader_with_the_new_leaders_address() {
+        let forward = |leader_node: Option<CoordNode>| {
+            write_failed(RaftError::APIError(ClientWriteError::ForwardToLeader(
+                openraft::error::ForwardToLeader {
+                    leader_id: leader_node.as_ref().map(|_| 2),
+                    leader_node,
+                },
+            )))
+        };
+        let c2 = CoordNode {
+            name: "coord-2".into(),
+            raft_addr: "10.0.0.2:7791".into(),
+            api_addr: "10.0.0.2:7790".into(),
+        };
+        let s = Status::from(forward(Some(c2)));
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(leader_hint(&s).as_deref(), Some("10.0.0.2:7790"));
+        let s = Status::from(forward(None));
+        assert_eq!(s.code(), Code::FailedPrecondition);
+        assert_eq!(leader_hint(&s), None);
+        let fatal = write_failed(RaftError::Fatal(openraft::error::Fatal::Stopped));
+        assert_eq!(Status::from(fatal).code(), Code::Unavailable);
     }
 
     #[test]
