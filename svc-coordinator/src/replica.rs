@@ -208,21 +208,28 @@ impl Replica {
                 .map_err(|_| unavailable("adding the learner timed out".into()))?
                 .map_err(write_failed)?;
             let upto = added.log_id.index;
+            let term = added.log_id.leader_id.term;
             let caught_up =
                 |m: &RaftMetrics| learner_matched(m, id).is_some_and(|l| l.index >= upto);
             // A leader deposed meanwhile answers at once with the hint, so the joiner
-            // follows it to the new leader instead of waiting out the catch-up timeout.
+            // follows it to the new leader instead of waiting out the catch-up timeout. The
+            // term, not just the state, is watched: metrics updates coalesce, so a leader
+            // deposed and re-elected at once may never be seen as a follower.
             let m = self
                 .raft
                 .wait(Some(LEARNER_CATCH_UP_TIMEOUT))
                 .metrics(
-                    |m| caught_up(m) || !self.leads_in(m),
-                    "learner caught up or leadership lost",
+                    |m| caught_up(m) || m.current_term != term || !self.leads_in(m),
+                    "learner caught up or leadership changed",
                 )
                 .await
                 .map_err(|_| unavailable("learner did not catch up in time".into()))?;
             if !caught_up(&m) {
-                return Err(not_leader(&m));
+                return Err(if self.leads_in(&m) {
+                    unavailable("re-elected while the learner caught up".into())
+                } else {
+                    not_leader(&m)
+                });
             }
             tracing::info!(node = name, "promoting to voter");
             tokio::time::timeout(

@@ -49,7 +49,9 @@ async fn the_read_follows_a_transfer_from_release_to_done() {
     let mut c = client(&r.api_addr()).await.expect("connect");
     let mut info = info_client(&r.api_addr()).await;
 
-    let mut recipient = FakeShard::short_of_gpus("s0", 2);
+    // Short of nothing until ownership has been read: with a shortfall from the start, the
+    // 200 ms rebalancer may begin a transfer before that first read.
+    let mut recipient = FakeShard::new("s0");
     let mut donor = FakeShard::with_idle_gpus("s1", &["m1", "m2", "m3"]);
     donor.answering = false;
     recipient.report(&mut c).await.unwrap();
@@ -75,6 +77,7 @@ async fn the_read_follows_a_transfer_from_release_to_done() {
     assert_eq!(owned, vec![("s0", vec![]), ("s1", vec![("zone", "z1")])]);
 
     // The rebalancer starts a transfer; the donor holds its ack, so it stays in release.
+    recipient.shortfalls = vec![gpu_shortfall(); 2];
     wait_until(WITHIN, "a release instruction", async || {
         recipient.report(&mut c).await.unwrap();
         donor.report(&mut c).await.unwrap();
