@@ -154,13 +154,13 @@ async fn decide_rejections_are_counted_under_the_reason_decide_names() {
 
     let mut s = open(&target, "a").await;
     s.send(rollup_msg(typical("a", 1))).await;
-    assert_eq!(s.next_ack().await.echo, "rollup");
+    assert_eq!(s.next_ack_among_pushes().await.echo, "rollup");
     let before = decide.decide().cluster_needs("a");
     assert!(!before.is_empty());
 
     // Within every per-roll-up bound, over the shard's: only decide can refuse it.
     s.send(rollup_msg(many_names("a", 2, 20, 10))).await;
-    let ack = s.next_ack().await;
+    let ack = s.next_ack_among_pushes().await;
     assert!(
         ack.echo.starts_with(
             "rollup rejected: decide: roll-up rejected: max-shard-resource-dimensions = 8 \

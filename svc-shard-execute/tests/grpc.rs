@@ -13,7 +13,7 @@ use bigfleet_proto::v1alpha1 as pb;
 use bigfleet_testkit::{http_request, wait_until};
 use common::*;
 use svc_shard_execute::doubles::BlobScript;
-use svc_shard_execute::{Running, StartError, start};
+use svc_shard_execute::{Config, Running, StartError, start};
 use tokio::net::TcpListener;
 use tokio_stream::wrappers::TcpListenerStream;
 use tonic::Code;
@@ -34,7 +34,7 @@ fn queue_bootstrap(m: &Mesh) {
 
 /// Starts a worker on the queued bootstrap of `idle-1`, whose blob the operator hands over
 /// only after `delay`, and returns once the blob was asked for: the action is mid-flight.
-async fn start_mid_bootstrap(m: &Mesh, worker: &str, delay: Duration) -> Running {
+async fn start_mid_bootstrap(m: &Mesh, cfg: Config, delay: Duration) -> Running {
     m.gateway.script(
         "c1",
         BlobScript::Blob {
@@ -42,7 +42,7 @@ async fn start_mid_bootstrap(m: &Mesh, worker: &str, delay: Duration) -> Running
             delay,
         },
     );
-    let running = start(m.config(worker, 4)).await.unwrap();
+    let running = start(cfg).await.unwrap();
     wait_until(WAIT, "the bootstrap call", async || {
         m.gateway.bootstraps().len() == 1
     })
@@ -320,7 +320,7 @@ async fn a_restarted_worker_picks_up_abandoned_work() {
     m.decide.set_reissue_abandoned(true);
     queue_bootstrap(&m);
     // The operator is slow: the action is mid-flight when the worker dies.
-    let first = start_mid_bootstrap(&m, "w-old", Duration::from_secs(30)).await;
+    let first = start_mid_bootstrap(&m, m.config("w-old", 4), Duration::from_secs(30)).await;
     first.abort().await;
     // Decide sees the stream end and abandons the action.
     wait_until(WAIT, "the stream to end", async || {
@@ -390,8 +390,11 @@ async fn the_worker_reconnects_when_decide_goes_away_and_comes_back() {
 async fn graceful_shutdown_finishes_and_reports_running_actions() {
     let m = mesh(ProviderConfig::default()).await;
     queue_bootstrap(&m);
-    // Under the 300 ms bootstrap timeout of the test config.
-    let running = start_mid_bootstrap(&m, "w1", Duration::from_millis(150)).await;
+    // Well under the bootstrap timeout: with the test config's 300 ms, a loaded machine
+    // timed the 150 ms blob out.
+    let mut cfg = m.config("w1", 4);
+    cfg.exec.bootstrap_timeout = Duration::from_secs(30);
+    let running = start_mid_bootstrap(&m, cfg, Duration::from_millis(500)).await;
     running.shutdown().await;
     let dones = m.decide.dones();
     assert_eq!(dones.len(), 1);

@@ -259,6 +259,19 @@ impl RawSession {
             other => panic!("expected an ack, got {other:?}"),
         }
     }
+
+    /// The next ack, passing over the node and capacity updates a real decide pushes
+    /// whenever its cycle runs (they may come before the ack of a roll-up sent after them).
+    pub async fn next_ack_among_pushes(&mut self) -> Acknowledgement {
+        loop {
+            match self.next_payload().await {
+                shard_message::Payload::Ack(a) => return a,
+                shard_message::Payload::NodeStateUpdate(_)
+                | shard_message::Payload::AvailableCapacity(_) => {}
+                other => panic!("expected an ack or a push, got {other:?}"),
+            }
+        }
+    }
 }
 
 /// The fake provider's built-in catalog served on `<dir>/provider.sock`, and a decide
