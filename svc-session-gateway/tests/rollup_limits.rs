@@ -95,7 +95,8 @@ async fn a_rollup_over_a_bound_is_rejected_whole_under_a_fixed_reason() {
         RollupLimits::DEFAULT_MAX_RESOURCE_ENTRIES,
     )))
     .await;
-    let ack = s.next_ack().await;
+    // 3 MB to decode and check: more than the usual frame wait on a loaded machine.
+    let ack = s.next_ack_within(Duration::from_secs(30)).await;
     assert!(
         ack.echo.starts_with(
             "rollup rejected: max-rollup-resource-dimensions = 64 exceeded at \
