@@ -293,9 +293,19 @@ async fn threeshard_cross_shard_drain_honours_the_donors_grace_and_reclaim_budge
     // Reclaim budget per cluster: max(1, ⌊0.05 × 4⌋) = 1 per 10-minute window, so within
     // this test shard-1 may reclaim at most one of c1's machines, however often it is asked;
     // a 1 s cool-down lets the coordinator ask again and again.
+    // The default four transfers per 5 minutes can run out before the second drain: a
+    // loaded machine's stale shard-1 report ("4 free") costs an empty idle transfer, and the
+    // drained machine then takes a speculative attempt and an idle transfer to move.
     let mut sc = three_shards(
         gpu_only_catalog(),
-        &["--rebalance-settle", "1s", "--rebalance-cooldown", "1s"],
+        &[
+            "--rebalance-settle",
+            "1s",
+            "--rebalance-cooldown",
+            "1s",
+            "--rebalance-max-per-window",
+            "20",
+        ],
         &[
             "--reclaim-budget-fraction=0.05",
             "--reclaim-budget-window=10m",

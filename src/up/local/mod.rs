@@ -209,7 +209,12 @@ mod tests {
     #[tokio::test]
     async fn a_child_that_exits_before_ready_fails_start_with_its_log() {
         let dir = tempfile::tempdir().unwrap();
-        let spec = spec_running(dir.path(), "echo boom-before-ready; exit 3");
+        // Only the coordinator fails (its arguments alone have --raft-bind); the providers
+        // started beside it keep running, so the crash must name the one that exited.
+        let spec = spec_running(
+            dir.path(),
+            r#"case "$*" in *--raft-bind*) echo boom-before-ready; exit 3;; esac; exec sleep 60"#,
+        );
         match Mesh::start(spec).await {
             Err(UpError::ChildFailed(crash)) => {
                 assert_eq!(crash.name, "coordinator");
