@@ -378,8 +378,7 @@ impl ShardView for CoordView {
         if let Some(ids) = self.answered(instruction_id) {
             return applied(TransferVerdict::Released(ids));
         }
-        let selector = |t: &String| t == "*" || t.starts_with("*/");
-        if d.machine_ids.is_empty() || !d.machine_ids.iter().all(selector) {
+        if d.machine_ids.is_empty() || !d.machine_ids.iter().all(|t| t.starts_with('*')) {
             return Applied::Invalid("a drain names selectors (*, */<type>) only".to_owned());
         }
         let verdict =

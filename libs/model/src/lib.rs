@@ -1,5 +1,5 @@
 //! Domain types: machines, states and transitions, resources, penalty buckets,
-//! requirements, profiles, needs, actions.
+//! requirements, profiles, needs, actions, release selectors.
 //!
 //! This crate is the shared vocabulary of the shard:
 //! plain owned types with their invariants, no I/O and no proto types (those
@@ -13,6 +13,7 @@ pub mod machine;
 pub mod need;
 pub mod profile;
 pub mod quantity;
+pub mod release;
 pub mod requirement;
 pub mod resources;
 pub mod rng;
@@ -29,6 +30,7 @@ pub use machine::{
 pub use need::{Need, aggregate, snapshot_order};
 pub use profile::{Precedence, Profile};
 pub use quantity::{Milli, QuantityError, format_for_people, format_milli, parse_quantity};
+pub use release::{NotASelector, ReleaseSelector};
 pub use requirement::{
     CapacityType, INSTANCE_TYPE_KEY, Operator, Requirement, TopologySpread, WhenUnsatisfiable,
     ZONE_KEY, matches_machine, matches_requirements, pinned_instance_types, same_requirement,

@@ -24,7 +24,7 @@
 //! never comes costs the donor only the hold.
 
 use crate::inventory::Inventory;
-use crate::ownership::{TransferVerdict, selector};
+use crate::ownership::{TransferVerdict, selectors};
 use crate::shard::Decide;
 use bigfleet_decision::{Ownership, drain_grace, victim_score};
 use bigfleet_model::{Action, MachineState};
@@ -66,7 +66,8 @@ impl DrainBook {
 
 impl Decide {
     /// Donor half of `CrossShardDrain`: choose up to one victim per selector
-    /// (`*` or `*/<type>`) among owned Configured machines serving demand of
+    /// (`*`, `*/<type>`, with what the shortfall lacks and must match: ADR-0142)
+    /// among owned Configured machines that fit it serving demand of
     /// priority strictly below `preemptor_priority`, ranked by Phase 2's victim
     /// score, and have them reclaimed through the normal action path (see the
     /// module docs). Returns the chosen ids, possibly none. `Busy` while a
@@ -75,17 +76,13 @@ impl Decide {
     pub fn drain_machines(
         &self,
         instruction_id: &str,
-        selectors: &[String],
+        tokens: &[String],
         preemptor_priority: i32,
     ) -> TransferVerdict {
-        if selectors.is_empty() {
+        if tokens.is_empty() {
             return TransferVerdict::Refused("no selectors".to_owned());
         }
-        let Some(wanted) = selectors
-            .iter()
-            .map(|t| selector(t))
-            .collect::<Option<Vec<Option<&str>>>>()
-        else {
+        let Ok(Some(wanted)) = selectors(tokens) else {
             return TransferVerdict::Refused("a drain names selectors (*, */<type>) only".into());
         };
         // An empty inventory would answer "nothing to drain" for a shard that has plenty.
@@ -127,10 +124,7 @@ impl Decide {
         scored.sort_by(|a, b| b.0.total_cmp(&a.0).then_with(|| a.1.id.cmp(&b.1.id)));
         let mut chosen = Vec::new();
         for want in &wanted {
-            if let Some(i) = scored
-                .iter()
-                .position(|(_, m)| want.is_none_or(|t| m.profile.instance_type == t))
-            {
+            if let Some(i) = scored.iter().position(|(_, m)| want.fits(m)) {
                 chosen.push(scored.remove(i).1);
             }
         }
@@ -155,7 +149,7 @@ impl Decide {
         tracing::info!(
             instruction = instruction_id,
             preemptor_priority,
-            asked = selectors.len(),
+            asked = tokens.len(),
             chosen = ids.len(),
             "cross-shard drain: victims chosen"
         );

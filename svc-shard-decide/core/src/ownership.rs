@@ -10,7 +10,7 @@
 
 use crate::shard::Decide;
 use bigfleet_decision::Ownership;
-use bigfleet_model::MachineState;
+use bigfleet_model::{MachineState, NotASelector, ReleaseSelector};
 use std::collections::BTreeSet;
 
 /// What applying a transfer half did.
@@ -29,13 +29,20 @@ pub enum TransferVerdict {
     Released(Vec<String>),
 }
 
-/// A release token that asks the donor to choose: `*` (any instance type) or
-/// `*/<type>`; never a machine id (ADR-0130). `Some(None)` = any type.
-pub(crate) fn selector(token: &str) -> Option<Option<&str>> {
-    match token.strip_prefix('*')? {
-        "" => Some(None),
-        rest => rest.strip_prefix('/').map(Some),
+/// The release selectors of a release payload (ADR-0130, ADR-0142): `Ok(None)` when it
+/// names machine ids only; `Err` when it mixes the two or a `*` token does not parse.
+pub(crate) fn selectors(ids: &[String]) -> Result<Option<Vec<ReleaseSelector>>, String> {
+    let asks = ids.iter().filter(|t| t.starts_with('*')).count();
+    if asks == 0 {
+        return Ok(None);
     }
+    if asks != ids.len() {
+        return Err("selectors mixed with machine ids".to_owned());
+    }
+    ids.iter()
+        .map(|t| t.parse().map_err(|e: NotASelector| e.to_string()))
+        .collect::<Result<_, _>>()
+        .map(Some)
 }
 
 impl Decide {
@@ -116,11 +123,11 @@ impl Decide {
             Err(busy) => return busy,
         };
         let owned = self.ownership();
-        let selectors: Vec<Option<&str>> = ids.iter().filter_map(|t| selector(t)).collect();
-        if !selectors.is_empty() {
-            if selectors.len() != ids.len() {
-                return TransferVerdict::Refused("selectors mixed with machine ids".to_owned());
-            }
+        let wanted = match selectors(ids) {
+            Ok(w) => w,
+            Err(e) => return TransferVerdict::Refused(e),
+        };
+        if let Some(wanted) = wanted {
             let chosen = {
                 let work = self.inner.work.lock();
                 let busy = work.ledger.machines_with_actions();
@@ -134,11 +141,8 @@ impl Decide {
                     .collect();
                 free.sort_by(|a, b| a.id.cmp(&b.id));
                 let mut chosen = Vec::new();
-                for want in &selectors {
-                    if let Some(i) = free
-                        .iter()
-                        .position(|m| want.is_none_or(|t| m.profile.instance_type == t))
-                    {
+                for want in &wanted {
+                    if let Some(i) = free.iter().position(|m| want.fits(m)) {
                         chosen.push(free.remove(i).id);
                     }
                 }

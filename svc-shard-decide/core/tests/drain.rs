@@ -106,6 +106,11 @@ async fn a_drain_takes_only_lower_priority_victims_best_first() {
         TransferVerdict::Released(ids(&["b-low", "a-mid"]))
     );
     assert_eq!(pending(&d), ["b-low", "a-mid"]);
+    // A shortfall that lacks GPUs drains none of these CPU machines (ADR-0142).
+    assert_eq!(
+        d.drain_machines("d1-gpu", &selectors("*?needs=nvidia.com/gpu", 3), 1_000),
+        TransferVerdict::Released(vec![])
+    );
     // A machine already chosen is not chosen twice; "*" takes any type.
     assert_eq!(
         d.drain_machines("d2", &selectors("*", 3), 1_000),

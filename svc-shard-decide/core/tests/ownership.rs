@@ -184,3 +184,49 @@ async fn a_selector_release_chooses_owned_idle_machines_of_the_type() {
     let released = h.decide.ownership().released;
     assert_eq!(released.into_iter().collect::<Vec<_>>(), ["a", "b", "c"]);
 }
+
+/// ADR-0142: a selector names what the shortfall lacks and must match, and the donor
+/// releases only machines that have it — never a CPU machine for a GPU shortfall.
+#[tokio::test]
+async fn a_selector_release_gives_only_machines_that_fit_the_shortfall() {
+    let p = provider();
+    let mut gpu = idle("g-gpu", "za", 0.1);
+    gpu.instance_type = "bm.gpu.8".into();
+    gpu.resources
+        .get_or_insert_with(Default::default)
+        .resources
+        .insert("nvidia.com/gpu".into(), "8".into());
+    p.add_machine(gpu).unwrap();
+    p.add_machine(idle("a-cpu", "za", 0.1)).unwrap();
+    p.add_machine(idle("b-cpu", "za", 0.1)).unwrap();
+    let h = Harness::start_with(cfg_rails_off(), p).await;
+    h.decide.run_cycle().await.unwrap();
+    h.decide.assign_domain(ZONE_KEY, "za");
+    // Two asked for an untyped GPU shortfall: the one GPU machine, not the CPU ones that
+    // come first in id order.
+    assert_eq!(
+        h.decide.release_machines(&[
+            "*?needs=cpu,nvidia.com/gpu".to_owned(),
+            "*?needs=nvidia.com/gpu".to_owned()
+        ]),
+        TransferVerdict::Released(vec!["g-gpu".into()])
+    );
+    // The shortfall's requirements are matched too.
+    assert_eq!(
+        h.decide
+            .release_machines(&[format!("*?match={ZONE_KEY}:In:zb")]),
+        TransferVerdict::Released(vec![])
+    );
+    assert_eq!(
+        h.decide
+            .release_machines(&[format!("*/m5.xlarge?match={ZONE_KEY}:In:za")]),
+        TransferVerdict::Released(vec!["a-cpu".into()])
+    );
+    // A token that starts like a selector but is not one is refused whole.
+    assert!(matches!(
+        h.decide.release_machines(&["*?size=big".to_owned()]),
+        TransferVerdict::Refused(_)
+    ));
+    let released = h.decide.ownership().released;
+    assert_eq!(released.into_iter().collect::<Vec<_>>(), ["a-cpu", "g-gpu"]);
+}
