@@ -280,9 +280,11 @@ impl Coordinator {
         let reports = self.soft.reports(None);
         let mut persistence = rebalance::Persistence::default();
         let persisted = persistence.observe(
-            reports
-                .iter()
-                .flat_map(|(id, r)| r.needs.iter().map(move |n| (id.clone(), n.0.clone()))),
+            reports.iter().flat_map(|(id, r)| {
+                r.needs
+                    .iter()
+                    .map(move |n| (id.clone(), n.instance_type.clone()))
+            }),
             now,
         );
         let views: Vec<rebalance::ShardView> = reports

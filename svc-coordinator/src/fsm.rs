@@ -895,6 +895,7 @@ mod transfer_tests {
                 started_at_unix_ns: 1,
                 updated_at_unix_ns: 1,
                 reason: String::new(),
+                selectors: Vec::new(),
             },
         }
     }

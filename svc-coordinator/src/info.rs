@@ -161,6 +161,7 @@ mod tests {
             started_at_unix_ns: 10,
             updated_at_unix_ns: 20,
             reason: String::new(),
+            selectors: Vec::new(),
         }
     }
 

@@ -69,12 +69,42 @@ impl Default for Policy {
 /// One unmet need of a shard, as its report states it.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Need {
-    /// Empty: the shortfall pins no instance type (any machine will do).
+    /// Empty: the shortfall pins no instance type (its selector says what will do).
     pub instance_type: String,
     pub priority: i32,
     pub age_cycles: i32,
     /// How long the coordinator has seen this (shard, type) short (see [`Persistence`]).
     pub persisted_for: Duration,
+    /// The release token for one machine of this shortfall (ADR-0142): what it lacks and
+    /// must match, so a donor never gives a machine it cannot use. `*/<type>` when empty.
+    pub selector: String,
+}
+
+/// What the coordinator keeps of one reported shortfall.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Shortage {
+    /// The pinned instance type, or empty.
+    pub instance_type: String,
+    pub priority: i32,
+    pub age_cycles: i32,
+    /// Its release token (see [`Need::selector`]).
+    pub selector: String,
+}
+
+impl Shortage {
+    /// What the rebalancer keeps of `s`.
+    pub fn of(s: &pb::Shortfall) -> Shortage {
+        let instance_type = instance_type_of(&s.requirements);
+        let selector =
+            bigfleet_conv::release_selector(&instance_type, &s.requirements, s.deficit.as_ref())
+                .to_string();
+        Shortage {
+            instance_type,
+            priority: s.priority,
+            age_cycles: s.age_cycles,
+            selector,
+        }
+    }
 }
 
 /// What the policy knows about one shard.
@@ -173,6 +203,9 @@ fn promised(active: &[Transfer], donor: &str, instance_type: &str) -> u32 {
         .sum()
 }
 
+/// (recipient shard, instance type): one need of the round.
+type NeedKey = (String, String);
+
 /// The decision: pure and deterministic (ties break by shard id and type).
 pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
     let now = inputs.now_unix_ns;
@@ -180,13 +213,13 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
 
     // The strongest need per (recipient, type): its highest priority and oldest age; the
     // count asked is one machine per shortfall of that type, capped.
-    let mut needs: BTreeMap<(String, String), (Need, u32)> = BTreeMap::new();
+    let mut needs: BTreeMap<NeedKey, (Need, Vec<String>)> = BTreeMap::new();
     for s in inputs.shards {
         for n in &s.needs {
             let e = needs
                 .entry((s.shard.clone(), n.instance_type.clone()))
-                .or_insert_with(|| (n.clone(), 0));
-            e.1 += 1;
+                .or_insert_with(|| (n.clone(), Vec::new()));
+            e.1.push(n.selector.clone());
             if n.priority > e.0.priority {
                 e.0.priority = n.priority;
             }
@@ -194,7 +227,7 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
             e.0.persisted_for = e.0.persisted_for.max(n.persisted_for);
         }
     }
-    let mut order: Vec<((String, String), (Need, u32))> = needs.into_iter().collect();
+    let mut order: Vec<(NeedKey, (Need, Vec<String>))> = needs.into_iter().collect();
     order.sort_by(|a, b| {
         (b.1.0.priority, b.1.0.age_cycles)
             .cmp(&(a.1.0.priority, a.1.0.age_cycles))
@@ -211,7 +244,8 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
     // What this round adds on top of the transfers in flight.
     let mut planned: Vec<Transfer> = Vec::new();
 
-    for ((recipient, itype), (need, asked)) in order {
+    for ((recipient, itype), (need, tokens)) in order {
+        let asked = u32::try_from(tokens.len()).unwrap_or(u32::MAX);
         let skip = |reason, detail: String| Skip {
             recipient: recipient.clone(),
             instance_type: itype.clone(),
@@ -273,11 +307,18 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
             // Moved from the recipient to this donor recently: moving it back would flap.
             // Or a transfer of this type between the two failed recently (a shard that
             // refuses will refuse again): back off for the cool-down.
+            // So does a donor that had neither an idle machine nor a speculative slot that
+            // fits (its speculative transfer, tried after an empty idle one, came back
+            // empty too): asking again would only spend the window's starts.
             let cooling = inputs.recent.iter().any(|t| {
                 let back = t.donor == recipient && t.recipient == donor;
-                let failed =
-                    t.phase == Phase::Failed && t.donor == donor && t.recipient == recipient;
-                (back || failed)
+                let ours = t.donor == donor && t.recipient == recipient;
+                let failed = ours && t.phase == Phase::Failed;
+                let found_nothing = ours
+                    && t.kind == TransferKind::Speculative
+                    && t.phase == Phase::Done
+                    && t.machine_ids.is_empty();
+                (back || failed || found_nothing)
                     && t.instance_type == itype
                     && t.updated_at_unix_ns >= now.saturating_sub(ns(policy.cooldown))
             });
@@ -380,6 +421,17 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
                     started_at_unix_ns: now,
                     updated_at_unix_ns: now,
                     reason: why,
+                    selectors: tokens
+                        .iter()
+                        .take(count as usize)
+                        .map(|t| {
+                            if t.is_empty() {
+                                legacy_selector(&itype)
+                            } else {
+                                t.clone()
+                            }
+                        })
+                        .collect(),
                 };
                 planned.push(t.clone());
                 round.decisions.push(t);
@@ -391,6 +443,15 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
         }
     }
     round
+}
+
+/// The token of a shortfall known only by its type.
+fn legacy_selector(instance_type: &str) -> String {
+    if instance_type.is_empty() {
+        "*".to_owned()
+    } else {
+        format!("*/{instance_type}")
+    }
 }
 
 fn type_label(t: &str) -> &str {
@@ -445,7 +506,7 @@ impl Persistence {
 pub fn view_of(
     shard: &str,
     summary: Option<&pb::ShardSummary>,
-    shortfalls: &[(String, i32, i32)],
+    shortfalls: &[Shortage],
     persisted: &BTreeMap<(String, String), Duration>,
 ) -> ShardView {
     let mut v = ShardView {
@@ -464,14 +525,15 @@ pub fn view_of(
     }
     v.needs = shortfalls
         .iter()
-        .map(|(t, priority, age)| Need {
-            instance_type: t.clone(),
-            priority: *priority,
-            age_cycles: *age,
+        .map(|s| Need {
+            instance_type: s.instance_type.clone(),
+            priority: s.priority,
+            age_cycles: s.age_cycles,
             persisted_for: persisted
-                .get(&(shard.to_owned(), t.clone()))
+                .get(&(shard.to_owned(), s.instance_type.clone()))
                 .copied()
                 .unwrap_or_default(),
+            selector: s.selector.clone(),
         })
         .collect();
     v
@@ -490,6 +552,7 @@ mod tests {
             priority,
             age_cycles: 10,
             persisted_for: Duration::from_secs(3600),
+            selector: String::new(),
         }
     }
 
@@ -691,6 +754,72 @@ mod tests {
         assert_eq!(r.decisions[0].kind, TransferKind::Speculative);
     }
 
+    /// ADR-0142: each token names what its shortfall lacks and must match, so the donor
+    /// can refuse to give a machine the recipient cannot use (an untyped GPU shortfall and
+    /// a shard of CPU machines).
+    #[test]
+    fn the_release_names_what_each_shortfall_lacks() {
+        let untyped = |priority, selector: &str| Need {
+            selector: selector.into(),
+            ..need("", priority)
+        };
+        let shards = [
+            shard(
+                "s0",
+                &[],
+                vec![
+                    untyped(100, "*?needs=nvidia.com/gpu"),
+                    untyped(90, "*?needs=cpu"),
+                ],
+            ),
+            shard("s1", &[("cpu-type", 3)], vec![]),
+        ];
+        let r = run(&Policy::default(), &shards, &[], &[], 10 * MIN);
+        let t = r.decisions[0].transfer("t1".into(), "i1".into(), 10 * MIN);
+        assert_eq!(t.selectors, ["*?needs=nvidia.com/gpu", "*?needs=cpu"]);
+        let Some(pb::coordinator_instruction::Payload::TransferOwnership(o)) = t.payload() else {
+            panic!("{t:?}");
+        };
+        assert_eq!(o.machine_ids, t.selectors);
+        // A shortfall known by its type only keeps the old token.
+        let r = run(
+            &Policy::default(),
+            &gpu_short_and_free(),
+            &[],
+            &[],
+            10 * MIN,
+        );
+        assert_eq!(r.decisions[0].selectors, ["*/gpu"]);
+    }
+
+    /// A donor that found neither an idle machine nor a speculative slot that fits is not
+    /// asked again within the cool-down: the next donor is, though it has less free.
+    #[test]
+    fn a_donor_with_nothing_that_fits_is_left_alone_for_the_cooldown() {
+        let p = Policy::default();
+        let shards = [
+            shard("s0", &[], vec![need("", 100)]),
+            shard("s1", &[("cpu-type", 8)], vec![]),
+            shard("s2", &[("gpu", 2)], vec![]),
+        ];
+        let idle = run(&p, &shards, &[], &[], 10 * MIN).decisions[0].clone();
+        assert_eq!(idle.donor, "s1", "the most free first");
+        let idle = ended(&idle, "t1", 10 * MIN, Phase::Done, &[]);
+        let spec =
+            run(&p, &shards, &[], std::slice::from_ref(&idle), 11 * MIN).decisions[0].clone();
+        assert_eq!(
+            (spec.kind, spec.donor.as_str()),
+            (TransferKind::Speculative, "s1")
+        );
+        let spec = ended(&spec, "t2", 11 * MIN, Phase::Done, &[]);
+        let recent = [idle, spec];
+        let next = run(&p, &shards, &[], &recent, 12 * MIN).decisions[0].clone();
+        assert_eq!((next.kind, next.donor.as_str()), (TransferKind::Idle, "s2"));
+        // After the cool-down s1 may be asked again.
+        let later = run(&p, &shards, &[], &recent, 11 * MIN + 11 * MIN).decisions[0].clone();
+        assert_eq!(later.donor, "s1");
+    }
+
     #[test]
     fn a_high_priority_need_drains_a_donor_without_free_supply() {
         let p = Policy {
@@ -730,7 +859,12 @@ mod tests {
         let v = view_of(
             "s1",
             Some(&summary),
-            &[("a".into(), 5, 4)],
+            &[Shortage {
+                instance_type: "a".into(),
+                priority: 5,
+                age_cycles: 4,
+                selector: "*/a".into(),
+            }],
             &BTreeMap::new(),
         );
         assert_eq!(
@@ -787,6 +921,7 @@ mod tests {
                             priority,
                             age_cycles,
                             persisted_for: Duration::from_secs(secs),
+                            selector: String::new(),
                         })
                         .collect(),
                 })
@@ -828,6 +963,8 @@ mod tests {
                 for (i, d) in r.decisions.iter().enumerate() {
                     prop_assert_ne!(&d.donor, &d.recipient);
                     prop_assert!(d.count >= 1 && d.count <= policy.max_machines_per_transfer);
+                    // One release token per machine asked for.
+                    prop_assert_eq!(d.selectors.len(), d.count as usize);
                     // A deficit already being met is never decided again.
                     prop_assert!(!before.iter().any(|t| t.recipient == d.recipient && t.instance_type == d.instance_type));
                     active.push(in_flight(d, &format!("r{round}-{i}"), now));

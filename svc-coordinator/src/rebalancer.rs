@@ -92,9 +92,11 @@ async fn round(replica: &Replica, cfg: &Config, term: u64, persistence: &mut Per
         })
         .collect();
     let persisted = persistence.observe(
-        fresh
-            .iter()
-            .flat_map(|(id, r)| r.needs.iter().map(move |n| (id.clone(), n.0.clone()))),
+        fresh.iter().flat_map(|(id, r)| {
+            r.needs
+                .iter()
+                .map(move |n| (id.clone(), n.instance_type.clone()))
+        }),
         now,
     );
     let views: Vec<ShardView> = fresh

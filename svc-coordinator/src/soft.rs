@@ -25,9 +25,8 @@ pub struct ReportSnapshot {
     pub summary: Option<ShardSummary>,
     /// Shortfalls with `requirements` dropped (only their size matters to the coordinator).
     pub shortfalls: Vec<Shortfall>,
-    /// Per shortfall, in order: (pinned instance type or empty, priority, age in cycles) —
-    /// what the rebalancer keeps of the requirements.
-    pub needs: Vec<(String, i32, i32)>,
+    /// Per shortfall, in order: what the rebalancer keeps of it.
+    pub needs: Vec<crate::rebalance::Shortage>,
 }
 
 #[derive(Debug, Default)]
@@ -99,13 +98,7 @@ impl SoftState {
                 needs: report
                     .shortfalls
                     .iter()
-                    .map(|s| {
-                        (
-                            crate::rebalance::instance_type_of(&s.requirements),
-                            s.priority,
-                            s.age_cycles,
-                        )
-                    })
+                    .map(crate::rebalance::Shortage::of)
                     .collect(),
             });
         }
@@ -275,7 +268,19 @@ mod tests {
         assert!(snap.shortfalls[0].requirements.is_empty());
         assert_eq!(snap.shortfalls[0].priority, 7);
         assert_eq!(snap.received_at_unix_ns, 5);
-        assert_eq!(snap.needs, [(String::new(), 7, 0)]);
+        let kept: Vec<_> = snap
+            .needs
+            .iter()
+            .map(|n| {
+                (
+                    n.instance_type.as_str(),
+                    n.priority,
+                    n.age_cycles,
+                    n.selector.as_str(),
+                )
+            })
+            .collect();
+        assert_eq!(kept, [("", 7, 0, "*")]);
     }
 
     #[test]

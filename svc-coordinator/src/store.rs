@@ -860,6 +860,7 @@ mod tests {
             started_at_unix_ns: 1,
             updated_at_unix_ns: 1,
             reason: String::new(),
+            selectors: Vec::new(),
         };
         {
             let store = Store::open(dir.path()).unwrap();

@@ -10,8 +10,9 @@
 //! * Release (to the donor): `TransferOwnership{machine_ids: ["*/<type>"; n], from: donor,
 //!   to: recipient}` (idle machines), `ReassignSpeculative{machine_ids: ["*/<type>"; n]}`
 //!   (speculative slots) or `CrossShardDrain{machine_ids: ["*/<type>"; n],
-//!   preemptor_priority}`. `"*"` alone means any instance type. The donor releases up to n
-//!   matching machines and acks ACCEPTED with `reason = "released: id1,id2"`.
+//!   preemptor_priority}`. `"*"` alone means any instance type; each token also names what
+//!   its shortfall lacks and must match (`*?needs=nvidia.com/gpu`, ADR-0142). The donor
+//!   releases up to n matching machines and acks ACCEPTED with `reason = "released: id1,id2"`.
 //! * Adopt (to the recipient, only after that ack): the same payload with the released ids
 //!   (`from: donor, to: recipient`). A drain has no adopt phase: the drained machines become
 //!   the donor's Idle supply, which a later transfer moves.
@@ -109,6 +110,10 @@ pub struct Transfer {
     /// Why it failed, or the decision's explanation while it runs.
     #[serde(default)]
     pub reason: String,
+    /// The release tokens, one per machine asked for: what each shortfall lacks and must
+    /// match (ADR-0142). Empty in transfers started before them: `*/<type>` × `count`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub selectors: Vec<String>,
 }
 
 impl Transfer {
@@ -145,6 +150,9 @@ impl Transfer {
     /// The current phase's instruction payload (`None` once finished).
     pub fn payload(&self) -> Option<Payload> {
         let selectors = || {
+            if !self.selectors.is_empty() {
+                return self.selectors.clone();
+            }
             let token = if self.instance_type.is_empty() {
                 SELECTOR.to_owned()
             } else {
@@ -303,6 +311,7 @@ mod tests {
             started_at_unix_ns: 1,
             updated_at_unix_ns: 1,
             reason: String::new(),
+            selectors: Vec::new(),
         }
     }
 

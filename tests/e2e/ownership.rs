@@ -30,8 +30,13 @@ pub fn zoned_catalog(pools: &[serde_json::Value]) -> bigfleet_fake_provider::Cat
 
 /// Two Idle reserved CPU machines in `zone`.
 pub fn cpu_pool(name: &str, zone: &str) -> serde_json::Value {
+    cpu_pool_of(name, zone, 2)
+}
+
+/// `idle` Idle reserved CPU machines in `zone`.
+pub fn cpu_pool_of(name: &str, zone: &str, idle: u32) -> serde_json::Value {
     serde_json::json!({"name": name, "instance_type": "s.small.8", "capacity_type": "reserved",
-        "zones": [zone], "price_per_hour": 0.2, "counts": {"idle": 2}})
+        "zones": [zone], "price_per_hour": 0.2, "counts": {"idle": idle}})
 }
 
 /// Four Idle bare-metal GPU machines in `zone`.

@@ -19,18 +19,21 @@ use bigfleet_proto::v1alpha1 as pb;
 
 use crate::harness::{Scenario, gpu_units, wait_until};
 use crate::ownership::{
-    all_owned_by, assign_zones, cpu_pool, gpu_pool, owned_set, owners, zoned_catalog,
+    all_owned_by, assign_zones, cpu_pool, cpu_pool_of, gpu_pool, owned_set, owners, zoned_catalog,
 };
 
 const GPU_TYPE: &str = "bm.gpu.8";
 const ZONES: [(&str, usize); 3] = [("fake-1a", 0), ("fake-1b", 1), ("fake-1c", 2)];
 
-/// CPU machines in fake-1a and fake-1c, the only GPU machines (all Idle) in fake-1b.
+/// CPU machines in fake-1a and fake-1c, the only GPU machines (all Idle) in fake-1b. Shard-2
+/// has more free machines (six CPU) than shard-1 has GPUs (four), so the coordinator asks it
+/// first for shard-0's GPU shortfall, which pins no instance type: it must give nothing
+/// (ADR-0142).
 fn catalog() -> Catalog {
     zoned_catalog(&[
         cpu_pool("cpu-a", "fake-1a"),
         gpu_pool("fake-1b"),
-        cpu_pool("cpu-c", "fake-1c"),
+        cpu_pool_of("cpu-c", "fake-1c", 6),
     ])
 }
 
@@ -125,7 +128,18 @@ async fn gpus_on_shard0(sc: &Scenario) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn threeshard_transfer_clears_a_shortfall_and_survives_a_coordinator_kill_mid_transfer() {
-    let mut sc = three_shards(catalog(), &["--rebalance-settle", "3s"], &[]).await;
+    // Shard-2's two empty answers (idle, then speculative) count against the window.
+    let mut sc = three_shards(
+        catalog(),
+        &[
+            "--rebalance-settle",
+            "3s",
+            "--rebalance-max-per-window",
+            "20",
+        ],
+        &[],
+    )
+    .await;
     let before = owners(&sc).await;
     assert!(
         before.iter().all(|(m, who)| who == &[zone_owner(m)]),

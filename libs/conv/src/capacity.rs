@@ -3,8 +3,8 @@
 use crate::error::ConvError;
 use crate::limits::{Limit, RollupLimits, key_path, qualified_name_problem};
 use bigfleet_model::{
-    ClusterId, Need, Operator, PenaltyBucket, Profile, Requirement, ResourceVector, TopologySpread,
-    WhenUnsatisfiable, parse_quantity,
+    ClusterId, INSTANCE_TYPE_KEY, Need, Operator, PenaltyBucket, Profile, ReleaseSelector,
+    Requirement, ResourceVector, TopologySpread, WhenUnsatisfiable, parse_quantity,
 };
 use bigfleet_proto::v1alpha1 as pb;
 use std::collections::HashSet;
@@ -466,6 +466,44 @@ fn dims_at<'a>(
     Ok(ResourceVector::from_milli(dims))
 }
 
+/// The release selector (ADR-0142) for a shortfall reported with these requirements and
+/// this deficit, pinned to `instance_type` when the shortfall pins one: the resources it
+/// still lacks (positive in the deficit) and its requirements. A part that does not
+/// validate is left out, which only widens what a donor may give.
+pub fn release_selector(
+    instance_type: &str,
+    requirements: &[pb::NodeSelectorRequirement],
+    deficit: Option<&pb::Resources>,
+) -> ReleaseSelector {
+    let lacking = deficit
+        .and_then(|d| resources_at("deficit", &d.resources).ok())
+        .map(|v| {
+            v.iter()
+                .filter(|(_, milli)| *milli > 0)
+                .map(|(name, _)| name.to_owned())
+                .collect()
+        })
+        .unwrap_or_default();
+    let pinned = (!instance_type.is_empty()).then(|| instance_type.to_owned());
+    // The pin itself is the `/<type>` part: no need to say it twice.
+    let pin = |r: &Requirement| {
+        r.key() == INSTANCE_TYPE_KEY
+            && r.operator() == Operator::In
+            && pinned
+                .as_deref()
+                .is_some_and(|t| r.values().iter().any(|v| v == t))
+    };
+    ReleaseSelector {
+        requirements: requirements_from_proto(requirements)
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|r| !pin(r))
+            .collect(),
+        instance_type: pinned,
+        resources: lacking,
+    }
+}
+
 /// Canonical quantity strings for the wire (into whichever map the message uses).
 pub fn resources_to_map<M: FromIterator<(String, String)>>(v: &ResourceVector) -> M {
     v.to_quantity_map().into_iter().collect()
@@ -749,5 +787,42 @@ mod tests {
         assert_eq!(n.aggregate_resources["memory"], "549755813888");
         assert_eq!(n.interruption_penalty_bucket, 16);
         assert_eq!(rollup_from_proto(&back).unwrap(), r);
+    }
+
+    #[test]
+    fn a_shortfalls_release_selector_names_what_it_lacks_and_must_match() {
+        let reqs = vec![pb::NodeSelectorRequirement {
+            key: "topology.kubernetes.io/zone".into(),
+            operator: pb::node_selector_requirement::Operator::In as i32,
+            values: vec!["z1".into()],
+        }];
+        let deficit = pb::Resources {
+            resources: [
+                ("nvidia.com/gpu".to_owned(), "2".to_owned()),
+                ("cpu".to_owned(), "0".to_owned()),
+                ("memory".to_owned(), "1Gi".to_owned()),
+            ]
+            .into(),
+        };
+        let sel = release_selector("", &reqs, Some(&deficit));
+        assert_eq!(
+            sel.to_string(),
+            "*?needs=memory,nvidia.com/gpu&match=topology.kubernetes.io/zone:In:z1"
+        );
+        // Pinned type, no deficit on record: the old token (the pin is not said twice).
+        let pin = pb::NodeSelectorRequirement {
+            key: INSTANCE_TYPE_KEY.into(),
+            operator: pb::node_selector_requirement::Operator::In as i32,
+            values: vec!["bm.gpu.8".into(), "bm.gpu.4".into()],
+        };
+        assert_eq!(
+            release_selector("bm.gpu.8", &[pin], None).to_string(),
+            "*/bm.gpu.8"
+        );
+        // A deficit that does not parse only widens the choice.
+        let bad = pb::Resources {
+            resources: [("cpu".to_owned(), "lots".to_owned())].into(),
+        };
+        assert_eq!(release_selector("", &[], Some(&bad)).to_string(), "*");
     }
 }

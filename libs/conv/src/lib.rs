@@ -18,9 +18,9 @@ pub mod provider;
 pub mod shard;
 
 pub use capacity::{
-    Rollup, need_from_proto, need_to_proto, penalty_bucket_from_proto, requirements_from_proto,
-    requirements_to_proto, resources_to_map, rollup_from_proto, rollup_from_proto_with,
-    rollup_to_proto,
+    Rollup, need_from_proto, need_to_proto, penalty_bucket_from_proto, release_selector,
+    requirements_from_proto, requirements_to_proto, resources_to_map, rollup_from_proto,
+    rollup_from_proto_with, rollup_to_proto,
 };
 pub use error::{ConvError, REJECT_REASON_METADATA};
 pub use fingerprint::{RollupFingerprint, rollup_fingerprint};
