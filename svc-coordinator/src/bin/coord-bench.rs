@@ -34,6 +34,10 @@ struct Cli {
     /// Leader kills to time.
     #[arg(long, default_value_t = 3)]
     failovers: usize,
+    /// Shortfalls per report (the shard's report carries up to 100), each with a zone
+    /// requirement and a three-resource deficit: what the leader turns into release tokens.
+    #[arg(long, default_value_t = 1)]
+    shortfalls: usize,
     /// The coordinator binary (default: next to this one).
     #[arg(long)]
     coordinator_bin: Option<PathBuf>,
@@ -205,10 +209,11 @@ async fn main() -> anyhow::Result<()> {
     // Registration (first sight goes through Raft) outside the measured window.
     let reg_start = Instant::now();
     let mut regs = Vec::new();
+    let n = cli.shortfalls;
     for (i, c) in clients.iter().enumerate() {
         let mut c = c.clone();
         regs.push(tokio::spawn(async move {
-            c.report_shard(report(i, 1)).await.map(|_| ())
+            c.report_shard(report(i, 1, n)).await.map(|_| ())
         }));
     }
     for r in regs {
@@ -226,7 +231,7 @@ async fn main() -> anyhow::Result<()> {
             let mut cycle = 2;
             while Instant::now() < deadline {
                 let t = Instant::now();
-                match c.report_shard(report(i, cycle)).await {
+                match c.report_shard(report(i, cycle, n)).await {
                     Ok(_) => h.record(t.elapsed().as_micros() as u64).expect("record"),
                     Err(_) => errors += 1,
                 }
@@ -299,7 +304,7 @@ async fn main() -> anyhow::Result<()> {
     Ok(())
 }
 
-fn report(i: usize, cycle: i64) -> pb::ShardReport {
+fn report(i: usize, cycle: i64, shortfalls: usize) -> pb::ShardReport {
     pb::ShardReport {
         shard_id: format!("shard-{i}"),
         cycle,
@@ -311,11 +316,26 @@ fn report(i: usize, cycle: i64) -> pb::ShardReport {
             free_machines: 100,
             ..Default::default()
         }),
-        shortfalls: vec![pb::Shortfall {
-            priority: 10,
-            age_cycles: 1,
-            ..Default::default()
-        }],
+        shortfalls: (0..shortfalls)
+            .map(|k| pb::Shortfall {
+                requirements: vec![pb::NodeSelectorRequirement {
+                    key: "topology.kubernetes.io/zone".into(),
+                    operator: pb::node_selector_requirement::Operator::In as i32,
+                    values: vec![format!("zone-{}", k % 3)],
+                }],
+                deficit: Some(pb::Resources {
+                    resources: [
+                        ("cpu".to_owned(), format!("{}", 8 + k)),
+                        ("memory".to_owned(), "64Gi".to_owned()),
+                        ("nvidia.com/gpu".to_owned(), "8".to_owned()),
+                    ]
+                    .into(),
+                }),
+                priority: 10,
+                age_cycles: 1,
+                ..Default::default()
+            })
+            .collect(),
         instruction_acks: Vec::new(),
     }
 }
