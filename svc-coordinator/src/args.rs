@@ -77,7 +77,8 @@ pub struct Args {
     )]
     pub rebalance_max_in_flight_per_pair: usize,
 
-    /// Transfers started per --rebalance-window, fleet-wide.
+    /// Transfers started per --rebalance-window, fleet-wide (one that finished having moved
+    /// nothing does not count).
     #[arg(long, env = "BIGFLEET_REBALANCE_MAX_PER_WINDOW", default_value_t = 4)]
     pub rebalance_max_per_window: usize,
 

@@ -235,11 +235,15 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
     });
 
     let window_start = now.saturating_sub(ns(policy.window));
+    // A transfer that finished having moved (or drained) nothing does not count: it
+    // disturbed nothing, and a fleet of donors that fit nothing (ADR-0142) would otherwise
+    // spend the window on empty answers and starve the donor that fits.
     let mut started_in_window = inputs
         .active
         .iter()
         .chain(inputs.recent)
         .filter(|t| t.started_at_unix_ns >= window_start)
+        .filter(|t| !(t.phase == Phase::Done && t.machine_ids.is_empty()))
         .count();
     // What this round adds on top of the transfers in flight.
     let mut planned: Vec<Transfer> = Vec::new();
@@ -685,6 +689,7 @@ mod tests {
     fn the_window_limits_starts() {
         let p = Policy {
             max_per_window: 1,
+            settle: Duration::ZERO,
             ..Policy::default()
         };
         let shards = [
@@ -697,7 +702,7 @@ mod tests {
         assert_eq!(r.decisions[0].instance_type, "gpu");
         assert_eq!(r.skips[0].reason, SkipReason::RateLimited);
         // A finished transfer inside the window still counts; outside it does not.
-        let done = ended(&r.decisions[0], "t1", 10 * MIN, Phase::Done, &[]);
+        let done = ended(&r.decisions[0], "t1", 10 * MIN, Phase::Done, &["m1"]);
         holds_back(
             &p,
             &shards,
@@ -706,6 +711,10 @@ mod tests {
             12 * MIN,
             20 * MIN,
         );
+        // One that moved nothing (a donor with nothing that fits) does not count at all:
+        // the window's one start is still there to spend.
+        let empty = ended(&r.decisions[0], "t1", 10 * MIN, Phase::Done, &[]);
+        assert_eq!(run(&p, &shards, &[], &[empty], 12 * MIN).decisions.len(), 1);
     }
 
     #[test]

@@ -128,18 +128,9 @@ async fn gpus_on_shard0(sc: &Scenario) -> BTreeSet<String> {
 
 #[tokio::test(flavor = "multi_thread")]
 async fn threeshard_transfer_clears_a_shortfall_and_survives_a_coordinator_kill_mid_transfer() {
-    // Shard-2's two empty answers (idle, then speculative) count against the window.
-    let mut sc = three_shards(
-        catalog(),
-        &[
-            "--rebalance-settle",
-            "3s",
-            "--rebalance-max-per-window",
-            "20",
-        ],
-        &[],
-    )
-    .await;
+    // Shard-2's two empty answers (idle, then speculative) do not count against the
+    // default window of four starts (ADR-0142).
+    let mut sc = three_shards(catalog(), &["--rebalance-settle", "3s"], &[]).await;
     let before = owners(&sc).await;
     assert!(
         before.iter().all(|(m, who)| who == &[zone_owner(m)]),
@@ -307,19 +298,13 @@ async fn threeshard_cross_shard_drain_honours_the_donors_grace_and_reclaim_budge
     // Reclaim budget per cluster: max(1, ⌊0.05 × 4⌋) = 1 per 10-minute window, so within
     // this test shard-1 may reclaim at most one of c1's machines, however often it is asked;
     // a 1 s cool-down lets the coordinator ask again and again.
-    // The default four transfers per 5 minutes can run out before the second drain: a
-    // loaded machine's stale shard-1 report ("4 free") costs an empty idle transfer, and the
-    // drained machine then takes a speculative attempt and an idle transfer to move.
+    // On a loaded machine a stale shard-1 report ("4 free") can cost an empty idle
+    // transfer, and the drained machine a speculative attempt before the idle transfer
+    // that moves it; the empty ones do not count against the default window of four
+    // starts (ADR-0142), so the second drain is not held back.
     let mut sc = three_shards(
         gpu_only_catalog(),
-        &[
-            "--rebalance-settle",
-            "1s",
-            "--rebalance-cooldown",
-            "1s",
-            "--rebalance-max-per-window",
-            "20",
-        ],
+        &["--rebalance-settle", "1s", "--rebalance-cooldown", "1s"],
         &[
             "--reclaim-budget-fraction=0.05",
             "--reclaim-budget-window=10m",
