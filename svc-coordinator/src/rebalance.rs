@@ -29,7 +29,7 @@ use std::time::Duration;
 
 use bigfleet_proto::v1alpha1::{self as pb, node_selector_requirement::Operator};
 
-use crate::transfers::{Phase, Transfer, TransferKind};
+use crate::transfers::{Phase, Transfer, TransferKind, type_selector};
 
 /// The label a shortfall pins its instance type with.
 pub const INSTANCE_TYPE_LABEL: &str = "node.kubernetes.io/instance-type";
@@ -430,7 +430,7 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
                         .take(count as usize)
                         .map(|t| {
                             if t.is_empty() {
-                                legacy_selector(&itype)
+                                type_selector(&itype)
                             } else {
                                 t.clone()
                             }
@@ -447,15 +447,6 @@ pub fn decide(policy: &Policy, inputs: Inputs<'_>) -> Round {
         }
     }
     round
-}
-
-/// The token of a shortfall known only by its type.
-fn legacy_selector(instance_type: &str) -> String {
-    if instance_type.is_empty() {
-        "*".to_owned()
-    } else {
-        format!("*/{instance_type}")
-    }
 }
 
 fn type_label(t: &str) -> &str {

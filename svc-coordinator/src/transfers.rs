@@ -153,12 +153,7 @@ impl Transfer {
             if !self.selectors.is_empty() {
                 return self.selectors.clone();
             }
-            let token = if self.instance_type.is_empty() {
-                SELECTOR.to_owned()
-            } else {
-                format!("{SELECTOR}/{}", self.instance_type)
-            };
-            vec![token; self.count as usize]
+            vec![type_selector(&self.instance_type); self.count as usize]
         };
         let transfer = |ids: Vec<String>, from: &str, to: &str| {
             Payload::TransferOwnership(pb::TransferOwnership {
@@ -187,6 +182,16 @@ impl Transfer {
             (Phase::Return, _) => transfer(self.machine_ids.clone(), &self.recipient, &self.donor),
             (Phase::Done | Phase::Failed, _) => return None,
         })
+    }
+}
+
+/// The release token of a shortfall known only by its instance type (empty: any type):
+/// `*` or `*/<type>`, as transfers started before ADR-0142 ask.
+pub fn type_selector(instance_type: &str) -> String {
+    if instance_type.is_empty() {
+        SELECTOR.to_owned()
+    } else {
+        format!("{SELECTOR}/{instance_type}")
     }
 }
 
