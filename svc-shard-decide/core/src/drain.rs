@@ -67,7 +67,7 @@ impl DrainBook {
 impl Decide {
     /// Donor half of `CrossShardDrain`: choose up to one victim per selector
     /// (`*`, `*/<type>`, with what the shortfall lacks and must match: ADR-0142)
-    /// among owned Configured machines that fit it serving demand of
+    /// among owned Configured machines that fit it and serve demand of
     /// priority strictly below `preemptor_priority`, ranked by Phase 2's victim
     /// score, and have them reclaimed through the normal action path (see the
     /// module docs). Returns the chosen ids, possibly none. `Busy` while a
